@@ -1,0 +1,1 @@
+"""The shared Transformer core: model, decoding, training engine, data plumbing, checkpoints."""

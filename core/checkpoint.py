@@ -1,0 +1,136 @@
+"""Run directories and checkpoints, written atomically and loaded without executing code.
+
+Layout of a run directory::
+
+    config.json          task name + full nested config (model shape included)
+    tokenizer.json       the trained tokenizer
+    model.safetensors    best weights so far (what eval and predict load)
+    metrics.jsonl        one JSON object per logged event (train steps, evaluations, final scores)
+    checkpoints/step-N/  last training states for --resume: weights, optimizer, trainer state
+    report.txt/.html     the end-of-run report
+
+Weights are safetensors (a plain tensor container: loading it cannot run code). Optimizer state
+goes through ``torch.save`` and is read back with ``weights_only=True``, which refuses pickled
+objects other than tensors and plain containers. Every file is written to a temporary name in the
+same directory and renamed into place, so a crash mid-write leaves the previous file intact.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_model, save_model
+
+from .errors import TaskformerError
+
+WEIGHTS = "model.safetensors"
+PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")
+
+
+def atomic_write(path: Path, data: str | bytes) -> None:
+    """Write a whole file or nothing: temp file in the same directory, fsync, rename."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, obj) -> None:
+    atomic_write(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise TaskformerError(f"{path}: not found (is this a taskformer run directory?)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TaskformerError(f"{path}: not valid JSON ({e})") from None
+
+
+def save_weights(model: torch.nn.Module, path: Path) -> None:
+    """Atomically save weights; tied matrices are stored once (safetensors refuses aliases)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_model(model, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_weights(model: torch.nn.Module, path: Path) -> None:
+    """Load safetensors weights strictly: a truncated file, a missing tensor or a wrong shape is refused."""
+    path = Path(path)
+    if not path.is_file():
+        raise TaskformerError(f"{path}: no weights found")
+    try:
+        missing, unexpected = load_model(model, path, strict=False)
+    except (SafetensorError, RuntimeError, OSError, ValueError) as e:
+        raise TaskformerError(f"{path}: corrupt or incompatible weights ({str(e).splitlines()[0]})") from None
+    if missing or unexpected:
+        raise TaskformerError(f"{path}: weights do not match the model "
+                              f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+
+
+def refuse_pickles(run_dir: Path) -> None:
+    """A run directory must not carry pickle files beside its weights: we never load them, and
+    their presence means the directory did not come from taskformer as it is."""
+    for p in Path(run_dir).glob("*"):
+        if p.suffix in PICKLE_SUFFIXES:
+            raise TaskformerError(f"{p}: refusing a run directory that holds a pickle file; "
+                                  "taskformer stores weights only as safetensors")
+
+
+def save_training_state(ckpt_root: Path, step: int, model, optimizer, scheduler, state: dict, keep: int) -> Path:
+    """Write ``checkpoints/step-N`` through a temporary directory, then prune to the newest ``keep``."""
+    ckpt_root = Path(ckpt_root)
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    final = ckpt_root / f"step-{step:09d}"
+    tmp = Path(tempfile.mkdtemp(dir=ckpt_root, prefix=".tmp-"))
+    try:
+        save_model(model, tmp / WEIGHTS)
+        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                    "torch_rng": torch.get_rng_state()}, tmp / "optimizer.pt")
+        (tmp / "state.json").write_text(json.dumps(state), encoding="utf-8")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for old in sorted(ckpt_root.glob("step-*"))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_training_state(ckpt_root: Path) -> Path | None:
+    steps = sorted(Path(ckpt_root).glob("step-*"))
+    return steps[-1] if steps else None
+
+
+def load_training_state(path: Path, model, optimizer, scheduler) -> dict:
+    """Restore model, optimizer, schedule and RNG from ``checkpoints/step-N``; returns the trainer state."""
+    load_weights(model, path / WEIGHTS)
+    try:
+        blob = torch.load(path / "optimizer.pt", weights_only=True)
+    except Exception as e:  # weights_only refuses code objects with an UnpicklingError
+        raise TaskformerError(f"{path / 'optimizer.pt'}: refused or corrupt ({str(e).splitlines()[0]})") from None
+    optimizer.load_state_dict(blob["optimizer"])
+    scheduler.load_state_dict(blob["scheduler"])
+    torch.set_rng_state(blob["torch_rng"])
+    return read_json(path / "state.json")

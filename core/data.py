@@ -1,0 +1,156 @@
+"""Task-agnostic data plumbing: reading files, encoding text pairs, and token-based batching.
+
+A task's data pipeline hands the core a :class:`TaskData` of raw ``(source, target)`` text pairs
+and a trained tokenizer; everything after that -- ids, padding, batching -- happens here.
+"""
+from __future__ import annotations
+
+import gzip
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer
+
+from .errors import DataError
+from .model import BOS, EOS, PAD
+
+
+@dataclass
+class TaskData:
+    """What a task's data hook returns.
+
+    ``splits`` maps ``train``/``val``/``test`` to ``(source, target)`` strings; for classification the
+    target is a label name from ``labels``. ``notes`` are extra facts for the report's data table
+    (e.g. how many inputs were truncated or held unknown characters).
+    """
+
+    tokenizer: Tokenizer
+    splits: dict[str, list[tuple[str, str]]]
+    labels: list[str] | None = None
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+def find_file(data_dir: str | Path, name: str) -> Path:
+    """``DIR/name`` or ``DIR/name.gz``, whichever exists; a clear error otherwise."""
+    base = Path(data_dir) / name
+    for path in (base, base.with_name(base.name + ".gz")):
+        if path.is_file():
+            return path
+    raise DataError(f"{base}: file not found (also looked for {base.name}.gz)")
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """All lines of a UTF-8 text file, plain or gzip, without line endings.
+
+    Undecodable bytes are reported with the file name and line number, not a traceback.
+    """
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError) as e:
+        raise DataError(f"{path}: cannot read ({e})") from None
+    lines = raw.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    out = []
+    for i, line in enumerate(lines, 1):
+        try:
+            out.append(line.decode("utf-8").rstrip("\r"))
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}:{i}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    if not out:
+        raise DataError(f"{path}: file is empty")
+    return out
+
+
+def read_parallel(src_path: Path, tgt_path: Path) -> list[tuple[str, str]]:
+    """Line-aligned source/target files; unequal line counts are an error naming both files."""
+    src, tgt = read_lines(src_path), read_lines(tgt_path)
+    if len(src) != len(tgt):
+        raise DataError(f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: the pair files must align")
+    return list(zip(src, tgt))
+
+
+@dataclass
+class Encoded:
+    """Token ids of one split: sources always; targets as id lists (sequence tasks) or class ids."""
+
+    src: list[list[int]]
+    tgt: list[list[int]] | list[int]
+    truncated: int = 0
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def lengths(self) -> list[int]:
+        if self.tgt and isinstance(self.tgt[0], list):
+            return [max(len(s), len(t)) for s, t in zip(self.src, self.tgt)]
+        return [len(s) for s in self.src]
+
+
+def encode_sources(tokenizer: Tokenizer, texts: list[str], max_len: int, classify: bool) -> tuple[list[list[int]], int]:
+    """Source ids with their frame: ``[BOS] + ids`` for classifiers (the "first token" to pool),
+    ``ids + [EOS]`` for encoder-decoders. Truncates to ``max_len`` and counts how many were cut."""
+    ids = [e.ids for e in tokenizer.encode_batch(texts)]
+    room = max_len - 1
+    cut = sum(len(x) > room for x in ids)
+    if classify:
+        return [[BOS] + x[:room] for x in ids], cut
+    return [x[:room] + [EOS] for x in ids], cut
+
+
+def encode(data: TaskData, split: str, max_len: int, classify: bool) -> Encoded:
+    pairs = data.splits[split]
+    src, cut = encode_sources(data.tokenizer, [s for s, _ in pairs], max_len, classify)
+    if classify:
+        index = {name: i for i, name in enumerate(data.labels)}
+        return Encoded(src, [index[t] for _, t in pairs], cut)
+    room = max_len - 2
+    tgt = [[BOS] + e.ids[:room] + [EOS] for e in data.tokenizer.encode_batch([t for _, t in pairs])]
+    return Encoded(src, tgt, cut)
+
+
+def token_batches(lengths: list[int], max_tokens: int, seed: int | None = None) -> list[list[int]]:
+    """Group example indices into batches of at most ``max_tokens`` padded tokens.
+
+    Sorting by length first means little padding is wasted; a seed shuffles both the order of
+    equal-length examples and the order of the batches, so each epoch differs but is reproducible.
+    """
+    order = list(range(len(lengths)))
+    rng = random.Random(seed) if seed is not None else None
+    if rng:
+        rng.shuffle(order)
+    order.sort(key=lambda i: lengths[i])  # stable: shuffled ties stay shuffled
+    batches, batch, longest = [], [], 0
+    for i in order:
+        longest_if = max(longest, lengths[i])
+        if batch and longest_if * (len(batch) + 1) > max_tokens:
+            batches.append(batch)
+            batch, longest_if = [], lengths[i]
+        batch.append(i)
+        longest = longest_if
+    if batch:
+        batches.append(batch)
+    if rng:
+        rng.shuffle(batches)
+    return batches
+
+
+def pad(seqs: list[list[int]]) -> torch.Tensor:
+    """Right-pad id lists into a (N, max length) tensor."""
+    out = torch.full((len(seqs), max(len(s) for s in seqs)), PAD, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+    return out
+
+
+def collate(enc: Encoded, index: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    src = pad([enc.src[i] for i in index])
+    if isinstance(enc.tgt[0], list):
+        return src, pad([enc.tgt[i] for i in index])
+    return src, torch.tensor([enc.tgt[i] for i in index], dtype=torch.long)

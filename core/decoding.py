@@ -1,0 +1,150 @@
+"""Search over the decoder: greedy and beam search, batched, with a key/value cache.
+
+With the cache each step feeds only the newest token through the decoder, so a step costs one
+position instead of a re-run of the whole prefix. ``use_cache=False`` keeps the re-run path: it is
+the reference the tests compare against.
+
+A *constraint* lets a task shape the search without owning it: it is called every step as
+``constraint(step, prefix, logprobs) -> logprobs`` where ``prefix`` (N, step + 1) holds the tokens
+so far (BOS first) and ``logprobs`` (N, V) may be edited, e.g. set to ``-inf`` for banned tokens.
+Rows are ordered sentence-major: row ``i * beam + k`` is hypothesis ``k`` of sentence ``i``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .model import BOS, EOS, PAD, Transformer
+
+Constraint = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def max_lengths(src: torch.Tensor, a: float, b: int, cap: int) -> torch.Tensor:
+    """Per-sentence output budget ``a * source_length + b`` (without BOS), capped by the model's positions."""
+    n = (src != PAD).sum(1)
+    return (n.float() * a + b).long().clamp(1, cap - 1)
+
+
+def _strip(row: list[int]) -> list[int]:
+    """Tokens after BOS, up to (not including) EOS."""
+    out = []
+    for t in row[1:]:
+        if t in (EOS, PAD):
+            break
+        out.append(t)
+    return out
+
+
+def _step_logprobs(model, ys, memory, mask, cache, step):
+    tokens = ys[:, -1:] if cache is not None else ys
+    h = model.decode(tokens, memory, mask, cache=cache, start=step if cache is not None else 0)
+    return torch.log_softmax(model.head(h[:, -1]).float(), dim=-1)
+
+
+def _force_eos(logp: torch.Tensor, at_limit: torch.Tensor) -> torch.Tensor:
+    """Rows that reached their length budget may only end."""
+    if at_limit.any():
+        logp[at_limit] = float("-inf")
+        logp[at_limit, EOS] = 0.0
+    return logp
+
+
+@torch.no_grad()
+def greedy(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, constraint: Constraint | None = None,
+           use_cache: bool = True, ignore_eos: bool = False) -> list[list[int]]:
+    """Pick the most likely token at every step. ``max_len`` (B,) bounds each output (without BOS).
+
+    ``ignore_eos`` keeps every sentence running to its budget (equal work for benchmarks).
+    """
+    memory, mask = model.encode(src)
+    ys = torch.full((src.size(0), 1), BOS, dtype=torch.long, device=src.device)
+    done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
+    cache = model.new_cache() if use_cache else None
+    for step in range(int(max_len.max())):
+        logp = _step_logprobs(model, ys, memory, mask, cache, step)
+        if ignore_eos:
+            logp[:, EOS] = float("-inf")
+        else:
+            logp = _force_eos(logp, max_len <= step)
+        if constraint is not None:
+            logp = constraint(step, ys, logp)
+        nxt = logp.argmax(-1).masked_fill(done, PAD)
+        ys = torch.cat([ys, nxt.unsqueeze(1)], 1)
+        done |= nxt == EOS
+        if done.all():
+            break
+    return [_strip(r) for r in ys.tolist()]
+
+
+@torch.no_grad()
+def beam_search(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, beam: int = 5,
+                length_penalty: float = 1.0, constraint: Constraint | None = None,
+                ignore_eos: bool = False) -> list[list[int]]:
+    """Keep the ``beam`` best prefixes per sentence; return the best finished one per sentence.
+
+    A finished hypothesis stays in its beam with a frozen score (it can only be extended by PAD at
+    no cost), so live and finished hypotheses compete on equal terms. At the end hypotheses are
+    ranked by ``score / ((5 + length) / 6) ** length_penalty`` (Wu et al., 2016): without it the
+    search prefers short outputs, since every extra token lowers a log-probability sum.
+    """
+    B, K = src.size(0), beam
+    memory, mask = model.encode(src)
+    rows = torch.arange(B, device=src.device).repeat_interleave(K)
+    memory, mask, limit = memory[rows], mask[rows], max_len[rows]
+    ys = torch.full((B * K, 1), BOS, dtype=torch.long, device=src.device)
+    scores = torch.zeros(B, K, device=src.device)
+    scores[:, 1:] = float("-inf")  # all beams start identical: expand only the first one
+    done = torch.zeros(B * K, dtype=torch.bool, device=src.device)
+    cache = model.new_cache()
+    for step in range(int(max_len.max())):
+        logp = _step_logprobs(model, ys, memory, mask, cache, step)
+        if ignore_eos:
+            logp[:, EOS] = float("-inf")
+        else:
+            logp = _force_eos(logp, limit <= step)
+        if constraint is not None:
+            logp = constraint(step, ys, logp)
+        logp[done] = float("-inf")
+        logp[done, PAD] = 0.0
+        V = logp.size(-1)
+        top, idx = (scores.view(-1, 1) + logp).view(B, K * V).topk(K, dim=-1)
+        origin = (idx // V + torch.arange(B, device=src.device).unsqueeze(1) * K).view(-1)
+        tok = (idx % V).view(-1)
+        ys = torch.cat([ys[origin], tok.unsqueeze(1)], 1)
+        done = done[origin] | (tok == EOS)
+        scores = top
+        model.reorder_cache(cache, origin)
+        if done.all():
+            break
+    lengths = (ys[:, 1:] != PAD).sum(1).view(B, K).float()
+    best = (scores / ((5.0 + lengths) / 6.0) ** length_penalty).argmax(-1)
+    pick = best + torch.arange(B, device=src.device) * K
+    return [_strip(r) for r in ys[pick].tolist()]
+
+
+@torch.no_grad()
+def classify(model: Transformer, src: torch.Tensor) -> torch.Tensor:
+    """Class probabilities (B, C) of an encoder-only model."""
+    return torch.softmax(model(src).float(), dim=-1)
+
+
+@dataclass
+class DecodeConfig:
+    """How sequence tasks search; ``max_len_a * source_length + max_len_b`` bounds each output."""
+
+    strategy: str = "beam"  # or "greedy"
+    beam: int = 5
+    length_penalty: float = 1.0
+    max_len_a: float = 1.2
+    max_len_b: int = 10
+    batch_size: int = 128  # sentences per decoding batch
+    eval_strategy: str = "greedy"  # cheaper search for the per-epoch validation score
+
+    def validate(self) -> None:
+        for name in ("strategy", "eval_strategy"):
+            if getattr(self, name) not in ("beam", "greedy"):
+                raise ValueError(f"decode.{name} must be beam or greedy, not {getattr(self, name)!r}")
+        if self.beam < 1 or self.batch_size < 1:
+            raise ValueError("decode.beam and decode.batch_size must be at least 1")

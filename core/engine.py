@@ -1,0 +1,233 @@
+"""The one training engine: every task trains through :class:`Trainer`, which knows no task.
+
+What it does, in the paper's terms: Adam(W) with the warm-up schedule of section 5.3,
+label-smoothed cross-entropy (section 5.4) that ignores padding, gradient clipping, and batches
+of roughly equal *token* counts built from length buckets. It evaluates through a callback the
+task layer supplies, keeps the best weights by the task's metric, and writes resumable
+checkpoints. On CPU a seeded run is deterministic, including after ``--resume``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from . import checkpoint as ckpt
+from .data import Encoded, collate, token_batches
+from .errors import TaskformerError
+from .model import PAD, Transformer
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation settings. ``lr`` is the peak rate, reached after ``warmup`` steps."""
+
+    epochs: int = 20
+    max_steps: int = 0  # 0: no step limit
+    max_tokens: int = 4096  # padded tokens per batch (source or target, whichever is longer)
+    lr: float = 1e-3
+    warmup: int = 400
+    label_smoothing: float = 0.1
+    clip: float = 1.0
+    weight_decay: float = 0.0
+    bf16: bool = False
+    seed: int = 0
+    patience: int = 0  # stop after this many evaluations without improvement; 0: never
+    eval_every: int = 0  # steps between evaluations; 0: once per epoch
+    keep_last: int = 2  # resumable checkpoints kept in checkpoints/
+    log_every: int = 20
+
+    def validate(self) -> None:
+        for name in ("epochs", "max_tokens", "keep_last", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("max_steps", "warmup", "patience", "eval_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"train.{name} must not be negative, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"train.lr must be positive, got {self.lr}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+
+
+def warmup_factor(step: int, warmup: int) -> float:
+    """Linear warm-up to 1, then decay with the inverse square root of the step (paper, eq. 3)."""
+    step = max(step, 1)
+    if warmup == 0:
+        return 1.0
+    return min(step / warmup, math.sqrt(warmup / step))
+
+
+def autocast(enabled: bool, device: torch.device):
+    return torch.autocast(device.type, dtype=torch.bfloat16) if enabled else nullcontext()
+
+
+def batch_loss(model: Transformer, src: torch.Tensor, tgt: torch.Tensor, smoothing: float):
+    """Summed cross-entropy and the number of tokens (or examples) it covers.
+
+    Sequence targets ``(B, T)`` are shifted for teacher forcing: the decoder reads ``tgt[:, :-1]``
+    and predicts ``tgt[:, 1:]``. Class targets ``(B,)`` are scored once per example.
+    """
+    if tgt.dim() == 2:
+        gold = tgt[:, 1:]
+        logits = model(src, tgt[:, :-1])
+        count = int((gold != PAD).sum())
+    else:
+        gold, logits, count = tgt, model(src), tgt.numel()
+    loss = F.cross_entropy(logits.flatten(0, -2).float(), gold.reshape(-1), ignore_index=PAD,
+                           label_smoothing=smoothing, reduction="sum")
+    return loss, count
+
+
+@torch.no_grad()
+def evaluate_loss(model: Transformer, data: Encoded, cfg: TrainConfig, device: torch.device) -> float:
+    """Mean cross-entropy per target token on ``data`` (no smoothing, no dropout)."""
+    model.eval()
+    total, count = 0.0, 0
+    for index in token_batches(data.lengths(), cfg.max_tokens):
+        src, tgt = (t.to(device) for t in collate(data, index))
+        with autocast(cfg.bf16, device):
+            loss, n = batch_loss(model, src, tgt, 0.0)
+        total, count = total + float(loss), count + n
+    return total / max(count, 1)
+
+
+class Stop(Exception):
+    """Raised inside the loop to end training early (time limit, patience, a signal)."""
+
+
+class Trainer:
+    """Trains ``model`` on ``train``; ``evaluate()`` returns the validation metrics dict.
+
+    ``select`` is ``(metric name, higher is better)``. ``on_event`` receives every log record
+    (also appended to ``metrics.jsonl``) so the caller can drive a progress display.
+    """
+
+    def __init__(self, model: Transformer, cfg: TrainConfig, train: Encoded, evaluate: Callable[[], dict],
+                 select: tuple[str, bool], run_dir: Path, device: torch.device,
+                 on_event: Callable[[dict], None] = lambda e: None, shard: tuple[int, int] = (0, 1)):
+        self.model, self.cfg, self.train_data, self.evaluate = model, cfg, train, evaluate
+        self.metric, self.higher = select
+        self.run_dir, self.device, self.on_event = Path(run_dir), device, on_event
+        self.rank, self.world = shard
+        decay = [p for p in model.parameters() if p.dim() > 1]
+        no_decay = [p for p in model.parameters() if p.dim() <= 1]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: warmup_factor(s + 1, cfg.warmup))
+        self.state = {"step": 0, "epoch": 0, "batch": 0, "best": None, "best_step": 0, "stale": 0,
+                      "elapsed": 0.0, "tokens": 0, "stopped": "", "evaluated_at": -1}
+        self.stop_reason = ""  # set from outside (signal handler) to stop after the current step
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def save(self) -> None:
+        if self.rank == 0:
+            ckpt.save_training_state(self.run_dir / "checkpoints", self.state["step"], self.model,
+                                     self.optimizer, self.scheduler, self.state, self.cfg.keep_last)
+
+    def resume(self) -> bool:
+        path = ckpt.latest_training_state(self.run_dir / "checkpoints")
+        if path is None:
+            return False
+        self.state.update(ckpt.load_training_state(path, self.model, self.optimizer, self.scheduler))
+        return True
+
+    def log(self, **event) -> None:
+        event.setdefault("step", self.state["step"])
+        if self.rank == 0:
+            with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps(event) + "\n")
+        self.on_event(event)
+
+    # -- the loop ----------------------------------------------------------------------------
+    def _evaluate(self) -> None:
+        metrics = self.evaluate()
+        self.state["evaluated_at"] = self.state["step"]
+        score = metrics.get(self.metric)
+        if score is None or not math.isfinite(score):
+            raise TaskformerError(f"evaluation returned no finite value for the selection metric {self.metric!r}")
+        best = self.state["best"]
+        improved = best is None or (score > best if self.higher else score < best)
+        if improved:
+            self.state.update(best=score, best_step=self.state["step"], stale=0)
+            if self.rank == 0:
+                ckpt.save_weights(self.model, self.run_dir / ckpt.WEIGHTS)
+        else:
+            self.state["stale"] += 1
+        self.log(event="eval", split="val", epoch=self.state["epoch"], improved=improved, **metrics)
+        self.model.train()
+        if self.cfg.patience and self.state["stale"] >= self.cfg.patience:
+            raise Stop(f"no improvement in {self.cfg.patience} evaluations")
+
+    def _step(self, src: torch.Tensor, tgt: torch.Tensor) -> tuple[float, int]:
+        with autocast(self.cfg.bf16, self.device):
+            loss, count = batch_loss(self.model, src, tgt, self.cfg.label_smoothing)
+        count_t = torch.tensor(float(count), device=self.device)
+        if self.world > 1:  # normalise by the global token count so every rank's gradient sums right
+            torch.distributed.all_reduce(count_t)
+        (loss * self.world / count_t.clamp(min=1)).backward()
+        if self.cfg.clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        value = float(loss.detach()) / max(count, 1)
+        if not math.isfinite(value):
+            raise TaskformerError(f"training loss became {value} at step {self.state['step'] + 1}; "
+                                  "the best checkpoint so far is kept (try a lower train.lr)")
+        return value, count
+
+    def fit(self, time_limit: float | None = None) -> dict:
+        """Train until the epochs, step limit or time budget (seconds) run out; returns the final state."""
+        cfg, st = self.cfg, self.state
+        started = time.monotonic() - st["elapsed"]
+        self.model.train()
+        lengths = self.train_data.lengths()
+        last_log, tokens_since = time.monotonic(), 0
+        try:
+            while st["epoch"] < cfg.epochs:
+                batches = token_batches(lengths, cfg.max_tokens, seed=cfg.seed * 100_003 + st["epoch"])
+                batches = batches[self.rank::self.world]
+                while st["batch"] < len(batches):
+                    src, tgt = (t.to(self.device) for t in collate(self.train_data, batches[st["batch"]]))
+                    loss, count = self._step(src, tgt)
+                    st["step"] += 1
+                    st["batch"] += 1
+                    st["tokens"] += count
+                    tokens_since += count
+                    st["elapsed"] = time.monotonic() - started
+                    if st["step"] % cfg.log_every == 0:
+                        now = time.monotonic()
+                        self.log(event="train", epoch=st["epoch"], loss=round(loss, 4),
+                                 lr=self.scheduler.get_last_lr()[0], tokens_per_s=tokens_since / (now - last_log),
+                                 progress=st["batch"] / len(batches), elapsed=round(st["elapsed"], 2))
+                        last_log, tokens_since = now, 0
+                    if cfg.eval_every and st["step"] % cfg.eval_every == 0:
+                        self._evaluate()
+                        self.save()
+                    if cfg.max_steps and st["step"] >= cfg.max_steps:
+                        raise Stop(f"reached train.max_steps={cfg.max_steps}")
+                    if time_limit is not None and st["elapsed"] >= time_limit:
+                        raise Stop(f"time limit of {time_limit / 60:g} min reached")
+                    if self.stop_reason:
+                        raise Stop(self.stop_reason)
+                st["epoch"] += 1
+                st["batch"] = 0
+                if not cfg.eval_every:
+                    self._evaluate()
+                self.save()
+        except Stop as why:
+            st["stopped"] = str(why)
+            if st["evaluated_at"] != st["step"] and not self.stop_reason:
+                self._evaluate()  # a partial epoch still gets its chance to be the best
+            self.save()
+        st["elapsed"] = time.monotonic() - started
+        return dict(st)

@@ -1,0 +1,306 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), in one file.
+
+Two variants share every building block:
+
+* ``encoder-decoder`` -- source tokens are encoded once; the decoder attends to its own prefix
+  (causal self-attention) and to the encoder memory (cross-attention). Used for sequence tasks.
+* ``encoder-only`` -- just the encoder stack; a head pools it into class logits.
+
+Shapes: ``B`` batch, ``S`` source length, ``T`` target length, ``D`` model width, ``H`` heads.
+Token id conventions are fixed for every task (see :mod:`taskformer.core.tokenize`):
+0 = padding, 1 = begin-of-sequence, 2 = end-of-sequence, 3 = unknown.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+PAD, BOS, EOS, UNK = 0, 1, 2, 3
+VARIANTS = ("encoder-decoder", "encoder-only")
+
+
+@dataclass
+class ModelConfig:
+    """Hyper-parameters of the network; ``vocab_size``/``num_classes`` are filled in from the data."""
+
+    variant: str = "encoder-decoder"
+    vocab_size: int = 0
+    num_classes: int = 0
+    d_model: int = 256
+    n_heads: int = 8
+    enc_layers: int = 3
+    dec_layers: int = 3
+    d_ff: int = 1024
+    dropout: float = 0.1
+    attn_dropout: float = 0.0
+    max_len: int = 256
+    norm_first: bool = True  # pre-norm trains stably without a long warm-up; False gives the paper's post-norm
+    tie_embeddings: bool = True  # source, target and output projection share one matrix (joint vocabulary)
+    pooling: str = "mean"  # encoder-only heads: "mean" over real tokens, "first" token, or "max"
+
+    def validate(self) -> None:
+        """Reject impossible shapes before any work starts (raises ValueError with the reason)."""
+        if self.variant not in VARIANTS:
+            raise ValueError(f"model.variant must be one of {', '.join(VARIANTS)}, not {self.variant!r}")
+        for name in ("d_model", "n_heads", "d_ff", "max_len", "enc_layers"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model.{name} must be positive, got {getattr(self, name)}")
+        if self.variant == "encoder-decoder" and self.dec_layers <= 0:
+            raise ValueError(f"model.dec_layers must be positive, got {self.dec_layers}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
+        if self.d_model % 2:
+            raise ValueError(f"model.d_model must be even for sinusoidal positions, got {self.d_model}")
+        if not 0.0 <= self.dropout < 1.0 or not 0.0 <= self.attn_dropout < 1.0:
+            raise ValueError("model.dropout and model.attn_dropout must be in [0, 1)")
+        if self.pooling not in ("mean", "first", "max"):
+            raise ValueError(f"model.pooling must be mean, first or max, not {self.pooling!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed sin/cos position signal (paper section 3.5): no parameters, any offset for cached decoding."""
+
+    def __init__(self, d_model: int, max_len: int):
+        super().__init__()
+        pos = torch.arange(max_len).unsqueeze(1)
+        freq = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
+        pe = torch.zeros(max_len, d_model)
+        pe[:, 0::2] = torch.sin(pos * freq)
+        pe[:, 1::2] = torch.cos(pos * freq)
+        self.register_buffer("pe", pe, persistent=False)
+
+    def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        if start + x.size(1) > self.pe.size(0):
+            raise ValueError(f"sequence of {start + x.size(1)} positions exceeds model.max_len={self.pe.size(0)}")
+        return x + self.pe[start : start + x.size(1)].to(x.dtype)
+
+
+class MultiHeadAttention(nn.Module):
+    """Scaled dot-product attention over ``H`` heads through PyTorch's fused kernel.
+
+    One ``(3D, D)`` projection holds the query, key and value weights. Self-attention applies it in
+    one matmul; cross-attention applies the query rows to the decoder and the key/value rows to the
+    encoder memory. With a ``cache`` dict the keys and values of earlier steps are kept, so each
+    decoding step only projects the newest position.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float):
+        super().__init__()
+        self.h, self.d = n_heads, d_model
+        self.in_proj = nn.Linear(d_model, 3 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.dropout = dropout
+        self.keep_weights = False  # set by Transformer.attention_maps() to record softmax weights
+        self.weights: torch.Tensor | None = None
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:  # (B, L, D) -> (B, H, L, D/H)
+        return x.unflatten(-1, (self.h, self.d // self.h)).transpose(1, 2)
+
+    def forward(self, x, memory=None, mask=None, causal=False, cache=None):
+        if memory is None:  # self-attention: q, k, v all from x
+            q, k, v = map(self._heads, self.in_proj(x).chunk(3, dim=-1))
+            if cache is not None:
+                if "k" in cache:
+                    k, v = torch.cat([cache["k"], k], 2), torch.cat([cache["v"], v], 2)
+                cache["k"], cache["v"] = k, v
+        else:  # cross-attention: keys/values of the memory never change while decoding
+            w_q, w_kv = self.in_proj.weight.split([self.d, 2 * self.d])
+            b_q, b_kv = self.in_proj.bias.split([self.d, 2 * self.d])
+            q = self._heads(F.linear(x, w_q, b_q))
+            if cache is not None and "k" in cache:
+                k, v = cache["k"], cache["v"]
+            else:
+                k, v = map(self._heads, F.linear(memory, w_kv, b_kv).chunk(2, dim=-1))
+                if cache is not None:
+                    cache["k"], cache["v"] = k, v
+        if self.keep_weights:  # slow path, only for plotting attention
+            scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            self.weights = scores.softmax(-1).mean(1).detach()
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, dropout_p=self.dropout if self.training else 0.0
+        )
+        return self.out_proj(out.transpose(1, 2).flatten(2))
+
+
+class FeedForward(nn.Sequential):
+    """Position-wise two-layer network, ReLU as in the paper."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float):
+        super().__init__(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout), nn.Linear(d_ff, d_model))
+
+
+class Block(nn.Module):
+    """One encoder (self-attention + FFN) or decoder (self-attention + cross-attention + FFN) layer.
+
+    Each sub-layer is wrapped in a residual connection and LayerNorm, either before the sub-layer
+    (pre-norm, the default) or after the residual sum (post-norm, the paper's arrangement).
+    """
+
+    def __init__(self, cfg: ModelConfig, cross: bool):
+        super().__init__()
+        d, h = cfg.d_model, cfg.n_heads
+        self.self_attn = MultiHeadAttention(d, h, cfg.attn_dropout)
+        self.cross_attn = MultiHeadAttention(d, h, cfg.attn_dropout) if cross else None
+        self.ff = FeedForward(d, cfg.d_ff, cfg.dropout)
+        self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(3 if cross else 2))
+        self.drop = nn.Dropout(cfg.dropout)
+        self.norm_first = cfg.norm_first
+
+    def _sublayer(self, x, i, fn):
+        if self.norm_first:
+            return x + self.drop(fn(self.norms[i](x)))
+        return self.norms[i](x + self.drop(fn(x)))
+
+    def forward(self, x, mask=None, memory=None, memory_mask=None, causal=False, cache=None):
+        x = self._sublayer(x, 0, lambda y: self.self_attn(y, mask=mask, causal=causal,
+                                                          cache=None if cache is None else cache["self"]))
+        if self.cross_attn is not None:
+            x = self._sublayer(x, 1, lambda y: self.cross_attn(y, memory, mask=memory_mask,
+                                                               cache=None if cache is None else cache["cross"]))
+        return self._sublayer(x, len(self.norms) - 1, self.ff)
+
+
+class Generator(nn.Module):
+    """Projects decoder states to vocabulary logits (weights tied to the embedding when configured)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.proj = nn.Linear(cfg.d_model, cfg.vocab_size)
+
+    def forward(self, h: torch.Tensor, src_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.proj(h)
+
+
+class ClassificationHead(nn.Module):
+    """Pools encoder states over real (non-padding) tokens, then a small MLP gives class logits."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.pooling = cfg.pooling
+        self.mlp = nn.Sequential(nn.Dropout(cfg.dropout), nn.Linear(cfg.d_model, cfg.d_model), nn.Tanh(),
+                                 nn.Dropout(cfg.dropout), nn.Linear(cfg.d_model, cfg.num_classes))
+
+    def forward(self, h: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        keep = src_mask.view(h.size(0), -1, 1)  # (B, S, 1) True for real tokens
+        if self.pooling == "first":
+            pooled = h[:, 0]
+        elif self.pooling == "max":
+            pooled = h.masked_fill(~keep, float("-inf")).amax(1)
+        else:
+            pooled = (h * keep).sum(1) / keep.sum(1).clamp(min=1)
+        return self.mlp(pooled)
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder or encoder-only Transformer with a task-supplied head.
+
+    ``forward(src, tgt_in)`` returns logits for training; decoding uses ``encode`` once and then
+    ``decode_step`` with a key/value cache (see :mod:`taskformer.core.decoding`).
+    """
+
+    def __init__(self, cfg: ModelConfig, head: nn.Module | None = None):
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=PAD)
+        self.tgt_embed = None
+        if cfg.variant == "encoder-decoder" and not cfg.tie_embeddings:
+            self.tgt_embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=PAD)
+        self.positions = SinusoidalPositions(cfg.d_model, cfg.max_len)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.encoder = nn.ModuleList(Block(cfg, cross=False) for _ in range(cfg.enc_layers))
+        self.enc_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
+        self.decoder = None
+        if cfg.variant == "encoder-decoder":
+            self.decoder = nn.ModuleList(Block(cfg, cross=True) for _ in range(cfg.dec_layers))
+            self.dec_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
+        self.head = head if head is not None else (
+            Generator(cfg) if cfg.variant == "encoder-decoder" else ClassificationHead(cfg))
+        self._init_weights()
+        if cfg.tie_embeddings and isinstance(self.head, Generator):
+            self.head.proj.weight = self.embed.weight
+
+    def _init_weights(self) -> None:
+        # Xavier for every matrix (as the reference implementation); embeddings get N(0, D^-1/2) so
+        # that after the sqrt(D) scaling their entries have unit variance, like the position signal.
+        for name, p in self.named_parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+        for emb in (self.embed, self.tgt_embed):
+            if emb is not None:
+                nn.init.normal_(emb.weight, std=self.cfg.d_model ** -0.5)
+                with torch.no_grad():
+                    emb.weight[PAD].zero_()
+
+    def _embed(self, tokens: torch.Tensor, table: nn.Embedding, start: int = 0) -> torch.Tensor:
+        x = table(tokens) * math.sqrt(self.cfg.d_model)
+        return self.drop(self.positions(x, start))
+
+    def encode(self, src: torch.Tensor):
+        """Encode ``src`` (B, S). Returns the memory (B, S, D) and the key mask (B, 1, 1, S), True = real token."""
+        mask = (src != PAD).view(src.size(0), 1, 1, -1)
+        x = self._embed(src, self.embed)
+        for block in self.encoder:
+            x = block(x, mask=mask)
+        return self.enc_norm(x), mask
+
+    def decode(self, tgt: torch.Tensor, memory, memory_mask, cache=None, start: int = 0) -> torch.Tensor:
+        """Decoder states for ``tgt`` (B, T). With a cache, ``tgt`` holds only the new positions from ``start``."""
+        x = self._embed(tgt, self.embed if self.tgt_embed is None else self.tgt_embed, start)
+        # Right padding means a real query never sees a pad key under the causal mask; a single new
+        # position attends to everything cached, so it needs no mask at all.
+        causal = tgt.size(1) > 1
+        for i, block in enumerate(self.decoder):
+            x = block(x, memory=memory, memory_mask=memory_mask, causal=causal,
+                      cache=None if cache is None else cache[i])
+        return self.dec_norm(x)
+
+    def new_cache(self) -> list[dict]:
+        """An empty key/value cache: one dict per decoder layer (self-attention grows, cross is fixed)."""
+        return [{"self": {}, "cross": {}} for _ in self.decoder]
+
+    @staticmethod
+    def reorder_cache(cache: list[dict], index: torch.Tensor) -> None:
+        """Keep the self-attention rows of the surviving beam hypotheses.
+
+        Cross-attention keys/values are left alone: beams only move within their own sentence, whose
+        rows all hold the same encoder memory.
+        """
+        for layer in cache:
+            part = layer["self"]
+            for key in part:
+                part[key] = part[key].index_select(0, index)
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor | None = None) -> torch.Tensor:
+        memory, mask = self.encode(src)
+        if self.decoder is None:
+            return self.head(memory, mask)
+        return self.head(self.decode(tgt_in, memory, mask), mask)
+
+    @torch.no_grad()
+    def attention_maps(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """Cross-attention weights of the last decoder layer, averaged over heads: (B, T, S)."""
+        attn = self.decoder[-1].cross_attn
+        attn.keep_weights = True
+        try:
+            self.forward(src, tgt_in)
+            return attn.weights
+        finally:
+            attn.keep_weights, attn.weights = False, None
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

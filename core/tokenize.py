@@ -1,0 +1,66 @@
+"""Tokenizers for every task, built on Hugging Face ``tokenizers``.
+
+Every tokenizer reserves the same four ids (see :mod:`taskformer.core.model`), so the core can
+pad, start and stop sequences without knowing which task it serves. Each tokenizer is a single
+``tokenizer.json`` in the run directory, reloaded for ``eval`` and ``predict``.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+SPECIALS = ["[PAD]", "[BOS]", "[EOS]", "[UNK]"]  # ids 0..3, matching model.PAD/BOS/EOS/UNK
+
+
+def subword(texts: Iterable[str], vocab_size: int, kind: str = "bpe", min_frequency: int = 2) -> Tokenizer:
+    """Train a BPE, Unigram or WordPiece tokenizer on ``texts``.
+
+    The Metaspace pre-tokenizer marks word starts inside the tokens, so ``decode`` gives back
+    natural, detokenized text (what sacreBLEU must score), whatever the language.
+    """
+    if kind == "bpe":
+        tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIALS,
+                                      show_progress=False)
+    elif kind == "unigram":
+        tok = Tokenizer(models.Unigram())
+        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, unk_token="[UNK]",
+                                          show_progress=False)
+    elif kind == "wordpiece":
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                            special_tokens=SPECIALS, show_progress=False)
+    else:
+        raise ValueError(f"tokenizer kind must be bpe, unigram or wordpiece, not {kind!r}")
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def characters(texts: Iterable[str], min_frequency: int = 1) -> Tokenizer:
+    """One token per character; whitespace in the input is ignored and none is put back on decode."""
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace(Regex(r"\s+"), "")])
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.train_from_iterator(texts, trainer=trainers.WordLevelTrainer(
+        special_tokens=SPECIALS, min_frequency=min_frequency, show_progress=False))
+    return tok
+
+
+def symbols(names: list[str]) -> Tokenizer:
+    """A fixed vocabulary of whitespace-separated symbols (synthetic tasks)."""
+    vocab = {s: i for i, s in enumerate(SPECIALS + list(names))}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return tok
+
+
+def check_specials(tok: Tokenizer) -> None:
+    """Tokenizers from plugins must reserve ids 0..3 like the built-in ones."""
+    for i, name in enumerate(SPECIALS):
+        if tok.token_to_id(name) != i:
+            raise ValueError(f"tokenizer must map {name} to id {i} (got {tok.token_to_id(name)})")

@@ -1,0 +1,121 @@
+"""The ``taskformer`` command line: the surface every task shares.
+
+User errors (bad names, files, config, checkpoints) print one ``Error:`` line and exit with
+code 2; ``taskformer --debug ...`` shows the traceback instead.
+"""
+from __future__ import annotations
+
+import copy
+import sys
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ..core.errors import TaskformerError
+from . import report, runner
+from .manager import plugins
+
+
+class CLI(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except TaskformerError as e:
+            if ctx.params.get("debug"):
+                raise
+            click.echo(f"Error: {e}", err=True)
+            ctx.exit(getattr(e, "exit_code", 2))
+        except KeyboardInterrupt:
+            click.echo("Error: interrupted", err=True)
+            ctx.exit(130)
+        except Exception as e:  # a bug: still one line, unless --debug
+            if ctx.params.get("debug"):
+                raise
+            click.echo(f"Error: internal error {type(e).__name__}: {e} (rerun with --debug for the traceback)", err=True)
+            ctx.exit(1)
+
+
+@click.group(cls=CLI, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show full tracebacks for errors.")
+@click.version_option(package_name="taskformer")
+def main(debug: bool) -> None:
+    """Train, evaluate and run Transformer models for a task by name."""
+
+
+@main.command("tasks")
+def tasks_cmd() -> None:
+    """List installed tasks and the plugin that provides each."""
+    p = plugins()
+    table = Table(title="taskformer tasks")
+    for col in ("task", "variant", "metric", "description", "plugin"):
+        table.add_column(col)
+    for t in sorted(p.tasks.values(), key=lambda t: t.name):
+        table.add_row(t.name, t.variant, t.metric, t.description, t.plugin)
+    for name, why in p.broken.items():
+        table.add_row("[red]-", "", "", f"[red]broken: {why}", name)
+    Console().print(table)
+
+
+@main.command("run")
+@click.argument("task", required=False)
+@click.option("--data-dir", type=click.Path(file_okay=False), help="Folder with the task's data files.")
+@click.option("--out", type=click.Path(file_okay=False), help="Run directory to create (default runs/TASK/<time>).")
+@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), help="Training budget in minutes.")
+@click.option("--seed", type=int, help="Random seed (overrides train.seed).")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML or JSON config file.")
+@click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override one config value.")
+@click.option("--resume", type=click.Path(file_okay=False), help="Continue an interrupted run directory.")
+@click.option("--quiet", is_flag=True, help="No progress display.")
+def run_cmd(task, data_dir, out, time_limit, seed, config_file, overrides, resume, quiet) -> None:
+    """Train TASK, evaluate the best checkpoint on val and test, and print the report."""
+    if not task and not resume:
+        raise click.UsageError("give a TASK to run, or --resume RUN_DIR")
+    epochs = plugins().task(task).defaults.get("train", {}).get("epochs", 0) if task else 0
+    with report.TrainingDisplay(epochs, quiet) as display:
+        run = runner.train(task, data_dir=data_dir, out=out, time_limit=time_limit, seed=seed,
+                           config_file=config_file, overrides=overrides, resume=resume, on_event=display)
+    report.render(run)
+
+
+@main.command("eval")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--split", type=click.Choice(["val", "test"]), multiple=True, help="Split(s) to evaluate (default both).")
+@click.option("--data-dir", type=click.Path(file_okay=False), help="Data folder (default: the one the run used).")
+def eval_cmd(run_dir, split, data_dir) -> None:
+    """Re-evaluate a saved run's best checkpoint."""
+    run = runner.load(run_dir)
+    saved = runner.ckpt.read_json(run.dir / "config.json")
+    data = runner.load_data(run.task, run.config, data_dir or saved.get("data_dir"))
+    table = Table(title=f"{run.task.name}: {run.dir}")
+    results = {s: runner.evaluate_split(run, data.splits[s])[0] for s in (split or ("val", "test"))}
+    names = sorted({k for m in results.values() for k in m})
+    for col in ("split", *names):
+        table.add_column(col)
+    for s, m in results.items():
+        table.add_row(s, *(f"{m[n]:.4g}" if isinstance(m.get(n), float) else str(m.get(n, "")) for n in names))
+    Console().print(table)
+
+
+@main.command("predict")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.argument("text", nargs=-1)
+@click.option("--beam", type=click.IntRange(min=1), help="Beam size (1 = greedy).")
+def predict_cmd(run_dir, text, beam) -> None:
+    """Run a trained model on TEXT, or on each line of stdin (one output line per input line)."""
+    run = runner.load(run_dir)
+    cfg = copy.deepcopy(run.config)
+    if beam is not None:
+        cfg["decode"].update(strategy="beam" if beam > 1 else "greedy", beam=beam)
+    lines = list(text) if text else [line.rstrip("\r\n") for line in sys.stdin]
+    outputs, cut = runner.decode_texts(run.task, run.model, run.tokenizer, run.labels, cfg, lines)
+    if cut:
+        click.echo(f"warning: {cut} input(s) longer than the model's {run.model.cfg.max_len} positions were truncated",
+                   err=True)
+    for out in outputs:
+        click.echo(out.replace("\n", " "))
+
+
+plugins().pm.hook.taskformer_register_commands(cli=main)

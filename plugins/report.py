@@ -1,0 +1,139 @@
+"""The end-of-run report and the training progress display, both with ``rich``.
+
+The standard sections (configuration, data, training, metrics, samples) are contributed through
+the same ``taskformer_report_sections`` hook that task plugins use; they come first because
+this plugin is marked ``tryfirst``.
+"""
+from __future__ import annotations
+
+import sys
+
+from rich import box
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from ..core.checkpoint import atomic_write
+from .hookspecs import hookimpl
+from .manager import PluginError, plugins
+
+
+def _table(*columns: str, **kw) -> Table:
+    t = Table(box=box.SIMPLE_HEAVY, **kw)
+    for c in columns:
+        t.add_column(c)
+    return t
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}" if abs(v) < 1 else f"{v:,.2f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+@hookimpl(tryfirst=True)
+def taskformer_report_sections(run):
+    cfg = _table("section", "settings")
+    for section, values in run.config.items():
+        cfg.add_row(section, ", ".join(f"{k}={v}" for k, v in values.items()))
+
+    info = run.info
+    facts = _table("", "")
+    facts.show_header = False
+    rows = [("parameters", info.get("parameters")), ("vocabulary", info.get("vocab_size")),
+            *((f"{s} examples", n) for s, n in info.get("data", {}).items()),
+            *((f"{s} inputs truncated", n) for s, n in info.get("truncated", {}).items() if n),
+            *info.get("notes", {}).items(),
+            ("device", info.get("device")), ("training time", f"{info.get('train_seconds', 0):,.1f} s"),
+            ("wall time (all)", f"{info.get('wall_seconds', 0):,.1f} s"), ("steps", info.get("steps")),
+            ("epochs", info.get("epochs")), ("throughput", f"{info.get('tokens_per_s', 0):,} target tokens/s"),
+            ("best step", info.get("best_step")), ("stopped", info.get("stopped"))]
+    for k, v in rows:
+        if v is not None:
+            facts.add_row(k, _fmt(v))
+
+    names = sorted({m for split in run.metrics.values() for m in split})
+    metrics = _table("split", *names)
+    for split, values in run.metrics.items():
+        metrics.add_row(split, *(_fmt(values.get(n, "")) for n in names))
+
+    samples = _table("source", "output", "reference", show_lines=True)
+    for src, hyp, ref in run.samples.get("test", []):
+        samples.add_row(src, Text(hyp, style="green" if hyp.split("\t")[0] == ref else "yellow"), ref)
+
+    return [("Configuration", cfg), ("Data and training", facts),
+            (f"Metrics (selected by {run.task.metric})", metrics), ("Test samples", samples)]
+
+
+def sections(run) -> list[tuple[str, object]]:
+    out = []
+    for part in plugins().call("taskformer_report_sections", run.task, run=run):
+        if not isinstance(part, list) or not all(isinstance(p, tuple) and len(p) == 2 for p in part):
+            raise PluginError(f"taskformer_report_sections must return a list of (title, renderable), got {part!r:.80}")
+        out.extend(part)
+    return out
+
+
+def render(run, console: Console | None = None) -> None:
+    """Print the report and save it as report.txt and report.html in the run directory."""
+    body = [Text(f"{run.task.name}: {run.task.description}", style="bold"), Text(f"run directory: {run.dir}")]
+    for title, renderable in sections(run):
+        body += [Text(""), Text(title, style="bold cyan"), renderable]
+    panel = Panel(Group(*body), title="taskformer report", border_style="cyan")
+    (console or Console()).print(panel)
+    record = Console(record=True, width=110, file=_Null())
+    record.print(panel)
+    atomic_write(run.dir / "report.txt", record.export_text(clear=False))
+    atomic_write(run.dir / "report.html", record.export_html())
+
+
+class _Null:
+    def write(self, s):
+        return len(s)
+
+    def flush(self):
+        pass
+
+
+class TrainingDisplay:
+    """Live progress for training events: a rich bar on a terminal, plain log lines otherwise."""
+
+    def __init__(self, epochs: int, quiet: bool = False):
+        self.console = Console(stderr=True)
+        self.live = not quiet and self.console.is_terminal
+        self.quiet, self.epochs, self.bar = quiet, epochs, None
+        if self.live:
+            self.progress = Progress(TextColumn("[bold]epoch {task.fields[epoch]}/{task.fields[epochs]}"), BarColumn(),
+                                     TextColumn("loss {task.fields[loss]}  lr {task.fields[lr]}  {task.fields[tps]} tok/s"),
+                                     TimeElapsedColumn(), console=self.console)
+
+    def __enter__(self):
+        if self.live:
+            self.progress.start()
+            self.bar = self.progress.add_task("train", total=1.0, epoch=1, epochs=self.epochs, loss="-", lr="-", tps="-")
+        return self
+
+    def __exit__(self, *exc):
+        if self.live:
+            self.progress.stop()
+
+    def __call__(self, e: dict) -> None:
+        if e.get("event") == "train":
+            if self.live:
+                self.progress.update(self.bar, completed=e["progress"], epoch=e["epoch"] + 1, loss=f"{e['loss']:.3f}",
+                                     lr=f"{e['lr']:.2e}", tps=f"{e['tokens_per_s']:,.0f}")
+            elif not self.quiet:
+                print(f"step {e['step']} epoch {e['epoch'] + 1} loss {e['loss']:.4f} lr {e['lr']:.2e} "
+                      f"{e['tokens_per_s']:,.0f} tok/s", file=sys.stderr, flush=True)
+        elif e.get("event") == "eval":
+            keys = [k for k in e if k not in ("event", "split", "step", "epoch", "improved")]
+            line = f"eval step {e['step']}: " + "  ".join(f"{k} {_fmt(e[k])}" for k in keys)
+            line += "  (best so far)" if e.get("improved") else ""
+            if self.live:
+                self.console.log(line)
+            elif not self.quiet:
+                print(line, file=sys.stderr, flush=True)

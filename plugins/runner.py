@@ -1,0 +1,269 @@
+"""Glue between the hooks and the core: build a task's model, train, evaluate, predict, report.
+
+The trainer in :mod:`taskformer.core.engine` never sees a task; this module asks the task's
+plugin for data, head and decoder through the hooks and hands the core plain tensors.
+"""
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import json
+import signal
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from ..core import checkpoint as ckpt
+from ..core import config as C
+from ..core.data import TaskData, encode, encode_sources, pad
+from ..core.engine import Trainer, autocast, evaluate_loss
+from ..core.errors import TaskformerError
+from ..core.model import Transformer
+from ..core.tokenize import check_specials
+from .hookspecs import Task
+from .manager import PluginError, plugins
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass
+class Run:
+    """Everything known about one run; report sections and commands read from it."""
+
+    dir: Path
+    task: Task
+    config: dict
+    tokenizer: Tokenizer
+    labels: list[str] | None
+    model: Transformer
+    metrics: dict[str, dict] = field(default_factory=dict)  # split -> metric -> value
+    samples: dict[str, list[tuple[str, str, str]]] = field(default_factory=dict)  # split -> (src, hyp, ref)
+    info: dict = field(default_factory=dict)  # data sizes, wall time, throughput, notes
+
+    @property
+    def history(self) -> list[dict]:
+        path = self.dir / "metrics.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+
+def pick_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def make_config(task: Task, config_file: str | None, overrides: list[str], seed: int | None) -> dict:
+    cfg = C.base_config(task.defaults, task.variant)
+    if config_file:
+        C.merge(cfg, C.read_config_file(config_file), str(config_file))
+    C.merge(cfg, C.parse_overrides(overrides), "--set")
+    if seed is not None:
+        cfg["train"]["seed"] = seed
+    C.validate(cfg)
+    return cfg
+
+
+def build_model(task: Task, cfg: dict, vocab_size: int, labels: list[str] | None) -> Transformer:
+    cfg["model"]["vocab_size"] = vocab_size
+    cfg["model"]["num_classes"] = len(labels) if labels else 0
+    mc = C.model_config(cfg)
+    head = plugins().call("taskformer_head", task, model_config=mc)
+    if head is not None and not isinstance(head, torch.nn.Module):
+        raise PluginError(f"plugin {task.plugin!r}: taskformer_head must return a torch.nn.Module, got {type(head).__name__}")
+    return Transformer(mc, head)
+
+
+def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, cfg: dict, texts: list[str]):
+    """Decode raw source lines through the task's decoder, batched by length; blank lines give blank outputs.
+
+    Returns the outputs in input order and how many inputs were truncated to ``model.max_len``.
+    """
+    model.eval()
+    outputs = [""] * len(texts)
+    todo = [i for i, t in enumerate(texts) if t.strip()]
+    src, cut = encode_sources(tokenizer, [texts[i] for i in todo], model.cfg.max_len,
+                              classify=model.cfg.variant == "encoder-only")
+    order = sorted(range(len(todo)), key=lambda j: len(src[j]))
+    size, device = cfg["decode"]["batch_size"], next(model.parameters()).device
+    for start in range(0, len(order), size):
+        chunk = order[start : start + size]
+        batch = pad([src[j] for j in chunk]).to(device)
+        with autocast(cfg["train"]["bf16"], device):
+            outs = plugins().call("taskformer_decode", task, model=model, src=batch, tokenizer=tokenizer,
+                                  labels=labels, config=cfg)
+        if not isinstance(outs, list) or len(outs) != len(chunk) or not all(isinstance(o, str) for o in outs):
+            raise PluginError(f"plugin {task.plugin!r}: taskformer_decode must return one string per source row")
+        for j, out in zip(chunk, outs):
+            outputs[todo[j]] = out
+    return outputs, cut
+
+
+def score(task: Task, pairs: list[tuple[str, str]], hyps: list[str]) -> dict:
+    """Merge the metrics every plugin reports for this task."""
+    merged: dict = {}
+    results = plugins().call("taskformer_metrics", task, sources=[s for s, _ in pairs], hypotheses=hyps,
+                             references=[r for _, r in pairs])
+    for part in results:
+        if not isinstance(part, dict):
+            raise PluginError(f"plugin {task.plugin!r}: taskformer_metrics must return a dict, got {type(part).__name__}")
+        merged.update(part)
+    return merged
+
+
+def evaluate_split(run: Run, pairs: list[tuple[str, str]], cfg: dict | None = None, n_samples: int = 5):
+    """Decode and score one split; returns (metrics, samples)."""
+    cfg = cfg or run.config
+    hyps, _ = decode_texts(run.task, run.model, run.tokenizer, run.labels, cfg, [s for s, _ in pairs])
+    metrics = score(run.task, pairs, hyps)
+    picks = range(0, len(pairs), max(1, len(pairs) // n_samples)) if n_samples else []
+    samples = [(pairs[i][0], hyps[i], pairs[i][1]) for i in picks][:n_samples]
+    return metrics, samples
+
+
+def load_data(task: Task, cfg: dict, data_dir: str | None) -> TaskData:
+    data = plugins().call("taskformer_data", task, config=cfg, data_dir=Path(data_dir) if data_dir else None)
+    if not isinstance(data, TaskData):
+        raise PluginError(f"plugin {task.plugin!r}: taskformer_data must return a TaskData, got {type(data).__name__}")
+    missing = [s for s in SPLITS if not data.splits.get(s)]
+    if missing:
+        raise PluginError(f"plugin {task.plugin!r}: taskformer_data returned no {', '.join(missing)} split")
+    try:
+        check_specials(data.tokenizer)
+    except ValueError as e:
+        raise PluginError(f"plugin {task.plugin!r}: {e}") from None
+    return data
+
+
+def new_run_dir(task: str, out: str | None) -> Path:
+    path = Path(out) if out else Path("runs") / task / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    if (path / "config.json").exists():
+        raise TaskformerError(f"{path} already holds a run; choose another --out or resume it with --resume {path}")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextmanager
+def stop_on_signals(trainer: Trainer):
+    """SIGINT/SIGTERM finish the current step, checkpoint, and end training (instead of losing it)."""
+    def handler(signum, frame):
+        trainer.stop_reason = f"interrupted by {signal.Signals(signum).name}"
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def train(task_name: str, data_dir: str | None = None, out: str | None = None, time_limit: float | None = None,
+          seed: int | None = None, config_file: str | None = None, overrides: tuple[str, ...] = (),
+          resume: str | None = None, on_event=lambda e: None, shard: tuple[int, int] = (0, 1)) -> Run:
+    """Train a task end to end (or continue ``resume``); returns the run with val/test metrics filled in."""
+    if resume:
+        run_dir = Path(resume)
+        saved = ckpt.read_json(run_dir / "config.json")
+        task = plugins().task(saved["task"])
+        cfg, data_dir, time_limit = saved["config"], saved.get("data_dir"), saved.get("time_limit")
+    else:
+        task = plugins().task(task_name)
+        cfg = make_config(task, config_file, list(overrides), seed)
+        run_dir = new_run_dir(task.name, out) if shard[0] == 0 else Path(out)
+    started = time.monotonic()
+    data = load_data(task, cfg, data_dir)
+    device = pick_device()
+    torch.manual_seed(cfg["train"]["seed"])
+    model = build_model(task, cfg, data.tokenizer.get_vocab_size(), data.labels).to(device)
+    if not resume and shard[0] == 0:
+        data.tokenizer.save(str(run_dir / "tokenizer.json"))
+        ckpt.write_json(run_dir / "config.json", {"task": task.name, "labels": data.labels, "config": cfg,
+                                                   "data_dir": data_dir, "time_limit": time_limit})
+    classify = task.variant == "encoder-only"
+    max_len = cfg["model"]["max_len"]
+    train_enc, val_enc = (encode(data, s, max_len, classify) for s in ("train", "val"))
+    run = Run(run_dir, task, cfg, data.tokenizer, data.labels, model)
+    eval_cfg = copy.deepcopy(cfg)
+    eval_cfg["decode"]["strategy"] = cfg["decode"]["eval_strategy"]
+    tcfg = C.train_config(cfg)
+
+    def evaluate() -> dict:
+        metrics, _ = evaluate_split(run, data.splits["val"], eval_cfg, n_samples=0)
+        return {"loss": evaluate_loss(model, val_enc, tcfg, device), **metrics}
+
+    trainer = Trainer(model, tcfg, train_enc, evaluate, (task.metric, task.higher_is_better), run_dir, device,
+                      on_event=on_event, shard=shard)
+    if resume and not trainer.resume():
+        raise TaskformerError(f"{run_dir}: no checkpoint to resume from (checkpoints/ is empty)")
+    with stop_on_signals(trainer):
+        state = trainer.fit(time_limit * 60 if time_limit else None)
+    if trainer.stop_reason:
+        raise Interrupted(run_dir, trainer.stop_reason)
+    ckpt.load_weights(model, run_dir / ckpt.WEIGHTS)
+    for split in ("val", "test"):
+        run.metrics[split], run.samples[split] = evaluate_split(run, data.splits[split])
+    run.info = {
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "device": str(device),
+        "parameters": model.num_parameters(),
+        "data": {s: len(data.splits[s]) for s in SPLITS},
+        "vocab_size": data.tokenizer.get_vocab_size(),
+        "truncated": {"train": train_enc.truncated, "val": val_enc.truncated},
+        "notes": data.notes,
+        "train_seconds": round(state["elapsed"], 1),
+        "wall_seconds": round(time.monotonic() - started, 1),
+        "steps": state["step"],
+        "epochs": state["epoch"] + (1 if state["batch"] else 0),
+        "train_tokens": state["tokens"],
+        "tokens_per_s": round(state["tokens"] / max(state["elapsed"], 1e-9)),
+        "best_step": state["best_step"],
+        "stopped": state["stopped"] or "completed all epochs",
+    }
+    if shard[0] == 0:
+        ckpt.write_json(run_dir / "result.json", {"task": task.name, "metric": task.metric,
+                                                   "metrics": run.metrics, "info": run.info})
+    return run
+
+
+class Interrupted(TaskformerError):
+    """Training was stopped by a signal after a checkpoint was written."""
+
+    def __init__(self, run_dir: Path, why: str):
+        super().__init__(f"training {why}; checkpoint saved. Resume with: taskformer run --resume {run_dir}")
+        self.run_dir = run_dir
+
+
+def load(run_dir: str | Path) -> Run:
+    """Load a finished (or in-progress) run for eval, predict and report."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise TaskformerError(f"{run_dir}: no such run directory")
+    ckpt.refuse_pickles(run_dir)
+    saved = ckpt.read_json(run_dir / "config.json")
+    if not isinstance(saved, dict) or "task" not in saved or "config" not in saved:
+        raise TaskformerError(f"{run_dir / 'config.json'}: not a taskformer run config")
+    task = plugins().task(saved["task"])
+    cfg = saved["config"]
+    if cfg.get("model", {}).get("variant") != task.variant:
+        raise TaskformerError(f"{run_dir}: config is for a {cfg.get('model', {}).get('variant')} model, "
+                              f"but task {task.name!r} is {task.variant}")
+    try:
+        C.validate(cfg)
+        tokenizer = Tokenizer.from_file(str(run_dir / "tokenizer.json"))
+    except Exception as e:
+        raise TaskformerError(f"{run_dir}: unreadable run ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    model = build_model(task, cfg, tokenizer.get_vocab_size(), saved.get("labels")).to(pick_device())
+    ckpt.load_weights(model, run_dir / ckpt.WEIGHTS)
+    model.eval()
+    run = Run(run_dir, task, cfg, tokenizer, saved.get("labels"), model)
+    result = run_dir / "result.json"
+    if result.exists():
+        saved_result = ckpt.read_json(result)
+        run.metrics, run.info = saved_result.get("metrics", {}), saved_result.get("info", {})
+    return run

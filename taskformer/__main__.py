@@ -1,0 +1,3 @@
+from taskformer.plugins.cli import main
+
+main(prog_name="taskformer")
