@@ -22,12 +22,22 @@ from .model import ModelConfig
 SECTIONS = {"model": ModelConfig, "train": TrainConfig, "decode": DecodeConfig}
 
 
+OPEN_SECTIONS = ("data", "decode")  # a task may declare keys of its own here (e.g. a constrained search switch)
+
+
 def base_config(task_defaults: dict, variant: str) -> dict:
-    """Core defaults overlaid with a task's declared defaults (whose ``data`` section defines the data keys)."""
+    """Core defaults overlaid with a task's declared defaults.
+
+    The task's ``data`` section defines the data keys; its ``decode`` section may add keys for its
+    own decoder. Everything else must already exist in the core's dataclasses.
+    """
     cfg = {name: asdict(cls()) for name, cls in SECTIONS.items()}
     cfg["model"]["variant"] = variant
-    cfg["data"] = copy.deepcopy(task_defaults.get("data", {}))
-    merge(cfg, {k: v for k, v in task_defaults.items() if k != "data"}, "task defaults")
+    cfg["data"] = {}
+    for section in OPEN_SECTIONS:
+        extra = {k: v for k, v in task_defaults.get(section, {}).items() if k not in cfg[section]}
+        cfg[section].update(copy.deepcopy(extra))
+    merge(cfg, task_defaults, "task defaults")
     return cfg
 
 
@@ -99,18 +109,19 @@ def validate(cfg: dict) -> None:
     """Check values that are wrong whatever their type (negative sizes, d_model not divisible by heads)."""
     for name, cls in SECTIONS.items():
         try:
-            cls(**cfg[name]).validate()
+            cls.from_dict(cfg[name]).validate()
         except ValueError as e:
             raise TaskformerError(f"config: {e}") from None
 
 
 def model_config(cfg: dict) -> ModelConfig:
-    return ModelConfig(**cfg["model"])
+    return ModelConfig.from_dict(cfg["model"])
 
 
 def train_config(cfg: dict) -> TrainConfig:
-    return TrainConfig(**cfg["train"])
+    return TrainConfig.from_dict(cfg["train"])
 
 
 def decode_config(cfg: dict) -> DecodeConfig:
-    return DecodeConfig(**cfg["decode"])
+    """The core's search settings; task-declared decode keys stay in ``cfg["decode"]`` for the task."""
+    return DecodeConfig.from_dict(cfg["decode"])

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from .model import BOS, EOS, PAD, Transformer
+from .model import BOS, EOS, PAD, Section, Transformer
 
 Constraint = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -131,7 +131,7 @@ def classify(model: Transformer, src: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class DecodeConfig:
+class DecodeConfig(Section):
     """How sequence tasks search; ``max_len_a * source_length + max_len_b`` bounds each output."""
 
     strategy: str = "beam"  # or "greedy"

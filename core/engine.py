@@ -22,11 +22,11 @@ import torch.nn.functional as F
 from . import checkpoint as ckpt
 from .data import Encoded, collate, token_batches
 from .errors import TaskformerError
-from .model import PAD, Transformer
+from .model import PAD, Section, Transformer
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Section):
     """Optimisation settings. ``lr`` is the peak rate, reached after ``warmup`` steps."""
 
     epochs: int = 20

@@ -13,7 +13,7 @@ Token id conventions are fixed for every task (see :mod:`taskformer.core.tokeniz
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -23,8 +23,17 @@ PAD, BOS, EOS, UNK = 0, 1, 2, 3
 VARIANTS = ("encoder-decoder", "encoder-only")
 
 
+class Section:
+    """Mixin for config dataclasses: build from a config section, ignoring keys a task added."""
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
 @dataclass
-class ModelConfig:
+class ModelConfig(Section):
     """Hyper-parameters of the network; ``vocab_size``/``num_classes`` are filled in from the data."""
 
     variant: str = "encoder-decoder"
@@ -60,13 +69,6 @@ class ModelConfig:
         if self.pooling not in ("mean", "first", "max"):
             raise ValueError(f"model.pooling must be mean, first or max, not {self.pooling!r}")
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 class SinusoidalPositions(nn.Module):

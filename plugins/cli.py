@@ -12,6 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from ..core import config as C
 from ..core.errors import TaskformerError
 from . import report, runner
 from .manager import plugins
@@ -84,9 +85,15 @@ def run_cmd(task, data_dir, out, time_limit, seed, config_file, overrides, resum
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.option("--split", type=click.Choice(["val", "test"]), multiple=True, help="Split(s) to evaluate (default both).")
 @click.option("--data-dir", type=click.Path(file_okay=False), help="Data folder (default: the one the run used).")
-def eval_cmd(run_dir, split, data_dir) -> None:
+@click.option("--set", "overrides", multiple=True, metavar="decode.KEY=VALUE", help="Override a decoding setting.")
+def eval_cmd(run_dir, split, data_dir, overrides) -> None:
     """Re-evaluate a saved run's best checkpoint."""
     run = runner.load(run_dir)
+    updates = C.parse_overrides(list(overrides))
+    if set(updates) - {"decode"}:
+        raise TaskformerError("eval --set changes decoding only: use decode.KEY=VALUE")
+    run.config = C.merge(copy.deepcopy(run.config), updates, "--set")
+    C.validate(run.config)
     saved = runner.ckpt.read_json(run.dir / "config.json")
     data = runner.load_data(run.task, run.config, data_dir or saved.get("data_dir"))
     table = Table(title=f"{run.task.name}: {run.dir}")

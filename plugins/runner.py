@@ -41,7 +41,8 @@ class Run:
     labels: list[str] | None
     model: Transformer
     metrics: dict[str, dict] = field(default_factory=dict)  # split -> metric -> value
-    samples: dict[str, list[tuple[str, str, str]]] = field(default_factory=dict)  # split -> (src, hyp, ref)
+    samples: dict[str, list[tuple[str, str, str]]] = field(default_factory=dict)  # split -> a few (src, hyp, ref)
+    outputs: dict[str, list[tuple[str, str, str]]] = field(default_factory=dict)  # split -> every (src, hyp, ref)
     info: dict = field(default_factory=dict)  # data sizes, wall time, throughput, notes
 
     @property
@@ -118,14 +119,15 @@ def score(task: Task, pairs: list[tuple[str, str]], hyps: list[str]) -> dict:
     return merged
 
 
-def evaluate_split(run: Run, pairs: list[tuple[str, str]], cfg: dict | None = None, n_samples: int = 5):
-    """Decode and score one split; returns (metrics, samples)."""
-    cfg = cfg or run.config
-    hyps, _ = decode_texts(run.task, run.model, run.tokenizer, run.labels, cfg, [s for s, _ in pairs])
-    metrics = score(run.task, pairs, hyps)
-    picks = range(0, len(pairs), max(1, len(pairs) // n_samples)) if n_samples else []
-    samples = [(pairs[i][0], hyps[i], pairs[i][1]) for i in picks][:n_samples]
-    return metrics, samples
+def evaluate_split(run: Run, pairs: list[tuple[str, str]], cfg: dict | None = None):
+    """Decode and score one split; returns (metrics, [(source, output, reference), ...])."""
+    hyps, _ = decode_texts(run.task, run.model, run.tokenizer, run.labels, cfg or run.config, [s for s, _ in pairs])
+    return score(run.task, pairs, hyps), [(s, h, r) for (s, r), h in zip(pairs, hyps)]
+
+
+def spread(items: list, n: int = 5) -> list:
+    """``n`` items evenly spaced over the list (report samples that are not all from the start)."""
+    return items[:: max(1, len(items) // n)][:n]
 
 
 def load_data(task: Task, cfg: dict, data_dir: str | None) -> TaskData:
@@ -194,7 +196,7 @@ def train(task_name: str, data_dir: str | None = None, out: str | None = None, t
     tcfg = C.train_config(cfg)
 
     def evaluate() -> dict:
-        metrics, _ = evaluate_split(run, data.splits["val"], eval_cfg, n_samples=0)
+        metrics, _ = evaluate_split(run, data.splits["val"], eval_cfg)
         return {"loss": evaluate_loss(model, val_enc, tcfg, device), **metrics}
 
     trainer = Trainer(model, tcfg, train_enc, evaluate, (task.metric, task.higher_is_better), run_dir, device,
@@ -207,7 +209,8 @@ def train(task_name: str, data_dir: str | None = None, out: str | None = None, t
         raise Interrupted(run_dir, trainer.stop_reason)
     ckpt.load_weights(model, run_dir / ckpt.WEIGHTS)
     for split in ("val", "test"):
-        run.metrics[split], run.samples[split] = evaluate_split(run, data.splits[split])
+        run.metrics[split], run.outputs[split] = evaluate_split(run, data.splits[split])
+        run.samples[split] = spread(run.outputs[split])
     run.info = {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "device": str(device),
@@ -226,8 +229,8 @@ def train(task_name: str, data_dir: str | None = None, out: str | None = None, t
         "stopped": state["stopped"] or "completed all epochs",
     }
     if shard[0] == 0:
-        ckpt.write_json(run_dir / "result.json", {"task": task.name, "metric": task.metric,
-                                                   "metrics": run.metrics, "info": run.info})
+        ckpt.write_json(run_dir / "result.json", {"task": task.name, "metric": task.metric, "metrics": run.metrics,
+                                                   "samples": run.samples, "info": run.info})
     return run
 
 
@@ -266,4 +269,5 @@ def load(run_dir: str | Path) -> Run:
     if result.exists():
         saved_result = ckpt.read_json(result)
         run.metrics, run.info = saved_result.get("metrics", {}), saved_result.get("info", {})
+        run.samples = {k: [tuple(x) for x in v] for k, v in saved_result.get("samples", {}).items()}
     return run
