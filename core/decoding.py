@@ -56,7 +56,7 @@ def greedy(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, constra
            use_cache: bool = True, ignore_eos: bool = False) -> list[list[int]]:
     """Pick the most likely token at every step. ``max_len`` (B,) bounds each output (without BOS).
 
-    ``ignore_eos`` keeps every sentence running to its budget (equal work for benchmarks).
+    ``ignore_eos`` keeps every sentence running to its full budget (equal work for benchmarks).
     """
     memory, mask = model.encode(src)
     ys = torch.full((src.size(0), 1), BOS, dtype=torch.long, device=src.device)
@@ -66,8 +66,7 @@ def greedy(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, constra
         logp = _step_logprobs(model, ys, memory, mask, cache, step)
         if ignore_eos:
             logp[:, EOS] = float("-inf")
-        else:
-            logp = _force_eos(logp, max_len <= step)
+        logp = _force_eos(logp, max_len <= step)
         if constraint is not None:
             logp = constraint(step, ys, logp)
         nxt = logp.argmax(-1).masked_fill(done, PAD)
@@ -102,8 +101,7 @@ def beam_search(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, be
         logp = _step_logprobs(model, ys, memory, mask, cache, step)
         if ignore_eos:
             logp[:, EOS] = float("-inf")
-        else:
-            logp = _force_eos(logp, limit <= step)
+        logp = _force_eos(logp, limit <= step)
         if constraint is not None:
             logp = constraint(step, ys, logp)
         logp[done] = float("-inf")

@@ -56,8 +56,10 @@ def tasks_cmd() -> None:
     for t in sorted(p.tasks.values(), key=lambda t: t.name):
         table.add_row(t.name, t.variant, t.metric, t.description, t.plugin)
     for name, why in p.broken.items():
-        table.add_row("[red]-", "", "", f"[red]broken: {why}", name)
+        table.add_row("[red]-", "", "", "[red]broken (see below)", name)
     Console().print(table)
+    for name, why in p.broken.items():
+        click.echo(f"warning: plugin {name!r} {why}", err=True)
 
 
 @main.command("run")

@@ -27,7 +27,7 @@ def cli():
 def run_cli(*args: str, input: str | None = None, env: dict | None = None, timeout: int = 600):
     """The installed console script in a subprocess: for signals, stdin piping and entry points."""
     return subprocess.run([sys.executable, "-m", "taskformer", *args], input=input, capture_output=True,
-                          text=True, env={**os.environ, **(env or {})}, timeout=timeout)
+                          text=True, env={**os.environ, "COLUMNS": "200", **(env or {})}, timeout=timeout)
 
 
 @pytest.fixture

@@ -1,0 +1,105 @@
+"""Plugin discovery through the `taskformer` entry-point group, and isolation of broken plugins."""
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "taskformer-reverse"
+
+
+def fake_distribution(site: Path, name: str, entry_points: dict[str, str]) -> None:
+    """Install-free stand-in for `pip install`: a dist-info folder declaring entry points on sys.path."""
+    info = site / f"{name}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[taskformer]\n" + "".join(f"{k} = {v}\n" for k, v in entry_points.items()))
+
+
+@pytest.fixture
+def site(tmp_path):
+    path = tmp_path / "site"
+    path.mkdir()
+    return path
+
+
+def env_for(*paths: Path) -> dict:
+    return {"PYTHONPATH": ":".join(str(p) for p in paths)}
+
+
+def test_external_plugin_is_discovered_and_runs_by_name(site, tmp_path):
+    fake_distribution(site, "taskformer_reverse", {"reverse": "taskformer_reverse"})
+    env = env_for(site, EXAMPLE)
+    listed = run_cli("tasks", env=env)
+    assert listed.returncode == 0 and "reverse" in listed.stdout
+    out = tmp_path / "run"
+    trained = run_cli("run", "reverse", "--out", str(out), "--quiet", "--set", "train.epochs=2", env=env)
+    assert trained.returncode == 0, trained.stderr
+    assert (out / "model.safetensors").is_file()
+    predicted = run_cli("predict", str(out), input="1 2 3 4 5 6\n\n", env=env)
+    assert predicted.returncode == 0, predicted.stderr
+    lines = predicted.stdout.split("\n")
+    assert len(lines) == 3 and lines[1] == "" and len(lines[0].split()) >= 1
+
+
+def test_plugin_that_fails_to_import_is_named_and_others_keep_working(site):
+    (site / "broken_plugin.py").write_text("raise RuntimeError('boom at import')\n")
+    fake_distribution(site, "broken_plugin", {"broken": "broken_plugin"})
+    result = run_cli("tasks", env=env_for(site))
+    assert result.returncode == 0
+    assert "copy" in result.stdout
+    assert "broken" in result.stdout
+    assert "plugin 'broken' failed to load (RuntimeError: boom at import)" in result.stderr
+
+
+def test_plugin_that_returns_the_wrong_type_is_named(site):
+    (site / "wrong_plugin.py").write_text(
+        "from taskformer.plugins import hookimpl\n"
+        "@hookimpl\n"
+        "def taskformer_tasks():\n"
+        "    return 'not a list of tasks'\n")
+    fake_distribution(site, "wrong_plugin", {"wrong": "wrong_plugin"})
+    result = run_cli("tasks", env=env_for(site))
+    assert result.returncode == 0 and "copy" in result.stdout
+    assert "wrong" in result.stdout
+    assert "plugin 'wrong' taskformer_tasks raised TypeError" in result.stderr and "list of Task" in result.stderr
+
+
+def test_plugin_raising_in_a_hook_is_a_one_line_error_naming_it(site, tmp_path):
+    (site / "raising_plugin.py").write_text(
+        "from taskformer.plugins import Task, hookimpl\n"
+        "@hookimpl\n"
+        "def taskformer_tasks():\n"
+        "    return [Task(name='explode', description='raises in its data hook')]\n"
+        "@hookimpl\n"
+        "def taskformer_data(task):\n"
+        "    if task.name == 'explode':\n"
+        "        raise KeyError('missing column')\n")
+    fake_distribution(site, "raising_plugin", {"raising": "raising_plugin"})
+    result = run_cli("run", "explode", "--out", str(tmp_path / "r"), env=env_for(site))
+    assert result.returncode == 2
+    assert "raising" in result.stderr and "taskformer_data" in result.stderr and "missing column" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_plugin_can_add_a_subcommand(site):
+    (site / "command_plugin.py").write_text(
+        "import click\n"
+        "from taskformer.plugins import hookimpl\n"
+        "@hookimpl\n"
+        "def taskformer_register_commands(cli):\n"
+        "    @cli.command()\n"
+        "    def hello():\n"
+        "        'Say hello.'\n"
+        "        click.echo('hello from a plugin')\n")
+    fake_distribution(site, "command_plugin", {"command": "command_plugin"})
+    result = run_cli("hello", env=env_for(site))
+    assert result.returncode == 0 and result.stdout == "hello from a plugin\n"
+
+
+def test_unknown_task_suggests_close_names_with_exit_code_2():
+    result = run_cli("run", "copyy")
+    assert result.returncode == 2
+    message = result.stderr.strip()
+    assert message.startswith("Error: unknown task 'copyy'; did you mean copy") and "\n" not in message
