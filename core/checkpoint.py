@@ -41,6 +41,7 @@ def atomic_write(path: Path, data: str | bytes) -> None:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates owner-only files; a run directory is meant to be shared
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -67,6 +68,7 @@ def save_weights(model: torch.nn.Module, path: Path) -> None:
     os.close(fd)
     try:
         save_model(model, tmp)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -37,10 +37,15 @@ def test_external_plugin_is_discovered_and_runs_by_name(site, tmp_path):
     trained = run_cli("run", "reverse", "--out", str(out), "--quiet", "--set", "train.epochs=2", env=env)
     assert trained.returncode == 0, trained.stderr
     assert (out / "model.safetensors").is_file()
+    assert "Accuracy by position" in (out / "report.txt").read_text()  # the plugin's report section
     predicted = run_cli("predict", str(out), input="1 2 3 4 5 6\n\n", env=env)
     assert predicted.returncode == 0, predicted.stderr
     lines = predicted.stdout.split("\n")
-    assert len(lines) == 3 and lines[1] == "" and len(lines[0].split()) >= 1
+    assert len(lines) == 3 and lines[1] == "" and len(lines[0].split()) == 6  # its decoder fixes the length
+    examples = run_cli("reverse-examples", "-n", "2", env=env)  # its own subcommand
+    assert examples.returncode == 0
+    assert [a.split() == list(reversed(b.split())) for a, b in
+            (line.split("\t") for line in examples.stdout.splitlines())] == [True, True]
 
 
 def test_plugin_that_fails_to_import_is_named_and_others_keep_working(site):

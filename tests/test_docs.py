@@ -1,0 +1,27 @@
+"""docs/plugins.md cannot drift: its hook reference is generated, its tutorial is the example plugin."""
+import re
+from pathlib import Path
+
+from taskformer.plugins.docs import MARKER, hook_reference
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = (ROOT / "docs" / "plugins.md").read_text(encoding="utf-8")
+
+
+def test_hook_reference_matches_the_hook_docstrings():
+    assert DOC.split(MARKER)[1] == hook_reference().split(MARKER)[1], \
+        "regenerate with: python -m taskformer.plugins.docs docs/plugins.md"
+    for hook in ("taskformer_tasks", "taskformer_data", "taskformer_head", "taskformer_decode",
+                 "taskformer_metrics", "taskformer_report_sections", "taskformer_register_commands"):
+        assert f"### `{hook}(" in DOC
+
+
+def test_tutorial_code_is_the_example_plugin():
+    tutorial = DOC.split(MARKER)[0]
+    blocks = re.findall(r"```python\n(.*?)```", tutorial, flags=re.S)
+    example = (ROOT / "examples" / "taskformer-reverse" / "taskformer_reverse.py").read_text(encoding="utf-8")
+
+    def code_lines(text):
+        return [line for line in text.splitlines() if line.strip()]
+
+    assert code_lines("\n".join(blocks)) == code_lines(example)
