@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_model
 
 from .errors import TaskformerError
@@ -80,7 +80,14 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
     path = Path(path)
     if not path.is_file():
         raise TaskformerError(f"{path}: no weights found")
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     try:
+        with safe_open(path, "pt") as f:
+            for key in f.keys():
+                shape = tuple(f.get_slice(key).get_shape())
+                if key in expected and shape != expected[key]:
+                    raise TaskformerError(f"{path}: weights do not match the model ({key} is {list(shape)} "
+                                          f"in the file, {list(expected[key])} in the model built from config.json)")
         missing, unexpected = load_model(model, path, strict=False)
     except (SafetensorError, RuntimeError, OSError, ValueError) as e:
         raise TaskformerError(f"{path}: corrupt or incompatible weights ({str(e).splitlines()[0]})") from None

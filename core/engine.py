@@ -41,6 +41,7 @@ class TrainConfig(Section):
     seed: int = 0
     patience: int = 0  # stop after this many evaluations without improvement; 0: never
     eval_every: int = 0  # steps between evaluations; 0: once per epoch
+    save_every: int = 0  # steps between resumable checkpoints; 0: at each evaluation only
     keep_last: int = 2  # resumable checkpoints kept in checkpoints/
     log_every: int = 20
 
@@ -48,7 +49,7 @@ class TrainConfig(Section):
         for name in ("epochs", "max_tokens", "keep_last", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("max_steps", "warmup", "patience", "eval_every"):
+        for name in ("max_steps", "warmup", "patience", "eval_every", "save_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name} must not be negative, got {getattr(self, name)}")
         if not self.lr > 0:
@@ -134,10 +135,16 @@ class Trainer:
                                      self.optimizer, self.scheduler, self.state, self.cfg.keep_last)
 
     def resume(self) -> bool:
+        """Continue from the newest checkpoint; events logged after it (by the lost process) are dropped."""
         path = ckpt.latest_training_state(self.run_dir / "checkpoints")
         if path is None:
             return False
         self.state.update(ckpt.load_training_state(path, self.model, self.optimizer, self.scheduler))
+        log = self.run_dir / "metrics.jsonl"
+        if self.rank == 0 and log.exists():
+            kept = [line for line in log.read_text(encoding="utf-8").splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= self.state["step"]]
+            ckpt.atomic_write(log, "".join(line + "\n" for line in kept))
         return True
 
     def log(self, **event) -> None:
@@ -212,6 +219,8 @@ class Trainer:
                         last_log, tokens_since = now, 0
                     if cfg.eval_every and st["step"] % cfg.eval_every == 0:
                         self._evaluate()
+                        self.save()
+                    elif cfg.save_every and st["step"] % cfg.save_every == 0:
                         self.save()
                     if cfg.max_steps and st["step"] >= cfg.max_steps:
                         raise Stop(f"reached train.max_steps={cfg.max_steps}")

@@ -121,8 +121,16 @@ class TrainingDisplay:
         if self.live:
             self.progress.stop()
 
+    def _say(self, line: str) -> None:
+        if self.live:
+            self.console.log(line)
+        elif not self.quiet:
+            print(line, file=sys.stderr, flush=True)
+
     def __call__(self, e: dict) -> None:
-        if e.get("event") == "train":
+        if e.get("event") == "stage":
+            self._say(e["name"] + " ...")
+        elif e.get("event") == "train":
             if self.live:
                 self.progress.update(self.bar, completed=e["progress"], epoch=e["epoch"] + 1, loss=f"{e['loss']:.3f}",
                                      lr=f"{e['lr']:.2e}", tps=f"{e['tokens_per_s']:,.0f}")
@@ -132,8 +140,4 @@ class TrainingDisplay:
         elif e.get("event") == "eval":
             keys = [k for k in e if k not in ("event", "split", "step", "epoch", "improved")]
             line = f"eval step {e['step']}: " + "  ".join(f"{k} {_fmt(e[k])}" for k in keys)
-            line += "  (best so far)" if e.get("improved") else ""
-            if self.live:
-                self.console.log(line)
-            elif not self.quiet:
-                print(line, file=sys.stderr, flush=True)
+            self._say(line + ("  (best so far)" if e.get("improved") else ""))

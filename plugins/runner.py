@@ -179,6 +179,7 @@ def train(task_name: str, data_dir: str | None = None, out: str | None = None, t
         cfg = make_config(task, config_file, list(overrides), seed)
         run_dir = new_run_dir(task.name, out) if shard[0] == 0 else Path(out)
     started = time.monotonic()
+    on_event({"event": "stage", "name": "loading data and training the tokenizer"})
     data = load_data(task, cfg, data_dir)
     device = pick_device()
     torch.manual_seed(cfg["train"]["seed"])
@@ -209,6 +210,7 @@ def train(task_name: str, data_dir: str | None = None, out: str | None = None, t
         raise Interrupted(run_dir, trainer.stop_reason)
     ckpt.load_weights(model, run_dir / ckpt.WEIGHTS)
     for split in ("val", "test"):
+        on_event({"event": "stage", "name": f"decoding the {split} split ({len(data.splits[split]):,} examples)"})
         run.metrics[split], run.outputs[split] = evaluate_split(run, data.splits[split])
         run.samples[split] = spread(run.outputs[split])
     run.info = {
@@ -240,6 +242,7 @@ class Interrupted(TaskformerError):
     def __init__(self, run_dir: Path, why: str):
         super().__init__(f"training {why}; checkpoint saved. Resume with: taskformer run --resume {run_dir}")
         self.run_dir = run_dir
+        self.exit_code = 130
 
 
 def load(run_dir: str | Path) -> Run:

@@ -1,0 +1,142 @@
+"""Nothing is lost: resume after SIGKILL gives the same result, signals checkpoint, bad states are refused."""
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from safetensors.torch import load_file
+
+from conftest import run_cli
+
+SMALL = ["--set", "data.train_size=3000", "--set", "train.epochs=3", "--set", "train.save_every=4",
+         "--set", "train.log_every=2", "--quiet"]
+
+
+def start(*args):
+    return subprocess.Popen([sys.executable, "-m", "taskformer", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_checkpoint(run_dir, min_step, proc, timeout=300):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        steps = sorted((run_dir / "checkpoints").glob("step-*")) if (run_dir / "checkpoints").exists() else []
+        if steps and int(steps[-1].name.split("-")[1]) >= min_step:
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError("no checkpoint appeared")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref") / "run"
+    result = run_cli("run", "copy", "--out", str(out), *SMALL)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_run_killed_mid_epoch_resumes_to_the_same_weights_and_metrics(reference, tmp_path):
+    out = tmp_path / "run"
+    proc = start("run", "copy", "--out", str(out), *SMALL)
+    wait_for_checkpoint(out, 30, proc)  # epoch 1 has about 45 steps: this is mid-epoch 1 or later
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "result.json").exists()
+    resumed = run_cli("run", "--resume", str(out), "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    a, b = load_file(reference / "model.safetensors"), load_file(out / "model.safetensors")
+    assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+    ra, rb = (json.loads((d / "result.json").read_text()) for d in (reference, out))
+    assert ra["metrics"] == rb["metrics"]
+    assert ra["info"]["steps"] == rb["info"]["steps"]
+    evals = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [e["step"] for e in evals if e["event"] == "eval"]
+    assert steps == sorted(set(steps))  # no duplicated history from the killed process
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_checkpoints_and_explains_how_to_resume(tmp_path, sig):
+    out = tmp_path / "run"
+    proc = start("run", "copy", "--out", str(out), *SMALL)
+    wait_for_checkpoint(out, 4, proc)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert f"taskformer run --resume {out}" in err and "Traceback" not in err
+    assert list((out / "checkpoints").glob("step-*"))
+
+
+def test_resume_of_a_directory_without_checkpoints_is_an_error(tmp_path, cli):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({"task": "copy", "config": {}}))
+    result = cli("run", "--resume", str(out))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+
+
+def test_diverging_loss_stops_with_a_message(cli, tmp_path):
+    result = cli("run", "copy", "--out", str(tmp_path / "r"), "--set", "train.lr=1e30", "--set", "train.warmup=0",
+                 "--set", "train.clip=0", "--quiet")
+    assert result.exit_code == 2
+    assert "training loss became" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("small") / "run"
+    result = run_cli("run", "copy", "--out", str(out), "--set", "data.train_size=500", "--set", "train.epochs=1",
+                     "--quiet")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def damaged_copy(src, dst, edit):
+    shutil.copytree(src, dst)
+    edit(dst)
+    return dst
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda d: (d / "evil.pkl").write_bytes(b"cos\nsystem\n(S'echo pwned'\ntR."), "pickle"),
+    (lambda d: (d / "model.safetensors").write_bytes(b"\x00" * 64), "corrupt"),
+    (lambda d: (d / "config.json").write_text("{not json"), "not valid JSON"),
+    (lambda d: (d / "config.json").write_text(
+        (d / "config.json").read_text().replace('"d_model": 128', '"d_model": 64')), "do not match"),
+    (lambda d: (d / "config.json").write_text(
+        (d / "config.json").read_text().replace('"task": "copy"', '"task": "agnews"')), "encoder"),
+])
+def test_damaged_or_foreign_run_directories_are_refused(small_run, tmp_path, cli, edit, expected):
+    bad = damaged_copy(small_run, tmp_path / "bad", edit)
+    result = cli("predict", str(bad), "1 2 3")
+    assert result.exit_code == 2, result.output
+    assert expected in result.stderr and "Traceback" not in result.output
+
+
+def test_optimizer_state_with_code_is_refused_on_resume(small_run, tmp_path, cli):
+    import pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    bad = damaged_copy(small_run, tmp_path / "bad", lambda d: None)
+    step = sorted((bad / "checkpoints").glob("step-*"))[-1]
+    (step / "optimizer.pt").write_bytes(pickle.dumps(Evil()))
+    result = cli("run", "--resume", str(bad))
+    assert result.exit_code == 2
+    assert "refused or corrupt" in result.stderr and "pwned" not in result.stdout
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.text(max_size=300), min_size=1, max_size=5))
+def test_predict_survives_any_unicode(small_run, cli, lines):
+    lines = [line.replace("\n", " ").replace("\r", " ") for line in lines]
+    result = cli("predict", str(small_run), input="\n".join(lines) + "\n")
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.split("\n")) - 1 == len(lines)
