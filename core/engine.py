@@ -161,10 +161,12 @@ class Trainer:
         score = metrics.get(self.metric)
         if score is None or not math.isfinite(score):
             raise TaskformerError(f"evaluation returned no finite value for the selection metric {self.metric!r}")
+        # Ties on the task metric (e.g. 100% exact match) go to the lower validation loss.
+        key = (score if self.higher else -score, -metrics.get("loss", 0.0))
         best = self.state["best"]
-        improved = best is None or (score > best if self.higher else score < best)
+        improved = best is None or key > tuple(best)
         if improved:
-            self.state.update(best=score, best_step=self.state["step"], stale=0)
+            self.state.update(best=list(key), best_step=self.state["step"], stale=0)
             if self.rank == 0:
                 ckpt.save_weights(self.model, self.run_dir / ckpt.WEIGHTS)
         else:

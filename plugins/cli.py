@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import sys
+from pathlib import Path
 
 import click
 from rich.console import Console
@@ -14,7 +15,7 @@ from rich.table import Table
 
 from ..core import config as C
 from ..core.errors import TaskformerError
-from . import report, runner
+from . import report, runner, scaffold
 from .manager import plugins
 
 
@@ -125,6 +126,17 @@ def predict_cmd(run_dir, text, beam) -> None:
                    err=True)
     for out in outputs:
         click.echo(out.replace("\n", " "))
+
+
+@main.command("new-task")
+@click.argument("name")
+@click.option("--dir", "target", type=click.Path(file_okay=False), help="Where to write the package (default ./taskformer-NAME).")
+def new_task_cmd(name, target) -> None:
+    """Write a complete, installable plugin package for a new task called NAME."""
+    path = Path(target) if target else Path(scaffold.names(name)["package"])
+    for written in scaffold.write(name, path):
+        click.echo(f"wrote {written}")
+    click.echo(f"next: pip install -e {path} && taskformer run {name}")
 
 
 plugins().pm.hook.taskformer_register_commands(cli=main)

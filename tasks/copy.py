@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 
 from ..core.data import TaskData
+from ..core.errors import TaskformerError
 from ..core.tokenize import symbols
 from ..plugins.hookspecs import Task, hookimpl
 
@@ -19,7 +20,7 @@ TASK = Task(
     defaults={
         "model": {"d_model": 128, "n_heads": 4, "enc_layers": 2, "dec_layers": 2, "d_ff": 256,
                   "dropout": 0.0, "max_len": 64},
-        "train": {"epochs": 6, "max_tokens": 1200, "lr": 2e-3, "warmup": 150, "label_smoothing": 0.0},
+        "train": {"epochs": 4, "max_tokens": 1200, "lr": 5e-4, "warmup": 150, "label_smoothing": 0.0},
         "decode": {"strategy": "greedy", "max_len_a": 1.0, "max_len_b": 2},
         # vocab counts padding like the classic setup: symbols are 1 .. vocab-1
         "data": {"vocab": 11, "length": 10, "train_size": 20000, "val_size": 500, "test_size": 1000},
@@ -38,7 +39,7 @@ def taskformer_data(task, config):
         return None
     opts = config["data"]
     if opts["vocab"] < 3 or opts["length"] < 1:
-        raise ValueError("data.vocab must be at least 3 and data.length at least 1")
+        raise TaskformerError("config: data.vocab must be at least 3 and data.length at least 1")
     names = [str(i) for i in range(1, opts["vocab"])]
     rng = random.Random(config["train"]["seed"])
 

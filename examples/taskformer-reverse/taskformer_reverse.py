@@ -1,8 +1,8 @@
-"""An external taskformer plugin: reverse a sequence of digits.
+"""The ``reverse`` taskformer plugin: the model learns to reverse a sequence of digits.
 
-It lives outside taskformer and is found through the ``taskformer`` entry point declared in its
-``pyproject.toml`` -- exactly the path a third-party plugin takes. docs/plugins.md walks through
-this file; a test checks that the tutorial's code blocks and this file are the same code.
+Written by ``taskformer new-task``: a complete, working task to edit into your own. It is found
+through the ``taskformer`` entry point declared in ``pyproject.toml``; docs/plugins.md in the
+taskformer repository explains every hook used here.
 """
 import random
 
@@ -17,7 +17,7 @@ from taskformer.plugins import Task, hookimpl
 DIGITS = list("0123456789")
 TASK = Task(
     name="reverse",
-    description="Reverse a sequence of digits (example external plugin)",
+    description="Reverse a sequence of digits (reverse plugin)",
     metric="exact_match",
     defaults={
         "model": {"d_model": 64, "n_heads": 4, "enc_layers": 1, "dec_layers": 1, "d_ff": 128, "dropout": 0.0,
@@ -82,7 +82,7 @@ def taskformer_report_sections(task, run):
 def taskformer_register_commands(cli):
     @cli.command("reverse-examples")
     @click.option("-n", default=3, help="How many examples.")
-    def reverse_examples(n):
+    def examples(n):
         """Print a few examples of the reverse task."""
         for source, target in sample(random.Random(0), n, TASK.defaults["data"]["length"]):
             click.echo(f"{source}\t{target}")

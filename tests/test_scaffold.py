@@ -1,0 +1,44 @@
+"""`taskformer new-task` writes a package that installs with pip, runs by name, and passes its own test."""
+import filecmp
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import run_cli
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "taskformer-reverse"
+
+
+def test_scaffold_for_reverse_is_the_example_package(tmp_path, cli):
+    result = cli("new-task", "reverse", "--dir", str(tmp_path / "pkg"))
+    assert result.exit_code == 0, result.output
+    written = sorted(p.relative_to(tmp_path / "pkg") for p in (tmp_path / "pkg").rglob("*") if p.is_file())
+    shipped = sorted(p.relative_to(EXAMPLE) for p in EXAMPLE.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    assert written == shipped
+    for rel in written:
+        assert filecmp.cmp(tmp_path / "pkg" / rel, EXAMPLE / rel, shallow=False), rel
+
+
+def test_scaffold_installs_runs_and_passes_its_own_test(tmp_path, cli):
+    pkg, site = tmp_path / "pkg", tmp_path / "site"
+    assert cli("new-task", "sort-digits", "--dir", str(pkg)).exit_code == 0
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                              "--target", str(site), str(pkg)], capture_output=True, text=True)
+    assert install.returncode == 0, install.stderr
+    env = {"PYTHONPATH": str(site)}
+    listed = run_cli("tasks", env=env)
+    assert "sort-digits" in listed.stdout and "taskformer_sort_digits" not in listed.stderr
+    own_test = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(pkg / "tests")],
+                              capture_output=True, text=True, env={**__import__("os").environ, **env}, cwd=tmp_path)
+    assert own_test.returncode == 0, own_test.stdout[-2000:]
+    assert "1 passed" in own_test.stdout
+
+
+def test_scaffold_refuses_bad_names_and_existing_folders(tmp_path, cli):
+    bad = cli("new-task", "My Task", "--dir", str(tmp_path / "x"))
+    assert bad.exit_code == 2 and "lower-case" in bad.stderr
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("mine")
+    taken = cli("new-task", "ok", "--dir", str(tmp_path / "full"))
+    assert taken.exit_code == 2 and "not empty" in taken.stderr
+    assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
