@@ -56,6 +56,7 @@ def symbols(names: list[str]) -> Tokenizer:
     vocab = {s: i for i, s in enumerate(SPECIALS + list(names))}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(SPECIALS)  # already in the vocabulary: this marks them so decode skips them
     return tok
 
 

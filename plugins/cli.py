@@ -128,6 +128,25 @@ def predict_cmd(run_dir, text, beam) -> None:
         click.echo(out.replace("\n", " "))
 
 
+@main.command("runs")
+@click.argument("root", default="runs", type=click.Path(file_okay=False))
+def runs_cmd(root) -> None:
+    """List past runs under ROOT (default ./runs): task, date, wall time, main metric, path."""
+    if not Path(root).is_dir():
+        raise TaskformerError(f"{root}: no such directory")
+    Console().print(report.list_runs(Path(root)))
+
+
+@main.command("report")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+def report_cmd(run_dir) -> None:
+    """Show a finished run's report again and rewrite its report.txt and report.html."""
+    run = runner.load(run_dir)
+    if not run.metrics:
+        raise TaskformerError(f"{run_dir}: the run has not finished (no result.json); resume it first")
+    report.render(run)
+
+
 @main.command("new-task")
 @click.argument("name")
 @click.option("--dir", "target", type=click.Path(file_okay=False), help="Where to write the package (default ./taskformer-NAME).")

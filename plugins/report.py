@@ -6,7 +6,11 @@ this plugin is marked ``tryfirst``.
 """
 from __future__ import annotations
 
+import base64
+import html
+import json
 import sys
+from pathlib import Path
 
 from rich import box
 from rich.console import Console, Group
@@ -78,8 +82,46 @@ def sections(run) -> list[tuple[str, object]]:
     return out
 
 
+def plot_training(run) -> Path | None:
+    """Training and validation loss, and the learning rate, over steps -> training.png."""
+    train = [e for e in run.history if e.get("event") == "train"]
+    evals = [e for e in run.history if e.get("event") == "eval" and "loss" in e]
+    if not train:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_loss, ax_lr) = plt.subplots(1, 2, figsize=(10, 3.6))
+    ax_loss.plot([e["step"] for e in train], [e["loss"] for e in train], label="train (smoothed labels)")
+    if evals:
+        ax_loss.plot([e["step"] for e in evals], [e["loss"] for e in evals], "o-", label="validation")
+    ax_loss.set(xlabel="step", ylabel="loss per token", title="Loss", yscale="log")
+    ax_loss.legend()
+    ax_lr.plot([e["step"] for e in train], [e["lr"] for e in train])
+    ax_lr.set(xlabel="step", ylabel="learning rate", title="Learning rate")
+    fig.tight_layout()
+    path = run.dir / "training.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def _figures_html(run) -> str:
+    """Every PNG in the run directory, embedded (the HTML stays one self-contained file)."""
+    parts = []
+    for png in sorted(run.dir.glob("*.png"), key=lambda p: (p.name != "training.png", p.name)):
+        data = base64.b64encode(png.read_bytes()).decode("ascii")
+        parts.append(f'<figure><img alt="{html.escape(png.stem)}" src="data:image/png;base64,{data}">'
+                     f"<figcaption>{html.escape(png.name)}</figcaption></figure>")
+    if not parts:
+        return ""
+    return '<section><h2 style="font-family:sans-serif">Figures</h2>' + "\n".join(parts) + "</section>"
+
+
 def render(run, console: Console | None = None) -> None:
-    """Print the report and save it as report.txt and report.html in the run directory."""
+    """Print the report and save it as report.txt and a self-contained report.html (with figures)."""
+    plot_training(run)
     body = [Text(f"{run.task.name}: {run.task.description}", style="bold"), Text(f"run directory: {run.dir}")]
     for title, renderable in sections(run):
         body += [Text(""), Text(title, style="bold cyan"), renderable]
@@ -88,7 +130,26 @@ def render(run, console: Console | None = None) -> None:
     record = Console(record=True, width=110, file=_Null())
     record.print(panel)
     atomic_write(run.dir / "report.txt", record.export_text(clear=False))
-    atomic_write(run.dir / "report.html", record.export_html())
+    page = record.export_html(inline_styles=True)
+    atomic_write(run.dir / "report.html", page.replace("</body>", _figures_html(run) + "\n</body>"))
+
+
+def list_runs(root: Path) -> Table:
+    """A table of the finished runs under ``root`` (any depth), newest first."""
+    table = _table("task", "date", "wall time", "main metric (test)", "path", title=f"runs under {root}")
+    rows = []
+    for result in Path(root).rglob("result.json"):
+        try:
+            saved = json.loads(result.read_text(encoding="utf-8"))
+            metric, info = saved["metric"], saved["info"]
+            value = saved["metrics"]["test"].get(metric)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not a finished taskformer run
+        rows.append((info.get("date", "").replace("T", " ")[:16], saved["task"], f"{info.get('wall_seconds', 0):,.0f} s",
+                     f"{metric} {_fmt(value)}", str(result.parent)))
+    for date, task, wall, metric, path in sorted(rows, reverse=True):
+        table.add_row(task, date, wall, metric, path)
+    return table
 
 
 class _Null:

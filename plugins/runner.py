@@ -231,6 +231,9 @@ def train(task_name: str, data_dir: str | None = None, out: str | None = None, t
         "stopped": state["stopped"] or "completed all epochs",
     }
     if shard[0] == 0:
+        for split, rows in run.outputs.items():
+            ckpt.atomic_write(run_dir / f"outputs-{split}.jsonl", "".join(
+                json.dumps({"source": s, "output": h, "reference": r}, ensure_ascii=False) + "\n" for s, h, r in rows))
         ckpt.write_json(run_dir / "result.json", {"task": task.name, "metric": task.metric, "metrics": run.metrics,
                                                    "samples": run.samples, "info": run.info})
     return run
@@ -273,4 +276,7 @@ def load(run_dir: str | Path) -> Run:
         saved_result = ckpt.read_json(result)
         run.metrics, run.info = saved_result.get("metrics", {}), saved_result.get("info", {})
         run.samples = {k: [tuple(x) for x in v] for k, v in saved_result.get("samples", {}).items()}
+    for path in run_dir.glob("outputs-*.jsonl"):
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        run.outputs[path.stem.removeprefix("outputs-")] = [(r["source"], r["output"], r["reference"]) for r in rows]
     return run

@@ -1,0 +1,76 @@
+"""Reports a person can read: the HTML with its plots in a real browser, run history, re-rendering."""
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    out = root / "copy" / "first"
+    result = run_cli("run", "copy", "--out", str(out), "--set", "data.train_size=2000", "--set", "train.epochs=2",
+                     "--set", "train.log_every=5", "--quiet")
+    assert result.returncode == 0, result.stderr
+    return root, out
+
+
+def test_report_html_is_self_contained_with_the_training_plot(finished_run):
+    _, out = finished_run
+    page = (out / "report.html").read_text()
+    images = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,', page)
+    assert "training" in images
+    assert "exact_match" in page and "Test samples" in page
+    assert "src=\"http" not in page and "src='http" not in page  # nothing fetched from elsewhere
+
+
+def test_report_html_plots_render_as_visible_images_in_chromium(finished_run, tmp_path):
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
+    _, out = finished_run
+    probe = ("<script>window.addEventListener('load', () => { document.title = JSON.stringify("
+             "[...document.images].map(i => [i.alt, i.naturalWidth, Math.round(i.getBoundingClientRect().width)]));"
+             "});</script>")
+    page = tmp_path / "report.html"
+    page.write_text((out / "report.html").read_text().replace("</body>", probe + "</body>"))
+    dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                          "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                          f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.as_uri()],
+                         capture_output=True, text=True, timeout=120).stdout
+    title = re.search(r"<title>(.*?)</title>", dom, flags=re.S).group(1)
+    images = json.loads(title.replace("&quot;", '"'))
+    assert any(alt == "training" for alt, _, _ in images)
+    for alt, natural_width, shown_width in images:
+        assert natural_width > 100 and shown_width > 100, (alt, natural_width, shown_width)
+
+
+def test_runs_lists_finished_runs_with_their_main_metric(finished_run):
+    root, out = finished_run
+    result = run_cli("runs", str(root))
+    assert result.returncode == 0
+    assert "copy" in result.stdout and "exact_match" in result.stdout and out.name in result.stdout
+
+
+def test_report_command_rerenders_console_and_html(finished_run):
+    _, out = finished_run
+    (out / "report.html").unlink()
+    result = run_cli("report", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "taskformer report" in result.stdout and "exact_match" in result.stdout
+    assert "data:image/png;base64," in (out / "report.html").read_text()
+
+
+def test_progress_falls_back_to_plain_lines_without_a_terminal(tmp_path):
+    result = run_cli("run", "copy", "--out", str(tmp_path / "r"), "--set", "data.train_size=500",
+                     "--set", "train.epochs=1", "--set", "train.log_every=5")
+    assert result.returncode == 0
+    lines = result.stderr.splitlines()
+    assert any(line.startswith("loading data") for line in lines)
+    assert any(line.startswith("step 5 epoch 1 loss") for line in lines)
+    assert any(line.startswith("decoding the test split") for line in lines)
+    assert "\x1b[" not in result.stderr  # no terminal control codes in a log
