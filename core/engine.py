@@ -41,12 +41,13 @@ class TrainConfig(Section):
     seed: int = 0
     patience: int = 0  # stop after this many evaluations without improvement; 0: never
     eval_every: int = 0  # steps between evaluations; 0: once per epoch
+    accumulate: int = 1  # batches whose gradients are summed into one update
     save_every: int = 0  # steps between resumable checkpoints; 0: at each evaluation only
     keep_last: int = 2  # resumable checkpoints kept in checkpoints/
     log_every: int = 20
 
     def validate(self) -> None:
-        for name in ("epochs", "max_tokens", "keep_last", "log_every"):
+        for name in ("epochs", "max_tokens", "keep_last", "log_every", "accumulate"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be at least 1, got {getattr(self, name)}")
         for name in ("max_steps", "warmup", "patience", "eval_every", "save_every"):
@@ -70,18 +71,22 @@ def autocast(enabled: bool, device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16) if enabled else nullcontext()
 
 
+def target_count(tgt: torch.Tensor) -> int:
+    """Tokens a batch is scored on: shifted non-padding targets, or one per example for classes."""
+    return int((tgt[:, 1:] != PAD).sum()) if tgt.dim() == 2 else tgt.numel()
+
+
 def batch_loss(model: Transformer, src: torch.Tensor, tgt: torch.Tensor, smoothing: float):
     """Summed cross-entropy and the number of tokens (or examples) it covers.
 
     Sequence targets ``(B, T)`` are shifted for teacher forcing: the decoder reads ``tgt[:, :-1]``
     and predicts ``tgt[:, 1:]``. Class targets ``(B,)`` are scored once per example.
     """
+    count = target_count(tgt)
     if tgt.dim() == 2:
-        gold = tgt[:, 1:]
-        logits = model(src, tgt[:, :-1])
-        count = int((gold != PAD).sum())
+        gold, logits = tgt[:, 1:], model(src, tgt[:, :-1])
     else:
-        gold, logits, count = tgt, model(src), tgt.numel()
+        gold, logits = tgt, model(src)
     loss = F.cross_entropy(logits.flatten(0, -2).float(), gold.reshape(-1), ignore_index=PAD,
                            label_smoothing=smoothing, reduction="sum")
     return loss, count
@@ -118,6 +123,9 @@ class Trainer:
         self.metric, self.higher = select
         self.run_dir, self.device, self.on_event = Path(run_dir), device, on_event
         self.rank, self.world = shard
+        self.net = model  # what forward/backward run through: the model itself, or its DDP wrapper
+        if self.world > 1:
+            self.net = torch.nn.parallel.DistributedDataParallel(model)
         decay = [p for p in model.parameters() if p.dim() > 1]
         no_decay = [p for p in model.parameters() if p.dim() <= 1]
         self.optimizer = torch.optim.AdamW(
@@ -172,42 +180,85 @@ class Trainer:
         else:
             self.state["stale"] += 1
         self.log(event="eval", split="val", epoch=self.state["epoch"], improved=improved, **metrics)
-        self.model.train()
+        self.net.train()
         if self.cfg.patience and self.state["stale"] >= self.cfg.patience:
             raise Stop(f"no improvement in {self.cfg.patience} evaluations")
 
-    def _step(self, src: torch.Tensor, tgt: torch.Tensor) -> tuple[float, int]:
-        with autocast(self.cfg.bf16, self.device):
-            loss, count = batch_loss(self.model, src, tgt, self.cfg.label_smoothing)
-        count_t = torch.tensor(float(count), device=self.device)
-        if self.world > 1:  # normalise by the global token count so every rank's gradient sums right
-            torch.distributed.all_reduce(count_t)
-        (loss * self.world / count_t.clamp(min=1)).backward()
+    def _step(self, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, int]:
+        """One optimizer update over ``micro``-batches (gradient accumulation) and, with DDP, all ranks.
+
+        The loss is summed over every target token of the update and divided by their total count,
+        so the update is the same however the tokens are split across micro-batches and processes.
+        """
+        count = sum(target_count(tgt) for _, tgt in micro)
+        total = torch.tensor(float(count), device=self.device)
+        if self.world > 1:
+            torch.distributed.all_reduce(total)
+        summed = torch.zeros((), device=self.device)
+        for i, (src, tgt) in enumerate(micro):
+            sync = i == len(micro) - 1 or self.world == 1
+            with (nullcontext() if sync else self.net.no_sync()), autocast(self.cfg.bf16, self.device):
+                loss, _ = batch_loss(self.net, src, tgt, self.cfg.label_smoothing)
+            # DDP averages gradients over ranks; scaling by world turns that average into the global sum.
+            (loss * self.world / total.clamp(min=1)).backward()
+            summed += loss.detach().float()
+        if self.world > 1:  # log the loss of the whole update, not just this rank's share
+            torch.distributed.all_reduce(summed)
         if self.cfg.clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        value = float(loss.detach()) / max(count, 1)
+        value = float(summed) / max(float(total), 1.0)
         if not math.isfinite(value):
             raise TaskformerError(f"training loss became {value} at step {self.state['step'] + 1}; "
                                   "the best checkpoint so far is kept (try a lower train.lr)")
         return value, count
 
+    def _stop_requested(self, time_limit: float | None) -> str:
+        """Why to stop now, agreed by every rank (one stopping alone would leave the others waiting)."""
+        cfg, st = self.cfg, self.state
+        reason = ""
+        if self.stop_reason:
+            reason = self.stop_reason
+        elif cfg.max_steps and st["step"] >= cfg.max_steps:
+            reason = f"reached train.max_steps={cfg.max_steps}"
+        elif time_limit is not None and st["elapsed"] >= time_limit:
+            reason = f"time limit of {time_limit / 60:g} min reached"
+        if self.world > 1:
+            flag = torch.tensor(float(bool(reason)), device=self.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            if flag.item() and not reason:
+                reason = "another rank stopped"
+        return reason
+
+    def epoch_updates(self, lengths: list[int]) -> list[list[list[int]]]:
+        """This rank's updates for the current epoch: each a list of ``accumulate`` batches of indices.
+
+        The epoch's batches are cut to a multiple of ``world * accumulate`` so that every rank makes
+        the same number of updates; update ``k`` of rank ``r`` then holds global batch
+        ``(k * world + r) * accumulate + j`` -- the same tokens a single process accumulates.
+        """
+        acc = self.cfg.accumulate
+        batches = token_batches(lengths, self.cfg.max_tokens, seed=self.cfg.seed * 100_003 + self.state["epoch"])
+        per_update = self.world * acc
+        batches = batches[: len(batches) // per_update * per_update] or batches[:per_update]
+        groups = [batches[i : i + acc] for i in range(0, len(batches), acc)]
+        return groups[self.rank :: self.world]
+
     def fit(self, time_limit: float | None = None) -> dict:
         """Train until the epochs, step limit or time budget (seconds) run out; returns the final state."""
         cfg, st = self.cfg, self.state
         started = time.monotonic() - st["elapsed"]
-        self.model.train()
+        self.net.train()
         lengths = self.train_data.lengths()
         last_log, tokens_since = time.monotonic(), 0
         try:
             while st["epoch"] < cfg.epochs:
-                batches = token_batches(lengths, cfg.max_tokens, seed=cfg.seed * 100_003 + st["epoch"])
-                batches = batches[self.rank::self.world]
-                while st["batch"] < len(batches):
-                    src, tgt = (t.to(self.device) for t in collate(self.train_data, batches[st["batch"]]))
-                    loss, count = self._step(src, tgt)
+                updates = self.epoch_updates(lengths)
+                while st["batch"] < len(updates):
+                    micro = [tuple(t.to(self.device) for t in collate(self.train_data, b)) for b in updates[st["batch"]]]
+                    loss, count = self._step(micro)
                     st["step"] += 1
                     st["batch"] += 1
                     st["tokens"] += count
@@ -217,19 +268,16 @@ class Trainer:
                         now = time.monotonic()
                         self.log(event="train", epoch=st["epoch"], loss=round(loss, 4),
                                  lr=self.scheduler.get_last_lr()[0], tokens_per_s=tokens_since / (now - last_log),
-                                 progress=st["batch"] / len(batches), elapsed=round(st["elapsed"], 2))
+                                 progress=st["batch"] / len(updates), elapsed=round(st["elapsed"], 2))
                         last_log, tokens_since = now, 0
                     if cfg.eval_every and st["step"] % cfg.eval_every == 0:
                         self._evaluate()
                         self.save()
                     elif cfg.save_every and st["step"] % cfg.save_every == 0:
                         self.save()
-                    if cfg.max_steps and st["step"] >= cfg.max_steps:
-                        raise Stop(f"reached train.max_steps={cfg.max_steps}")
-                    if time_limit is not None and st["elapsed"] >= time_limit:
-                        raise Stop(f"time limit of {time_limit / 60:g} min reached")
-                    if self.stop_reason:
-                        raise Stop(self.stop_reason)
+                    reason = self._stop_requested(time_limit)
+                    if reason:
+                        raise Stop(reason)
                 st["epoch"] += 1
                 st["batch"] = 0
                 if not cfg.eval_every:

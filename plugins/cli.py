@@ -15,7 +15,7 @@ from rich.table import Table
 
 from ..core import config as C
 from ..core.errors import TaskformerError
-from . import report, runner, scaffold
+from . import distributed, report, runner, scaffold
 from .manager import plugins
 
 
@@ -72,16 +72,32 @@ def tasks_cmd() -> None:
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML or JSON config file.")
 @click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override one config value.")
 @click.option("--resume", type=click.Path(file_okay=False), help="Continue an interrupted run directory.")
+@click.option("--nproc", type=click.IntRange(min=1), default=1, help="Training processes (DistributedDataParallel).")
 @click.option("--quiet", is_flag=True, help="No progress display.")
-def run_cmd(task, data_dir, out, time_limit, seed, config_file, overrides, resume, quiet) -> None:
+def run_cmd(task, data_dir, out, time_limit, seed, config_file, overrides, resume, nproc, quiet) -> None:
     """Train TASK, evaluate the best checkpoint on val and test, and print the report."""
     if not task and not resume:
         raise click.UsageError("give a TASK to run, or --resume RUN_DIR")
-    epochs = plugins().task(task).defaults.get("train", {}).get("epochs", 0) if task else 0
-    with report.TrainingDisplay(epochs, quiet) as display:
-        run = runner.train(task, data_dir=data_dir, out=out, time_limit=time_limit, seed=seed,
-                           config_file=config_file, overrides=overrides, resume=resume, on_event=display)
-    report.render(run)
+    if task:
+        plugins().task(task)  # unknown names fail here, before any process starts
+    options = dict(task_name=task, data_dir=data_dir, out=out, time_limit=time_limit, seed=seed,
+                   config_file=config_file, overrides=overrides, resume=resume, quiet=quiet)
+    if nproc > 1:
+        if not out and not resume:
+            options["out"] = str(runner.default_run_dir(task))
+        distributed.launch(nproc, train_and_report, **options)
+    else:
+        train_and_report(shard=distributed.from_environment() or (0, 1), **options)
+
+
+def train_and_report(quiet: bool, shard: tuple[int, int] = (0, 1), **options) -> None:
+    """One rank's work: train with a progress display; rank 0 prints and saves the report."""
+    name = options["task_name"]
+    epochs = plugins().task(name).defaults.get("train", {}).get("epochs", 0) if name else 0
+    with report.TrainingDisplay(epochs, quiet or shard[0] != 0) as display:
+        run = runner.train(on_event=display, shard=shard, **options)
+    if shard[0] == 0:
+        report.render(run)
 
 
 @main.command("eval")

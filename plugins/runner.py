@@ -144,8 +144,12 @@ def load_data(task: Task, cfg: dict, data_dir: str | None) -> TaskData:
     return data
 
 
+def default_run_dir(task: str) -> Path:
+    return Path("runs") / task / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
 def new_run_dir(task: str, out: str | None) -> Path:
-    path = Path(out) if out else Path("runs") / task / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = Path(out) if out else default_run_dir(task)
     if (path / "config.json").exists():
         raise TaskformerError(f"{path} already holds a run; choose another --out or resume it with --resume {path}")
     path.mkdir(parents=True, exist_ok=True)
@@ -177,7 +181,11 @@ def train(task_name: str, data_dir: str | None = None, out: str | None = None, t
     else:
         task = plugins().task(task_name)
         cfg = make_config(task, config_file, list(overrides), seed)
-        run_dir = new_run_dir(task.name, out) if shard[0] == 0 else Path(out)
+        run_dir = new_run_dir(task.name, out) if shard[0] == 0 else None
+        if shard[1] > 1:  # every rank writes to (or reads) the directory rank 0 chose
+            shared = [run_dir]
+            torch.distributed.broadcast_object_list(shared, src=0)
+            run_dir = shared[0]
     started = time.monotonic()
     on_event({"event": "stage", "name": "loading data and training the tokenizer"})
     data = load_data(task, cfg, data_dir)
@@ -208,6 +216,8 @@ def train(task_name: str, data_dir: str | None = None, out: str | None = None, t
         state = trainer.fit(time_limit * 60 if time_limit else None)
     if trainer.stop_reason:
         raise Interrupted(run_dir, trainer.stop_reason)
+    if shard[0] != 0:
+        return run  # rank 0 alone evaluates the best checkpoint and reports
     ckpt.load_weights(model, run_dir / ckpt.WEIGHTS)
     for split in ("val", "test"):
         on_event({"event": "stage", "name": f"decoding the {split} split ({len(data.splits[split]):,} examples)"})
@@ -230,12 +240,11 @@ def train(task_name: str, data_dir: str | None = None, out: str | None = None, t
         "best_step": state["best_step"],
         "stopped": state["stopped"] or "completed all epochs",
     }
-    if shard[0] == 0:
-        for split, rows in run.outputs.items():
-            ckpt.atomic_write(run_dir / f"outputs-{split}.jsonl", "".join(
-                json.dumps({"source": s, "output": h, "reference": r}, ensure_ascii=False) + "\n" for s, h, r in rows))
-        ckpt.write_json(run_dir / "result.json", {"task": task.name, "metric": task.metric, "metrics": run.metrics,
-                                                   "samples": run.samples, "info": run.info})
+    for split, rows in run.outputs.items():
+        ckpt.atomic_write(run_dir / f"outputs-{split}.jsonl", "".join(
+            json.dumps({"source": s, "output": h, "reference": r}, ensure_ascii=False) + "\n" for s, h, r in rows))
+    ckpt.write_json(run_dir / "result.json", {"task": task.name, "metric": task.metric, "metrics": run.metrics,
+                                               "samples": run.samples, "info": run.info})
     return run
 
 

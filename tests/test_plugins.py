@@ -108,3 +108,14 @@ def test_unknown_task_suggests_close_names_with_exit_code_2():
     assert result.returncode == 2
     message = result.stderr.strip()
     assert message.startswith("Error: unknown task 'copyy'; did you mean copy") and "\n" not in message
+
+
+def test_installed_example_plugin_runs_through_the_cli(tmp_path):
+    from importlib.metadata import entry_points
+    if not any(ep.name == "reverse" for ep in entry_points(group="taskformer")):
+        pytest.skip("examples/taskformer-reverse is not pip-installed (README's install line and .ci/run do it)")
+    out = tmp_path / "run"
+    trained = run_cli("run", "reverse", "--out", str(out), "--quiet")
+    assert trained.returncode == 0, trained.stderr
+    predicted = run_cli("predict", str(out), "1 2 3 4 5 6")
+    assert predicted.returncode == 0 and len(predicted.stdout.split()) == 6
