@@ -1,0 +1,318 @@
+"""Side-by-side speed benchmark: taskformer against the classic tutorial Transformer.
+
+Both implementations run in this one process, alternating round by round on the same workloads,
+so machine noise hits both alike; the table reports absolute figures and taskformer/baseline
+ratios. The baseline is imported from ``../shared/bench/reference_transformer.py`` (not copied).
+
+    python bench/speed.py                 # full run (several minutes on 2 cores)
+    python bench/speed.py --quick         # reduced, under a minute
+    python bench/speed.py --json out.json # also write the figures as JSON
+
+Workloads (model shape for all: vocab 8000, d_model 256, 3+3 layers, 8 heads, FFN 1024):
+1. training target tokens/s on a fixed synthetic batch of 128 x 24 tokens;
+2. training non-padding target tokens/s on real Multi30k batches (baseline: random batches of
+   128 sentences padded to the batch maximum; taskformer: its token-based length buckets);
+3. decoding sentences/s on Multi30k val sources, EOS ignored so every sentence takes the same 24
+   steps (baseline: greedy, one sentence at a time, no cache; taskformer: batched with a KV cache,
+   greedy and beam 5);
+4. peak resident memory of each (measured in a child process per implementation) and model FLOP
+   utilisation against this machine's matmul peak, measured in the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+sys.path.insert(0, str(SHARED / "bench"))
+import reference_transformer as ref  # noqa: E402
+
+from taskformer.core import decoding  # noqa: E402
+from taskformer.core.data import encode_sources, pad, read_parallel, token_batches  # noqa: E402
+from taskformer.core.engine import TrainConfig, Trainer, autocast  # noqa: E402
+from taskformer.core.model import BOS, EOS, PAD, ModelConfig, Transformer  # noqa: E402
+from taskformer.core.tokenize import subword  # noqa: E402
+
+V, D, LAYERS, FF, HEADS, B, L = 8000, 256, 3, 1024, 8, 128, 24
+CPU = torch.device("cpu")
+
+
+# -- the two implementations, one training step each ---------------------------------------------
+def make_reference():
+    torch.manual_seed(0)
+    model = ref.make_model(V, V, LAYERS, D, FF, HEADS)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+
+    def step(src, tgt):  # as in the reference's own benchmark: log-softmax generator + NLL
+        model.train()
+        ti, ty = tgt[:, :-1], tgt[:, 1:]
+        sm = (src != PAD).unsqueeze(-2)
+        tm = (ti != PAD).unsqueeze(-2) & ref.subsequent_mask(ti.size(1))
+        out = model.generator(model(src, ti, sm, tm))
+        loss = F.nll_loss(out.reshape(-1, V), ty.reshape(-1), ignore_index=PAD)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return model, step
+
+
+def make_taskformer(bf16: bool):
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=V, d_model=D, n_heads=HEADS, enc_layers=LAYERS, dec_layers=LAYERS,
+                                    d_ff=FF, dropout=0.1, tie_embeddings=False, max_len=128))
+    trainer = Trainer(model, TrainConfig(bf16=bf16, lr=1e-4, warmup=0), train=None, evaluate=dict,
+                      select=("loss", False), run_dir=Path("."), device=CPU)
+
+    def step(src, tgt):  # the engine's own update: label-smoothed loss, clipping, AdamW, schedule
+        model.train()
+        trainer._step([(src, tgt)])
+    return model, step
+
+
+def timed(fn, *args) -> float:
+    t = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t
+
+
+def alternate(contenders: dict, work, rounds: int) -> dict:
+    """Run ``work(name, contender)`` for each contender in turn, ``rounds`` times; median seconds each."""
+    times = {name: [] for name in contenders}
+    for _ in range(rounds):
+        for name, c in contenders.items():
+            times[name].append(work(name, c))
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+# -- workloads --------------------------------------------------------------------------------------
+def synthetic_training(rounds: int, steps: int) -> dict:
+    gen = torch.Generator().manual_seed(0)
+    src, tgt = torch.randint(4, V, (B, L), generator=gen), torch.randint(4, V, (B, L + 1), generator=gen)
+    tgt[:, 0] = BOS
+    contenders = {"baseline": make_reference()[1], "taskformer fp32": make_taskformer(False)[1],
+                  "taskformer bf16": make_taskformer(True)[1]}
+    for step in contenders.values():
+        step(src, tgt)  # warm-up
+
+    def work(name, step):
+        return timed(lambda: [step(src, tgt) for _ in range(steps)]) / steps
+    secs = alternate(contenders, work, rounds)
+    return {name: B * L / s for name, s in secs.items()}
+
+
+def multi30k(n_train: int):
+    data = SHARED / "datasets" / "multi30k"
+    pairs = read_parallel(data / "train.de.gz", data / "train.en.gz")
+    val = read_parallel(data / "val.de.gz", data / "val.en.gz")
+    tok = subword((t for p in pairs for t in p), vocab_size=V)
+    rng = random.Random(0)
+    rng.shuffle(pairs)
+    pairs = pairs[:n_train]
+    src, _ = encode_sources(tok, [s for s, _ in pairs], 128, classify=False)
+    tgt = [[BOS] + e.ids[:126] + [EOS] for e in tok.encode_batch([t for _, t in pairs])]
+    val_src, _ = encode_sources(tok, [s for s, _ in val], 128, classify=False)
+    return src, tgt, val_src
+
+
+def real_training(src, tgt, rounds: int, steps: int, max_tokens: int) -> dict:
+    rng = random.Random(0)
+    lengths = [max(len(s), len(t)) for s, t in zip(src, tgt)]
+    buckets = token_batches(lengths, max_tokens, seed=0)
+    random_batches = [rng.sample(range(len(src)), B) for _ in range(steps * rounds + 1)]
+    contenders = {"baseline": (make_reference()[1], random_batches),
+                  "taskformer fp32": (make_taskformer(False)[1], buckets),
+                  "taskformer bf16": (make_taskformer(True)[1], buckets)}
+    cursor = {name: 0 for name in contenders}
+    tokens = {name: 0 for name in contenders}
+    seconds = {name: 0.0 for name in contenders}
+
+    def batch(name, batches):
+        idx = batches[cursor[name] % len(batches)]
+        cursor[name] += 1
+        return pad([src[i] for i in idx]), pad([tgt[i] for i in idx])
+
+    for name, (step, batches) in contenders.items():
+        step(*batch(name, batches))  # warm-up
+    for _ in range(rounds):
+        for name, (step, batches) in contenders.items():
+            for _ in range(steps):
+                s, t = batch(name, batches)
+                seconds[name] += timed(step, s, t)
+                tokens[name] += int((t[:, 1:] != PAD).sum())
+    return {name: tokens[name] / seconds[name] for name in contenders}
+
+
+def decoding_speed(val_src, n_baseline: int, n_taskformer: int, rounds: int) -> dict:
+    base_model = make_reference()[0].eval()
+    tf_model = make_taskformer(False)[0].eval()
+    sources = [s for s in val_src]
+    limit = lambda n: torch.full((n,), L)  # noqa: E731  (24 steps for every sentence)
+
+    def baseline(_):
+        with torch.no_grad():
+            for s in sources[:n_baseline]:
+                x = torch.tensor([s])
+                ref.greedy_decode(base_model, x, (x != PAD).unsqueeze(-2), L + 1, BOS)
+        return n_baseline
+
+    def ours(search, bf16):
+        def run(_):
+            with autocast(bf16, CPU):
+                for i in range(0, n_taskformer, 128):
+                    chunk = pad(sources[i : min(i + 128, n_taskformer)])
+                    if search == "greedy":
+                        decoding.greedy(tf_model, chunk, limit(chunk.size(0)), ignore_eos=True)
+                    else:
+                        decoding.beam_search(tf_model, chunk, limit(chunk.size(0)), beam=5, ignore_eos=True)
+            return n_taskformer
+        return run
+
+    contenders = {"baseline greedy (bs 1, no cache)": baseline,
+                  "taskformer greedy fp32": ours("greedy", False), "taskformer greedy bf16": ours("greedy", True),
+                  "taskformer beam5 fp32": ours("beam", False), "taskformer beam5 bf16": ours("beam", True)}
+
+    def work(name, fn):
+        t = time.perf_counter()
+        n = fn(None)
+        return (time.perf_counter() - t) / n
+    secs = alternate(contenders, work, rounds)
+    return {name: 1.0 / s for name, s in secs.items()}
+
+
+def matmul_peak() -> dict:
+    """Best sustained GFLOP/s of a large square matmul, fp32 and bf16."""
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+        a @ b
+        best = min(timed(lambda: [a @ b for _ in range(5)]) / 5 for _ in range(3))
+        out[str(dtype).removeprefix("torch.")] = 2 * 2048 ** 3 / best / 1e9
+    return out
+
+
+def step_flops() -> int:
+    """FLOPs of one training step (forward + backward) on the synthetic batch, counted by torch."""
+    model, _ = make_taskformer(False)
+    src, tgt = torch.randint(4, V, (B, L)), torch.randint(4, V, (B, L + 1))
+    with FlopCounterMode(display=False) as counter:
+        F.cross_entropy(model(src, tgt[:, :-1]).flatten(0, 1), tgt[:, 1:].reshape(-1)).backward()
+    return counter.get_total_flops()
+
+
+def peak_memory(which: str, steps: int) -> float:
+    """Peak RSS (MiB) of a fresh child process that trains ``steps`` synthetic steps with one implementation.
+
+    Read from the kernel's high-water mark (VmHWM): ``ru_maxrss`` would carry over this parent's
+    size through fork + exec.
+    """
+    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'bench')!r}); import speed, torch;"
+            f"step = speed.make_reference()[1] if {which!r} == 'baseline' else speed.make_taskformer({which!r} == 'bf16')[1];"
+            "src = torch.randint(4, speed.V, (speed.B, speed.L)); tgt = torch.randint(4, speed.V, (speed.B, speed.L + 1));"
+            f"[step(src, tgt) for _ in range({steps})];"
+            "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return int(out.stdout.split()[-1]) / 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="reduced workloads, under a minute")
+    ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument("--max-tokens", type=int, default=4096, help="taskformer batch size in tokens (real data)")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    quick = args.quick
+    started = time.perf_counter()
+
+    def stage(name):
+        print(f"[{time.perf_counter() - started:6.1f} s] {name}", file=sys.stderr, flush=True)
+
+    stage("matmul peak and FLOP count")
+    peak = matmul_peak()
+    flops = step_flops()
+    stage("synthetic training")
+    synth = synthetic_training(rounds=2 if quick else 5, steps=1 if quick else 4)
+    stage("Multi30k tokenizer and batches")
+    src, tgt, val_src = multi30k(2000 if quick else 29000)
+    stage("Multi30k training")
+    real = real_training(src, tgt, rounds=2 if quick else 4, steps=2 if quick else 8, max_tokens=args.max_tokens)
+    stage("decoding")
+    dec = decoding_speed(val_src, n_baseline=4 if quick else 50, n_taskformer=128 if quick else 1000,
+                         rounds=1 if quick else 3)
+    stage("peak memory")
+    memory = {w: peak_memory(w, 2 if quick else 5) for w in ("baseline", "fp32", "bf16")}
+
+    def best(d, prefix):
+        return max((v, k) for k, v in d.items() if k.startswith(prefix))
+
+    base_greedy = dec["baseline greedy (bs 1, no cache)"]
+    result = {
+        "date": dt.date.today().isoformat(),
+        "cpu": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "quick": quick,
+        "matmul_peak_gflops": peak,
+        "train_step_gflop": flops / 1e9,
+        "train_synthetic_tokens_per_s": synth,
+        "train_real_nonpad_tokens_per_s": real,
+        "decode_sentences_per_s": dec,
+        "peak_rss_mib": memory,
+        "mfu_synthetic": {k: flops / (B * L / v) / 1e9 / peak["bfloat16" if "bf16" in k else "float32"]
+                          for k, v in synth.items()},
+        "train_synthetic_ratio": best(synth, "taskformer")[0] / synth["baseline"],
+        "train_real_ratio": best(real, "taskformer")[0] / real["baseline"],
+        "greedy_ratio": best(dec, "taskformer greedy")[0] / base_greedy,
+        "beam5_vs_baseline_greedy_ratio": best(dec, "taskformer beam5")[0] / base_greedy,
+        "seconds": time.perf_counter() - started,
+    }
+    try:
+        result["cpu"] = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if "model name" in line)
+    except (OSError, StopIteration):
+        pass
+    print_table(result)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def print_table(r: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"taskformer vs baseline — {r['cpu']}, {r['threads']} threads, torch {r['torch']}, {r['date']}")
+    for col in ("workload", "implementation", "figure", "vs baseline"):
+        t.add_column(col)
+    for label, key, unit in (("train synthetic", "train_synthetic_tokens_per_s", "tgt tok/s"),
+                             ("train Multi30k", "train_real_nonpad_tokens_per_s", "non-pad tgt tok/s")):
+        base = r[key]["baseline"]
+        for name, v in r[key].items():
+            mfu = f" (MFU {100 * r['mfu_synthetic'][name]:.1f}%)" if key.startswith("train_synthetic") else ""
+            t.add_row(label, name, f"{v:,.0f} {unit}{mfu}", f"{v / base:.2f}x")
+    base = r["decode_sentences_per_s"]["baseline greedy (bs 1, no cache)"]
+    for name, v in r["decode_sentences_per_s"].items():
+        t.add_row("decode 24 steps", name, f"{v:,.1f} sent/s", f"{v / base:.1f}x")
+    for name, v in r["peak_rss_mib"].items():
+        t.add_row("peak RSS (train)", name, f"{v:,.0f} MiB", "")
+    t.add_row("matmul peak", "fp32 / bf16", f"{r['matmul_peak_gflops']['float32']:,.0f} / "
+              f"{r['matmul_peak_gflops']['bfloat16']:,.0f} GFLOP/s", "")
+    Console().print(t)
+    print(f"ratios: train_synthetic {r['train_synthetic_ratio']:.2f}x, train_real {r['train_real_ratio']:.2f}x, "
+          f"greedy {r['greedy_ratio']:.1f}x, beam5 vs baseline greedy {r['beam5_vs_baseline_greedy_ratio']:.1f}x "
+          f"({r['seconds']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
