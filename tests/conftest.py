@@ -20,7 +20,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 def cli():
     """``cli("run", "copy", ...)`` -> click Result (exit_code, stdout, stderr); never raises."""
     def invoke(*args: str, input: str | None = None):
-        return CliRunner().invoke(main, list(args), input=input, catch_exceptions=False)
+        return CliRunner().invoke(main, list(args), input=input, catch_exceptions=False, env={"COLUMNS": "200"})
     return invoke
 
 

@@ -140,3 +140,40 @@ def test_predict_survives_any_unicode(small_run, cli, lines):
     result = cli("predict", str(small_run), input="\n".join(lines) + "\n")
     assert result.exit_code == 0, result.output
     assert len(result.stdout.split("\n")) - 1 == len(lines)
+
+
+TINY_MODEL = ["--set", "model.d_model=16", "--set", "model.n_heads=2", "--set", "model.enc_layers=1",
+              "--set", "model.dec_layers=1", "--set", "model.d_ff=32", "--set", "train.epochs=1", "--quiet"]
+TASK_RUNS = {
+    "translate-de-en": ["--data-dir", "multi30k", "--set", "data.vocab_size=200"],
+    "agnews": ["--data-dir", "ag_news", "--set", "data.vocab_size=300"],
+    "couplet": ["--data-dir", "couplets"],
+}
+
+
+@pytest.fixture(scope="module")
+def task_runs(tmp_path_factory):
+    """A tiny trained run of every built-in task on the fixture data."""
+    from conftest import DATA
+    runs = {}
+    for task, extra in TASK_RUNS.items():
+        out = tmp_path_factory.mktemp("tasks") / task
+        args = [str(DATA / a) if a in ("multi30k", "ag_news", "couplets") else a for a in extra]
+        result = run_cli("run", task, "--out", str(out), *args, *TINY_MODEL)
+        assert result.returncode == 0, (task, result.stderr)
+        runs[task] = out
+    return runs
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.text(max_size=400), min_size=1, max_size=4))
+def test_every_task_predicts_on_any_unicode(task_runs, cli, lines):
+    lines = [line.replace("\n", " ").replace("\r", " ") for line in lines]
+    for task, run_dir in task_runs.items():
+        result = cli("predict", str(run_dir), input="\n".join(lines) + "\n")
+        assert result.exit_code == 0, (task, result.output)
+        outputs = result.stdout.split("\n")[:-1]
+        assert len(outputs) == len(lines), task
+        for line, out in zip(lines, outputs):
+            if not line.strip():
+                assert out == "", task
