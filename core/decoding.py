@@ -37,18 +37,18 @@ def _strip(row: list[int]) -> list[int]:
     return out
 
 
-def _step_logprobs(model, ys, memory, mask, cache, step):
+def _next_logprobs(model, ys, memory, mask, cache, step, limit, ignore_eos, constraint):
+    """Log-probabilities of the next token for every row, with the length budget and constraint applied."""
     tokens = ys[:, -1:] if cache is not None else ys
     h = model.decode(tokens, memory, mask, cache=cache, start=step if cache is not None else 0)
-    return torch.log_softmax(model.head(h[:, -1]).float(), dim=-1)
-
-
-def _force_eos(logp: torch.Tensor, at_limit: torch.Tensor) -> torch.Tensor:
-    """Rows that reached their length budget may only end."""
+    logp = torch.log_softmax(model.head(h[:, -1]).float(), dim=-1)
+    if ignore_eos:
+        logp[:, EOS] = float("-inf")
+    at_limit = limit <= step  # rows that used up their budget may only end
     if at_limit.any():
         logp[at_limit] = float("-inf")
         logp[at_limit, EOS] = 0.0
-    return logp
+    return logp if constraint is None else constraint(step, ys, logp)
 
 
 @torch.no_grad()
@@ -63,12 +63,7 @@ def greedy(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, constra
     done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
     cache = model.new_cache() if use_cache else None
     for step in range(int(max_len.max())):
-        logp = _step_logprobs(model, ys, memory, mask, cache, step)
-        if ignore_eos:
-            logp[:, EOS] = float("-inf")
-        logp = _force_eos(logp, max_len <= step)
-        if constraint is not None:
-            logp = constraint(step, ys, logp)
+        logp = _next_logprobs(model, ys, memory, mask, cache, step, max_len, ignore_eos, constraint)
         nxt = logp.argmax(-1).masked_fill(done, PAD)
         ys = torch.cat([ys, nxt.unsqueeze(1)], 1)
         done |= nxt == EOS
@@ -98,12 +93,7 @@ def beam_search(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, be
     done = torch.zeros(B * K, dtype=torch.bool, device=src.device)
     cache = model.new_cache()
     for step in range(int(max_len.max())):
-        logp = _step_logprobs(model, ys, memory, mask, cache, step)
-        if ignore_eos:
-            logp[:, EOS] = float("-inf")
-        logp = _force_eos(logp, limit <= step)
-        if constraint is not None:
-            logp = constraint(step, ys, logp)
+        logp = _next_logprobs(model, ys, memory, mask, cache, step, limit, ignore_eos, constraint)
         logp[done] = float("-inf")
         logp[done, PAD] = 0.0
         V = logp.size(-1)
