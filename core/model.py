@@ -132,9 +132,15 @@ class MultiHeadAttention(nn.Module):
             if mask is not None:
                 scores = scores.masked_fill(~mask, float("-inf"))
             self.weights = scores.softmax(-1).mean(1).detach()
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal, dropout_p=self.dropout if self.training else 0.0
-        )
+        dropout = self.dropout if self.training else 0.0
+        if q.device.type == "cpu" and q.dtype != torch.float32:
+            # Under bf16 autocast the CPU attention kernel's backward is ~10x slower than in fp32;
+            # the projections around it keep their bf16 speed.
+            with torch.autocast("cpu", enabled=False):
+                out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
+                                                     is_causal=causal, dropout_p=dropout).to(q.dtype)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout)
         return self.out_proj(out.transpose(1, 2).flatten(2))
 
 

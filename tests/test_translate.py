@@ -133,6 +133,6 @@ def test_tiny_run_then_predict(cli, data_dir, tmp_path):
         got = result.stdout.split("\n")
         assert len(got) == 5 and got[-1] == ""  # four lines, each ended by a newline
         assert got[1] == ""  # empty line in, empty line out
-    single = cli("predict", str(out), "--beam", "1", "Ein Mann läuft im Park.")
-    greedy = cli("predict", str(out), "--beam", "1", input=text)
-    assert single.stdout.split("\n")[0] == greedy.stdout.split("\n")[0]  # same sentence, same output
+    as_args = cli("predict", str(out), "--beam", "1", *text.splitlines())
+    from_stdin = cli("predict", str(out), "--beam", "1", input=text)
+    assert as_args.exit_code == 0 and as_args.stdout == from_stdin.stdout
