@@ -177,3 +177,17 @@ def test_every_task_predicts_on_any_unicode(task_runs, cli, lines):
         for line, out in zip(lines, outputs):
             if not line.strip():
                 assert out == "", task
+
+
+@pytest.mark.parametrize("damage, expected", [
+    (lambda p: p.write_bytes(p.read_bytes().replace(b"\n", b"\n\xff\xfe", 1)), "val.de:2: not valid UTF-8"),
+    (lambda p: p.write_bytes(b""), "val.de: file is empty"),
+])
+def test_undecodable_or_empty_data_files_are_one_line_errors(cli, tmp_path, damage, expected):
+    from conftest import DATA
+    data = tmp_path / "multi30k"
+    shutil.copytree(DATA / "multi30k", data)
+    damage(data / "val.de")
+    result = cli("run", "translate-de-en", "--data-dir", str(data), "--out", str(tmp_path / "r"), *TINY_MODEL)
+    assert result.exit_code == 2
+    assert expected in result.stderr and len(result.stderr.strip().splitlines()) == 1
