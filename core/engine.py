@@ -283,6 +283,9 @@ class Trainer:
                 if not cfg.eval_every:
                     self._evaluate()
                 self.save()
+            if st["evaluated_at"] != st["step"]:  # eval_every did not land on the last step
+                self._evaluate()
+                self.save()
         except Stop as why:
             st["stopped"] = str(why)
             if st["evaluated_at"] != st["step"] and not self.stop_reason:

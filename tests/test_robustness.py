@@ -147,7 +147,7 @@ TINY_MODEL = ["--set", "model.d_model=16", "--set", "model.n_heads=2", "--set", 
 TASK_RUNS = {
     "translate-de-en": ["--data-dir", "multi30k", "--set", "data.vocab_size=200"],
     "agnews": ["--data-dir", "ag_news", "--set", "data.vocab_size=300"],
-    "couplet": ["--data-dir", "couplets"],
+    "couplet": ["--data-dir", "couplets", "--set", "data.val_size=6"],
 }
 
 
