@@ -9,6 +9,7 @@ test set. scikit-learn is a bench-only dependency (``pip install taskformer[benc
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from sklearn.metrics import accuracy_score, f1_score
 from sklearn.pipeline import make_pipeline
 from sklearn.svm import LinearSVC
 
+from taskformer.core.errors import TaskformerError
 from taskformer.tasks.agnews import read_csv, split_val
 
 DEFAULT_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets" / "ag_news"
@@ -31,18 +33,22 @@ def main() -> None:
     args = ap.parse_args()
 
     started = time.perf_counter()
-    train, test = read_csv(args.data_dir, "train.csv"), read_csv(args.data_dir, "test.csv")
+    try:
+        train, test = read_csv(args.data_dir, "train.csv"), read_csv(args.data_dir, "test.csv")
+    except TaskformerError as e:
+        sys.exit(f"Error: {e}")
     if args.val_fraction > 0:
         train, _ = split_val(train, args.val_fraction, args.seed)
+    fit_start = time.perf_counter()
     model = make_pipeline(TfidfVectorizer(sublinear_tf=True, ngram_range=(1, 2), min_df=1), LinearSVC(C=1.0))
     model.fit([s for s, _ in train], [t for _, t in train])
     pred = model.predict([s for s, _ in test])
     gold = [t for _, t in test]
-    wall = time.perf_counter() - started
+    done = time.perf_counter()
     print(f"train rows {len(train)}, test rows {len(test)}")
     print(f"accuracy  {100 * accuracy_score(gold, pred):.2f}")
     print(f"macro_f1  {100 * f1_score(gold, pred, average='macro'):.2f}")
-    print(f"wall time {wall:.2f} s (reading, fitting and scoring)")
+    print(f"wall time {done - fit_start:.2f} s fitting and scoring, {done - started:.2f} s with reading the files")
 
 
 if __name__ == "__main__":

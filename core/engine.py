@@ -83,11 +83,11 @@ def batch_loss(model: Transformer, src: torch.Tensor, tgt: torch.Tensor, smoothi
     and predicts ``tgt[:, 1:]``. Class targets ``(B,)`` are scored once per example.
     """
     count = target_count(tgt)
-    if tgt.dim() == 2:
-        gold, logits = tgt[:, 1:], model(src, tgt[:, :-1])
+    if tgt.dim() == 2:  # padding is skipped; for classes, 0 is a real label and nothing is skipped
+        gold, logits, skip = tgt[:, 1:], model(src, tgt[:, :-1]), PAD
     else:
-        gold, logits = tgt, model(src)
-    loss = F.cross_entropy(logits.flatten(0, -2).float(), gold.reshape(-1), ignore_index=PAD,
+        gold, logits, skip = tgt, model(src), -100
+    loss = F.cross_entropy(logits.flatten(0, -2).float(), gold.reshape(-1), ignore_index=skip,
                            label_smoothing=smoothing, reduction="sum")
     return loss, count
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from rich.table import Table
 from rich.text import Text
+from tokenizers import normalizers
 
 from ..core.data import TaskData, find_file, read_lines
 from ..core.errors import DataError, TaskformerError
@@ -31,12 +32,16 @@ TASK = Task(
     metric="accuracy",
     higher_is_better=True,
     defaults={
-        "model": {"d_model": 128, "n_heads": 4, "enc_layers": 2, "d_ff": 256, "dropout": 0.3, "max_len": 128,
+        # Sized for the 5,000-row subset and the full 120,000 rows alike: one narrow layer over mean-pooled
+        # states matches two layers here at half the cost; dropout, word-drop copies and early stopping
+        # (the validation peak comes after 3-5 epochs on the subset) hold back over-fitting.
+        "model": {"d_model": 128, "n_heads": 4, "enc_layers": 1, "d_ff": 256, "dropout": 0.3, "max_len": 128,
                   "pooling": "mean"},
         "train": {"epochs": 20, "max_tokens": 4096, "lr": 1e-3, "warmup": 200, "label_smoothing": 0.1,
-                  "weight_decay": 0.01, "patience": 4, "bf16": False},
-        "data": {"val_fraction": 0.05, "tokenizer": "wordpiece", "vocab_size": 8000,
-                 "hub": "fancyzhx/ag_news"},
+                  "weight_decay": 0.01, "patience": 3},
+        # max_len 128 cuts 0.2% of train and 0.4% of test inputs (median 50 tokens, 99th percentile 101)
+        "data": {"val_fraction": 0.05, "tokenizer": "wordpiece", "vocab_size": 8000, "lowercase": True,
+                 "augment": 1, "word_drop": 0.1, "hub": "fancyzhx/ag_news"},
     },
 )
 
@@ -101,6 +106,8 @@ def taskformer_data(task, config, data_dir):
     opts = config["data"]
     if not 0.0 < opts["val_fraction"] < 1.0:
         raise TaskformerError(f"config: data.val_fraction must be between 0 and 1, got {opts['val_fraction']}")
+    if opts["augment"] < 0 or not 0.0 <= opts["word_drop"] < 1.0:
+        raise TaskformerError("config: data.augment must be 0 or more and data.word_drop in [0, 1)")
     if opts["tokenizer"] not in ("wordpiece", "bpe"):
         raise TaskformerError(f"config: data.tokenizer must be wordpiece or bpe, not {opts['tokenizer']!r}")
     if data_dir is not None:
@@ -108,8 +115,28 @@ def taskformer_data(task, config, data_dir):
     else:
         train, test = read_hub(opts["hub"])
     train, val = split_val(train, opts["val_fraction"], config["train"]["seed"])
-    tokenizer = subword((s for s, _ in train), opts["vocab_size"], kind=opts["tokenizer"])
-    return TaskData(tokenizer=tokenizer, splits={"train": train, "val": val, "test": test}, labels=list(LABELS))
+    texts = (s.lower() if opts["lowercase"] else s for s, _ in train)
+    tokenizer = subword(texts, opts["vocab_size"], kind=opts["tokenizer"])
+    if opts["lowercase"]:  # in the saved tokenizer, so predict lowercases its input too
+        tokenizer.normalizer = normalizers.Sequence([tokenizer.normalizer, normalizers.Lowercase()])
+    extra = noisy_copies(train, opts["augment"], opts["word_drop"], config["train"]["seed"])
+    notes = {"data source": str(data_dir) if data_dir is not None else f"hub {opts['hub']}"}
+    if extra:
+        notes["augmented train rows"] = f"{len(extra):,} (word drop {opts['word_drop']:g})"
+    return TaskData(tokenizer=tokenizer, splits={"train": train + extra, "val": val, "test": test},
+                    labels=list(LABELS), notes=notes)
+
+
+def noisy_copies(rows, copies: int, drop: float, seed: int) -> list[tuple[str, str]]:
+    """``copies`` extra versions of every row with each word dropped at rate ``drop`` (augmentation)."""
+    rng = random.Random(seed + 1)
+    out = []
+    for _ in range(copies):
+        for text, label in rows:
+            words = text.split()
+            kept = [w for w in words if rng.random() >= drop] or words[:1]
+            out.append((" ".join(kept), label))
+    return out
 
 
 def predicted(hypothesis: str) -> tuple[str, float]:

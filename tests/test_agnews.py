@@ -14,8 +14,10 @@ from taskformer.plugins.cli import main
 from taskformer.plugins.manager import plugins
 
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
-TINY = ["--set", "model.d_model=16", "--set", "model.n_heads=2", "--set", "model.enc_layers=1",
-        "--set", "model.d_ff=32", "--set", "train.epochs=2", "--set", "train.max_tokens=512",
+# A very small model that still learns the fixture's keyword-separable classes in a few seconds.
+TINY = ["--set", "model.d_model=32", "--set", "model.n_heads=2", "--set", "model.enc_layers=1",
+        "--set", "model.d_ff=64", "--set", "model.dropout=0.1", "--set", "train.epochs=12",
+        "--set", "train.max_tokens=400", "--set", "train.lr=3e-3", "--set", "train.warmup=10",
         "--set", "data.vocab_size=300", "--quiet"]
 
 
@@ -39,7 +41,7 @@ def write(path, text: str, gz: bool = False):
 # -- parsing ---------------------------------------------------------------------------------------
 
 def test_fixture_is_parsed_with_quotes_backslash_n_and_gzip(data_dir):
-    data = load(data_dir / "ag_news")
+    data = load(data_dir / "ag_news", "data.augment=0")
     assert data.labels == LABELS
     train, val, test = data.splits["train"], data.splits["val"], data.splits["test"]
     assert len(train) + len(val) == 80 and len(val) == 4 and len(test) == 20  # 5% of 80 held out
@@ -67,10 +69,28 @@ def test_validation_split_is_seeded_and_disjoint(data_dir):
 def test_tokenizer_sees_only_the_train_split(tmp_path):
     write(tmp_path / "train.csv", '"1","Ministers meet","Talks resume."\n"2","Team wins","Fans cheer."\n' * 5)
     write(tmp_path / "test.csv", '"4","Quokkaware released","Quokkaware Quokkaware ships."\n')
-    tok = load(tmp_path, "data.tokenizer=bpe").tokenizer
-    vocab = tok.get_vocab()
-    assert any("Ministers" in piece for piece in vocab)
-    assert not any("Quokka" in piece for piece in vocab)
+    for opts in (["data.tokenizer=bpe", "data.lowercase=false"], ["data.tokenizer=wordpiece"]):
+        vocab = load(tmp_path, *opts).tokenizer.get_vocab()
+        assert any("inisters" in piece for piece in vocab)
+        assert not any("quokka" in piece.lower() for piece in vocab)
+
+
+def test_lowercasing_lives_in_the_saved_tokenizer(data_dir):
+    tok = load(data_dir / "ag_news").tokenizer  # lowercase is the default
+    assert tok.encode("NASA LAUNCH Mars probe").tokens == tok.encode("nasa launch mars probe").tokens
+    cased = load(data_dir / "ag_news", "data.lowercase=false").tokenizer
+    assert cased.encode("NASA").tokens != cased.encode("nasa").tokens
+
+
+def test_augment_adds_word_dropped_copies_of_train_rows_only(data_dir):
+    plain = load(data_dir / "ag_news", "data.augment=0", seed=3)
+    aug = load(data_dir / "ag_news", "data.augment=2", "data.word_drop=0.3", seed=3)
+    assert aug.splits["val"] == plain.splits["val"] and aug.splits["test"] == plain.splits["test"]
+    train, extra = aug.splits["train"][:76], aug.splits["train"][76:]
+    assert train == plain.splits["train"] and len(extra) == 2 * 76
+    for (text, label), (copy, copy_label) in zip(train * 2, extra):
+        assert copy_label == label and set(copy.split()) <= set(text.split())
+    assert sum(len(c.split()) for c, _ in extra) < 2 * sum(len(t.split()) for t, _ in train)
 
 
 # -- bad input ----------------------------------------------------------------------------------------
@@ -107,7 +127,8 @@ def test_malformed_test_file_and_missing_file(cli, tmp_path):
 
 
 def test_bad_options_are_config_errors(cli, data_dir):
-    for opt in ("data.val_fraction=1.5", "data.val_fraction=0", "data.tokenizer=chars"):
+    for opt in ("data.val_fraction=1.5", "data.val_fraction=0", "data.tokenizer=chars", "data.augment=-1",
+                "data.word_drop=1"):
         result = cli("run", "agnews", "--data-dir", str(data_dir / "ag_news"), "--set", opt, "--quiet")
         assert result.exit_code == 2 and "config: data." in result.stderr
 
@@ -139,7 +160,11 @@ def test_run_end_to_end_writes_metrics_report_and_confusion_image(trained):
     for split in ("val", "test"):
         assert 0 <= saved["metrics"][split]["accuracy"] <= 100
         assert 0 <= saved["metrics"][split]["macro_f1"] <= 100
-    assert saved["info"]["data"] == {"train": 76, "val": 4, "test": 20}
+    assert saved["info"]["data"] == {"train": 2 * 76, "val": 4, "test": 20}  # one word-drop copy of train
+    # every class is learnable from the fixture's keywords, World (class index 0) included
+    assert saved["metrics"]["test"]["accuracy"] >= 90
+    predicted = [json.loads(line)["output"].split("\t")[0] for line in (out / "outputs-test.jsonl").open()]
+    assert set(predicted) == set(LABELS)
     assert (out / "confusion_matrix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = (out / "report.txt").read_text()
     assert "Confusion matrix (test)" in report and "Sci/Tech" in report

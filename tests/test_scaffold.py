@@ -9,11 +9,16 @@ from conftest import run_cli
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "taskformer-reverse"
 
 
+def _build_output(path):
+    """What `pip install -e` and Python leave beside the sources (git ignores these too)."""
+    return any(part == "__pycache__" or part.endswith(".egg-info") or part == "build" for part in path.parts)
+
+
 def test_scaffold_for_reverse_is_the_example_package(tmp_path, cli):
     result = cli("new-task", "reverse", "--dir", str(tmp_path / "pkg"))
     assert result.exit_code == 0, result.output
     written = sorted(p.relative_to(tmp_path / "pkg") for p in (tmp_path / "pkg").rglob("*") if p.is_file())
-    shipped = sorted(p.relative_to(EXAMPLE) for p in EXAMPLE.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    shipped = sorted(p.relative_to(EXAMPLE) for p in EXAMPLE.rglob("*") if p.is_file() and not _build_output(p))
     assert written == shipped
     for rel in written:
         assert filecmp.cmp(tmp_path / "pkg" / rel, EXAMPLE / rel, shallow=False), rel
