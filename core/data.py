@@ -16,6 +16,7 @@ from tokenizers import Tokenizer
 
 from .errors import DataError
 from .model import BOS, EOS, PAD
+from .progress import stage
 
 
 @dataclass
@@ -58,11 +59,13 @@ def read_lines(path: str | Path) -> list[str]:
     if lines and lines[-1] == b"":
         lines.pop()
     out = []
-    for i, line in enumerate(lines, 1):
-        try:
-            out.append(line.decode("utf-8").rstrip("\r"))
-        except UnicodeDecodeError as e:
-            raise DataError(f"{path}:{i}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    with stage(f"reading {path.name}", len(lines), every=20_000) as advance:
+        for i, line in enumerate(lines, 1):
+            try:
+                out.append(line.decode("utf-8").rstrip("\r"))
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{i}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+            advance()
     if not out:
         raise DataError(f"{path}: file is empty")
     return out

@@ -266,7 +266,7 @@ class Trainer:
                     st["elapsed"] = time.monotonic() - started
                     if st["step"] % cfg.log_every == 0:
                         now = time.monotonic()
-                        self.log(event="train", epoch=st["epoch"], loss=round(loss, 4),
+                        self.log(event="train", epoch=st["epoch"], epochs=cfg.epochs, loss=round(loss, 4),
                                  lr=self.scheduler.get_last_lr()[0], tokens_per_s=tokens_since / (now - last_log),
                                  progress=st["batch"] / len(updates), elapsed=round(st["elapsed"], 2))
                         last_log, tokens_since = now, 0

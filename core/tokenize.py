@@ -10,6 +10,8 @@ from collections.abc import Iterable
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from .progress import track
+
 SPECIALS = ["[PAD]", "[BOS]", "[EOS]", "[UNK]"]  # ids 0..3, matching model.PAD/BOS/EOS/UNK
 
 
@@ -36,7 +38,7 @@ def subword(texts: Iterable[str], vocab_size: int, kind: str = "bpe", min_freque
     tok.normalizer = normalizers.NFKC()
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
-    tok.train_from_iterator(texts, trainer=trainer)
+    tok.train_from_iterator(track(texts, "training the tokenizer", _size(texts)), trainer=trainer)
     return tok
 
 
@@ -46,7 +48,7 @@ def characters(texts: Iterable[str], min_frequency: int = 1) -> Tokenizer:
     tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace(Regex(r"\s+"), "")])
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    tok.train_from_iterator(texts, trainer=trainers.WordLevelTrainer(
+    tok.train_from_iterator(track(texts, "building the character vocabulary", _size(texts)), trainer=trainers.WordLevelTrainer(
         special_tokens=SPECIALS, min_frequency=min_frequency, show_progress=False))
     return tok
 
@@ -58,6 +60,10 @@ def symbols(names: list[str]) -> Tokenizer:
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.add_special_tokens(SPECIALS)  # already in the vocabulary: this marks them so decode skips them
     return tok
+
+
+def _size(texts) -> int | None:
+    return len(texts) if hasattr(texts, "__len__") else None
 
 
 def check_specials(tok: Tokenizer) -> None:

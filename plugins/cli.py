@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..core import config as C
+from ..core import progress
 from ..core.errors import TaskformerError
 from . import distributed, report, runner, scaffold
 from .manager import plugins
@@ -92,9 +93,7 @@ def run_cmd(task, data_dir, out, time_limit, seed, config_file, overrides, resum
 
 def train_and_report(quiet: bool, shard: tuple[int, int] = (0, 1), **options) -> None:
     """One rank's work: train with a progress display; rank 0 prints and saves the report."""
-    name = options["task_name"]
-    epochs = plugins().task(name).defaults.get("train", {}).get("epochs", 0) if name else 0
-    with report.TrainingDisplay(epochs, quiet or shard[0] != 0) as display:
+    with report.ProgressDisplay(quiet or shard[0] != 0) as display:
         run = runner.train(on_event=display, shard=shard, **options)
     if shard[0] == 0:
         report.render(run)
@@ -114,9 +113,11 @@ def eval_cmd(run_dir, split, data_dir, overrides) -> None:
     run.config = C.merge(copy.deepcopy(run.config), updates, "--set")
     C.validate(run.config)
     saved = runner.ckpt.read_json(run.dir / "config.json")
-    data = runner.load_data(run.task, run.config, data_dir or saved.get("data_dir"))
+    with report.ProgressDisplay() as display, progress.listening(display):
+        data = runner.load_data(run.task, run.config, data_dir or saved.get("data_dir"))
+        results = {s: runner.evaluate_split(run, data.splits[s], name=f"decoding {s}")[0]
+                   for s in (split or ("val", "test"))}
     table = Table(title=f"{run.task.name}: {run.dir}")
-    results = {s: runner.evaluate_split(run, data.splits[s])[0] for s in (split or ("val", "test"))}
     names = sorted({k for m in results.values() for k in m})
     for col in ("split", *names):
         table.add_column(col)

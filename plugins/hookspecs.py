@@ -68,6 +68,8 @@ def taskformer_data(task, config, data_dir):
     ``(source, target)`` strings and a tokenizer trained on the train split only (the helpers in
     :mod:`taskformer.core.tokenize` reserve the special ids the core expects). Raise
     :class:`taskformer.core.errors.DataError` for bad files: the CLI shows its message on one line.
+    Slow work of your own can show a progress bar with ``taskformer.core.progress.track(items,
+    "what it is doing")``; the core's readers and tokenizer trainers already do.
 
     Example::
 

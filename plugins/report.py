@@ -15,7 +15,7 @@ from pathlib import Path
 from rich import box
 from rich.console import Console, Group
 from rich.panel import Panel
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -160,22 +160,23 @@ class _Null:
         pass
 
 
-class TrainingDisplay:
-    """Live progress for training events: a rich bar on a terminal, plain log lines otherwise."""
+class ProgressDisplay:
+    """Live progress of a run: rich bars on a terminal, plain log lines otherwise, nothing with ``--quiet``.
 
-    def __init__(self, epochs: int, quiet: bool = False):
-        self.console = Console(stderr=True)
+    It receives the trainer's events and the stages announced through :mod:`taskformer.core.progress`
+    (reading files, training the tokenizer, decoding), so every long wait has a bar, not only training.
+    """
+
+    def __init__(self, quiet: bool = False):
+        self.console = Console(stderr=True, log_path=False)
         self.live = not quiet and self.console.is_terminal
-        self.quiet, self.epochs, self.bar = quiet, epochs, None
-        if self.live:
-            self.progress = Progress(TextColumn("[bold]epoch {task.fields[epoch]}/{task.fields[epochs]}"), BarColumn(),
-                                     TextColumn("loss {task.fields[loss]}  lr {task.fields[lr]}  {task.fields[tps]} tok/s"),
-                                     TimeElapsedColumn(), console=self.console)
+        self.quiet, self.stages, self.train_bar = quiet, [], None
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
+                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=self.console)
 
     def __enter__(self):
         if self.live:
             self.progress.start()
-            self.bar = self.progress.add_task("train", total=1.0, epoch=1, epochs=self.epochs, loss="-", lr="-", tps="-")
         return self
 
     def __exit__(self, *exc):
@@ -189,16 +190,28 @@ class TrainingDisplay:
             print(line, file=sys.stderr, flush=True)
 
     def __call__(self, e: dict) -> None:
-        if e.get("event") == "stage":
-            self._say(e["name"] + " ...")
-        elif e.get("event") == "train":
-            if self.live:
-                self.progress.update(self.bar, completed=e["progress"], epoch=e["epoch"] + 1, loss=f"{e['loss']:.3f}",
-                                     lr=f"{e['lr']:.2e}", tps=f"{e['tokens_per_s']:,.0f}")
-            elif not self.quiet:
-                print(f"step {e['step']} epoch {e['epoch'] + 1} loss {e['loss']:.4f} lr {e['lr']:.2e} "
-                      f"{e['tokens_per_s']:,.0f} tok/s", file=sys.stderr, flush=True)
-        elif e.get("event") == "eval":
-            keys = [k for k in e if k not in ("event", "split", "step", "epoch", "improved")]
+        kind = e.get("event")
+        if kind == "stage":
+            if self.live:  # a stage of unknown size gets a pulsing bar
+                self.stages.append(self.progress.add_task(e["name"], total=e["total"], info=""))
+            else:
+                self._say(e["name"] + " ...")
+        elif kind == "advance" and self.live and self.stages:
+            self.progress.advance(self.stages[-1], e["n"])
+        elif kind == "stage-done":
+            if self.live and self.stages:
+                self.progress.remove_task(self.stages.pop())
+            self._say(f"{e['name']}: done in {e['seconds']:.1f} s")
+        elif kind == "train":
+            epoch = f"epoch {e['epoch'] + 1}/{e['epochs']}"
+            info = f"loss {e['loss']:.3f}  lr {e['lr']:.2e}  {e['tokens_per_s']:,.0f} tok/s"
+            if not self.live:
+                self._say(f"step {e['step']} {epoch} {info}")
+            elif self.train_bar is None:
+                self.train_bar = self.progress.add_task(epoch, total=1.0, completed=e["progress"], info=info)
+            else:
+                self.progress.update(self.train_bar, description=epoch, completed=e["progress"], info=info)
+        elif kind == "eval":
+            keys = [k for k in e if k not in ("event", "split", "step", "epoch", "epochs", "improved")]
             line = f"eval step {e['step']}: " + "  ".join(f"{k} {_fmt(e[k])}" for k in keys)
             self._say(line + ("  (best so far)" if e.get("improved") else ""))

@@ -19,6 +19,7 @@ from tokenizers import Tokenizer
 
 from ..core import checkpoint as ckpt
 from ..core import config as C
+from ..core import progress
 from ..core.data import TaskData, encode, encode_sources, pad
 from ..core.engine import Trainer, autocast, evaluate_loss
 from ..core.errors import TaskformerError
@@ -82,7 +83,8 @@ def build_model(task: Task, cfg: dict, vocab_size: int, labels: list[str] | None
     return Transformer(mc, head)
 
 
-def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, cfg: dict, texts: list[str]):
+def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, cfg: dict, texts: list[str],
+                 name: str = "decoding"):
     """Decode raw source lines through the task's decoder, batched by length; blank lines give blank outputs.
 
     Returns the outputs in input order and how many inputs were truncated to ``model.max_len``.
@@ -94,16 +96,18 @@ def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, c
                               classify=model.cfg.variant == "encoder-only")
     order = sorted(range(len(todo)), key=lambda j: len(src[j]))
     size, device = cfg["decode"]["batch_size"], next(model.parameters()).device
-    for start in range(0, len(order), size):
-        chunk = order[start : start + size]
-        batch = pad([src[j] for j in chunk]).to(device)
-        with autocast(cfg["train"]["bf16"], device):
-            outs = plugins().call("taskformer_decode", task, model=model, src=batch, tokenizer=tokenizer,
-                                  labels=labels, config=cfg)
-        if not isinstance(outs, list) or len(outs) != len(chunk) or not all(isinstance(o, str) for o in outs):
-            raise PluginError(f"plugin {task.plugin!r}: taskformer_decode must return one string per source row")
-        for j, out in zip(chunk, outs):
-            outputs[todo[j]] = out
+    with progress.stage(name, len(order)) as advance:
+        for start in range(0, len(order), size):
+            chunk = order[start : start + size]
+            batch = pad([src[j] for j in chunk]).to(device)
+            with autocast(cfg["train"]["bf16"], device):
+                outs = plugins().call("taskformer_decode", task, model=model, src=batch, tokenizer=tokenizer,
+                                      labels=labels, config=cfg)
+            if not isinstance(outs, list) or len(outs) != len(chunk) or not all(isinstance(o, str) for o in outs):
+                raise PluginError(f"plugin {task.plugin!r}: taskformer_decode must return one string per source row")
+            for j, out in zip(chunk, outs):
+                outputs[todo[j]] = out
+            advance(len(chunk))
     return outputs, cut
 
 
@@ -119,9 +123,10 @@ def score(task: Task, pairs: list[tuple[str, str]], hyps: list[str]) -> dict:
     return merged
 
 
-def evaluate_split(run: Run, pairs: list[tuple[str, str]], cfg: dict | None = None):
+def evaluate_split(run: Run, pairs: list[tuple[str, str]], cfg: dict | None = None, name: str = "decoding"):
     """Decode and score one split; returns (metrics, [(source, output, reference), ...])."""
-    hyps, _ = decode_texts(run.task, run.model, run.tokenizer, run.labels, cfg or run.config, [s for s, _ in pairs])
+    hyps, _ = decode_texts(run.task, run.model, run.tokenizer, run.labels, cfg or run.config, [s for s, _ in pairs],
+                           name)
     return score(run.task, pairs, hyps), [(s, h, r) for (s, r), h in zip(pairs, hyps)]
 
 
@@ -172,7 +177,15 @@ def stop_on_signals(trainer: Trainer):
 def train(task_name: str, data_dir: str | None = None, out: str | None = None, time_limit: float | None = None,
           seed: int | None = None, config_file: str | None = None, overrides: tuple[str, ...] = (),
           resume: str | None = None, on_event=lambda e: None, shard: tuple[int, int] = (0, 1)) -> Run:
-    """Train a task end to end (or continue ``resume``); returns the run with val/test metrics filled in."""
+    """Train a task end to end (or continue ``resume``); returns the run with val/test metrics filled in.
+
+    ``on_event`` receives the training events and the progress of every other stage (see core.progress).
+    """
+    with progress.listening(on_event):
+        return _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, resume, on_event, shard)
+
+
+def _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, resume, on_event, shard) -> Run:
     if resume:
         run_dir = Path(resume)
         saved = ckpt.read_json(run_dir / "config.json")
@@ -187,8 +200,8 @@ def train(task_name: str, data_dir: str | None = None, out: str | None = None, t
             torch.distributed.broadcast_object_list(shared, src=0)
             run_dir = shared[0]
     started = time.monotonic()
-    on_event({"event": "stage", "name": "loading data and training the tokenizer"})
-    data = load_data(task, cfg, data_dir)
+    with progress.stage("loading data and training the tokenizer"):
+        data = load_data(task, cfg, data_dir)
     device = pick_device()
     torch.manual_seed(cfg["train"]["seed"])
     model = build_model(task, cfg, data.tokenizer.get_vocab_size(), data.labels).to(device)
@@ -198,14 +211,15 @@ def train(task_name: str, data_dir: str | None = None, out: str | None = None, t
                                                    "data_dir": data_dir, "time_limit": time_limit})
     classify = task.variant == "encoder-only"
     max_len = cfg["model"]["max_len"]
-    train_enc, val_enc = (encode(data, s, max_len, classify) for s in ("train", "val"))
+    with progress.stage("encoding the train and val splits"):
+        train_enc, val_enc = (encode(data, s, max_len, classify) for s in ("train", "val"))
     run = Run(run_dir, task, cfg, data.tokenizer, data.labels, model)
     eval_cfg = copy.deepcopy(cfg)
     eval_cfg["decode"]["strategy"] = cfg["decode"]["eval_strategy"]
     tcfg = C.train_config(cfg)
 
     def evaluate() -> dict:
-        metrics, _ = evaluate_split(run, data.splits["val"], eval_cfg)
+        metrics, _ = evaluate_split(run, data.splits["val"], eval_cfg, "validating")
         return {"loss": evaluate_loss(model, val_enc, tcfg, device), **metrics}
 
     trainer = Trainer(model, tcfg, train_enc, evaluate, (task.metric, task.higher_is_better), run_dir, device,
@@ -220,8 +234,7 @@ def train(task_name: str, data_dir: str | None = None, out: str | None = None, t
         return run  # rank 0 alone evaluates the best checkpoint and reports
     ckpt.load_weights(model, run_dir / ckpt.WEIGHTS)
     for split in ("val", "test"):
-        on_event({"event": "stage", "name": f"decoding the {split} split ({len(data.splits[split]):,} examples)"})
-        run.metrics[split], run.outputs[split] = evaluate_split(run, data.splits[split])
+        run.metrics[split], run.outputs[split] = evaluate_split(run, data.splits[split], name=f"decoding {split}")
         run.samples[split] = spread(run.outputs[split])
     run.info = {
         "date": dt.datetime.now().isoformat(timespec="seconds"),

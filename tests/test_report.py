@@ -70,7 +70,37 @@ def test_progress_falls_back_to_plain_lines_without_a_terminal(tmp_path):
                      "--set", "train.epochs=1", "--set", "train.log_every=5")
     assert result.returncode == 0
     lines = result.stderr.splitlines()
-    assert any(line.startswith("loading data") for line in lines)
-    assert any(line.startswith("step 5 epoch 1 loss") for line in lines)
-    assert any(line.startswith("decoding the test split") for line in lines)
+    assert "loading data and training the tokenizer ..." in lines
+    assert any(line.startswith("step 5 epoch 1/1 loss") for line in lines)
+    assert "decoding test ..." in lines and any(line.startswith("decoding test: done in") for line in lines)
     assert "\x1b[" not in result.stderr  # no terminal control codes in a log
+
+
+TINY_TRANSLATE = ["model.d_model=32", "model.n_heads=2", "model.enc_layers=1", "model.dec_layers=1", "model.d_ff=64",
+                  "train.epochs=1", "train.warmup=10", "train.bf16=false", "data.vocab_size=200"]
+
+
+def test_terminal_gets_rich_bars_for_data_tokenizer_training_and_decoding(tmp_path, data_dir):
+    sets = [x for o in TINY_TRANSLATE for x in ("--set", o)]
+    result = run_cli("run", "translate-de-en", "--data-dir", str(data_dir / "multi30k"), "--out", str(tmp_path / "r"),
+                     *sets, "--set", "train.log_every=1", env={"TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1"})
+    assert result.returncode == 0, result.stderr
+    assert "\x1b[" in result.stderr and "━" in result.stderr  # drawn as live bars, not log lines
+    err = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", result.stderr)
+    for finished in ("reading train.de.gz", "reading train.en", "training the tokenizer", "decoding val", "decoding test"):
+        assert re.search(re.escape(finished) + r": done in [0-9.]+ s", err), finished
+    assert "epoch 1/1" in err
+
+
+def test_plugins_report_their_own_stages_through_core_progress():
+    from taskformer.core import progress
+
+    events = []
+    with progress.listening(events.append):
+        assert list(progress.track(range(5), "counting", total=5, every=2)) == [0, 1, 2, 3, 4]
+        with progress.stage("unsized") as advance:
+            advance()
+    assert events[0] == {"event": "stage", "name": "counting", "total": 5}
+    assert [e["n"] for e in events if e["event"] == "advance"] == [2, 2, 1, 1]
+    assert [e["name"] for e in events if e["event"] == "stage-done"] == ["counting", "unsized"]
+    assert list(progress.track("ab", "nobody listens")) == ["a", "b"]  # no listener: plain iteration
