@@ -94,8 +94,9 @@ def beam_search(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, be
     cache = model.new_cache()
     for step in range(int(max_len.max())):
         logp = _next_logprobs(model, ys, memory, mask, cache, step, limit, ignore_eos, constraint)
-        logp[done] = float("-inf")
-        logp[done, PAD] = 0.0
+        if done.any():  # finished hypotheses may only grow by PAD, at no cost
+            logp[done] = float("-inf")
+            logp[done, PAD] = 0.0
         V = logp.size(-1)
         top, idx = (scores.view(-1, 1) + logp).view(B, K * V).topk(K, dim=-1)
         origin = (idx // V + torch.arange(B, device=src.device).unsqueeze(1) * K).view(-1)

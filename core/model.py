@@ -133,9 +133,9 @@ class MultiHeadAttention(nn.Module):
                 scores = scores.masked_fill(~mask, float("-inf"))
             self.weights = scores.softmax(-1).mean(1).detach()
         dropout = self.dropout if self.training else 0.0
-        if q.device.type == "cpu" and q.dtype != torch.float32:
+        if q.device.type == "cpu" and q.dtype != torch.float32 and torch.is_grad_enabled():
             # Under bf16 autocast the CPU attention kernel's backward is ~10x slower than in fp32;
-            # the projections around it keep their bf16 speed.
+            # the projections around it keep their bf16 speed. Inference has no backward: it stays bf16.
             with torch.autocast("cpu", enabled=False):
                 out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
                                                      is_causal=causal, dropout_p=dropout).to(q.dtype)
