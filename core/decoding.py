@@ -44,10 +44,10 @@ def _next_logprobs(model, ys, memory, mask, cache, step, limit, ignore_eos, cons
     logp = torch.log_softmax(model.head(h[:, -1]).float(), dim=-1)
     if ignore_eos:
         logp[:, EOS] = float("-inf")
-    at_limit = limit <= step  # rows that used up their budget may only end
+    at_limit = limit <= step  # rows that used up their budget are cut: they may only pad, at no cost
     if at_limit.any():
         logp[at_limit] = float("-inf")
-        logp[at_limit, EOS] = 0.0
+        logp[at_limit, PAD] = 0.0
     return logp if constraint is None else constraint(step, ys, logp)
 
 
@@ -97,10 +97,12 @@ def beam_search(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, be
         if done.any():  # finished hypotheses may only grow by PAD, at no cost
             logp[done] = float("-inf")
             logp[done, PAD] = 0.0
-        V = logp.size(-1)
-        top, idx = (scores.view(-1, 1) + logp).view(B, K * V).topk(K, dim=-1)
-        origin = (idx // V + torch.arange(B, device=src.device).unsqueeze(1) * K).view(-1)
-        tok = (idx % V).view(-1)
+        # The K best continuations of a sentence are among the K best of each of its hypotheses:
+        # picking those first keeps the final top-K over K*K candidates instead of K*V.
+        cand, cand_tok = logp.topk(K, dim=-1)
+        top, idx = (scores.view(-1, 1) + cand).view(B, K * K).topk(K, dim=-1)
+        origin = (idx // K + torch.arange(B, device=src.device).unsqueeze(1) * K).view(-1)
+        tok = cand_tok.view(B, K * K).gather(1, idx).view(-1)
         ys = torch.cat([ys[origin], tok.unsqueeze(1)], 1)
         done = done[origin] | (tok == EOS)
         scores = top

@@ -2,7 +2,7 @@
 import torch
 
 from taskformer.core import decoding
-from taskformer.core.model import EOS, ModelConfig, Transformer
+from taskformer.core.model import BOS, EOS, ModelConfig, Transformer
 
 
 def model_and_src(seed=0, batch=6):
@@ -69,3 +69,40 @@ def test_outputs_stop_at_eos():
     for out in (decoding.greedy(model, src, limit, constraint=end_at_three),
                 decoding.beam_search(model, src, limit, beam=3, constraint=end_at_three)):
         assert all(len(row) <= 3 for row in out)
+
+
+def textbook_beam(model, src_row, beam, limit, length_penalty=1.0):
+    """Beam search written the slow, obvious way for one sentence: no cache, every candidate scored.
+
+    A hypothesis still open after ``limit`` tokens is cut there (and scored without an end token).
+    """
+    memory, mask = model.encode(src_row[None])
+    hyps = [([BOS], 0.0)]
+    for _ in range(limit):
+        if all(toks[-1] == EOS for toks, _ in hyps):
+            break
+        cands = []
+        for toks, score in hyps:
+            if toks[-1] == EOS:
+                cands.append((toks, score))
+                continue
+            h = model.decode(torch.tensor([toks]), memory, mask)
+            logp = torch.log_softmax(model.head(h[:, -1]).float(), -1)[0].tolist()
+            cands += [(toks + [t], score + lp) for t, lp in enumerate(logp)]
+        hyps = sorted(cands, key=lambda c: -c[1])[:beam]
+    best = max(hyps, key=lambda c: c[1] / ((5 + len(c[0]) - 1) / 6) ** length_penalty)[0]
+    return [t for t in best[1:] if t != EOS]
+
+
+@torch.no_grad()
+def test_batched_cached_beam_search_matches_the_textbook_version():
+    ended = cut = 0
+    for seed in range(3):
+        model, src = model_and_src(seed)
+        model.head.proj.bias[EOS] += 1.5  # make ending likely, so that finished and cut hypotheses compete
+        limit = torch.tensor([4, 7, 3, 6, 5, 8])
+        fast = decoding.beam_search(model, src, limit, beam=3)
+        assert fast == [textbook_beam(model, src[i], 3, int(limit[i])) for i in range(src.size(0))]
+        ended += sum(len(x) < int(n) for x, n in zip(fast, limit))
+        cut += sum(len(x) == int(n) for x, n in zip(fast, limit))
+    assert ended and cut  # both ways of finishing took part in the comparison
