@@ -58,7 +58,12 @@ def stage(name: str, total: int | None = None, every: int = 1):
 
 
 def track(items: Iterable[T], name: str, total: int | None = None, every: int = 1000) -> Iterator[T]:
-    """Iterate ``items`` inside a stage, one step per item (e.g. the lines a tokenizer trains on)."""
+    """Iterate ``items`` inside a stage, one step per item (e.g. the lines a tokenizer trains on).
+
+    ``total`` defaults to ``len(items)`` when the items have a length (a list), else unknown.
+    """
+    if total is None and hasattr(items, "__len__"):
+        total = len(items)
     with stage(name, total, every) as advance:
         for item in items:
             yield item

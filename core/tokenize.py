@@ -38,7 +38,7 @@ def subword(texts: Iterable[str], vocab_size: int, kind: str = "bpe", min_freque
     tok.normalizer = normalizers.NFKC()
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
-    tok.train_from_iterator(track(texts, "training the tokenizer", _size(texts)), trainer=trainer)
+    tok.train_from_iterator(track(texts, "training the tokenizer"), trainer=trainer)
     return tok
 
 
@@ -48,8 +48,8 @@ def characters(texts: Iterable[str], min_frequency: int = 1) -> Tokenizer:
     tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace(Regex(r"\s+"), "")])
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    tok.train_from_iterator(track(texts, "building the character vocabulary", _size(texts)), trainer=trainers.WordLevelTrainer(
-        special_tokens=SPECIALS, min_frequency=min_frequency, show_progress=False))
+    trainer = trainers.WordLevelTrainer(special_tokens=SPECIALS, min_frequency=min_frequency, show_progress=False)
+    tok.train_from_iterator(track(texts, "building the character vocabulary"), trainer=trainer)
     return tok
 
 
@@ -60,10 +60,6 @@ def symbols(names: list[str]) -> Tokenizer:
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.add_special_tokens(SPECIALS)  # already in the vocabulary: this marks them so decode skips them
     return tok
-
-
-def _size(texts) -> int | None:
-    return len(texts) if hasattr(texts, "__len__") else None
 
 
 def check_specials(tok: Tokenizer) -> None:
