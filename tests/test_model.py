@@ -72,3 +72,30 @@ def test_attention_maps_are_distributions_over_source():
     maps = model.attention_maps(src, tgt)
     assert maps.shape == (2, 3, 6)
     assert torch.allclose(maps.sum(-1), torch.ones(2, 3), atol=1e-5)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3])
+def test_dropout_drops_at_its_rate_and_keeps_the_mean(p):
+    model = small(dropout=p).train()
+    drop = model.drop
+    x = torch.ones(200, 100, 50)
+    torch.manual_seed(1)
+    y = drop(x)
+    kept = y != 0
+    assert abs(1 - kept.float().mean().item() - p) < 0.005
+    assert abs(y.mean().item() - 1.0) < 0.01  # survivors are scaled up by 1 / (1 - p)
+    assert torch.equal(y.unique(), torch.tensor([0.0, 1 / (1 - round(p * 65536) / 65536)]))
+    torch.manual_seed(1)
+    assert torch.equal(drop(x), y)  # seeded: the same mask again
+    assert not torch.equal(drop(x), y)  # and a fresh one each call
+    assert torch.equal(model.eval().drop(x), x)
+
+
+def test_dropout_masks_are_independent_between_elements():
+    drop = small(dropout=0.5).train().drop
+    torch.manual_seed(0)
+    kept = drop(torch.ones(400_000)) != 0
+    # Neighbours come from the same 64-bit draw; their masks must still be uncorrelated.
+    pairs = kept.view(-1, 4).float()
+    corr = torch.corrcoef(pairs.T)
+    assert (corr - torch.eye(4)).abs().max() < 0.01
