@@ -13,8 +13,8 @@ Workloads (model shape for all: vocab 8000, d_model 256, 3+3 layers, 8 heads, FF
 2. training non-padding target tokens/s on real Multi30k batches (baseline: random batches of
    128 sentences padded to the batch maximum; taskformer: its token-based length buckets);
 3. decoding sentences/s on Multi30k val sources, EOS ignored so every sentence takes the same 24
-   steps (baseline: greedy, one sentence at a time, no cache; taskformer: batched with a KV cache,
-   greedy and beam 5);
+   steps (baseline: greedy, one sentence at a time, no cache; taskformer: greedy and beam 5 with a
+   KV cache, in length-sorted batches of 128, one batch per thread at a time as the CLI decodes);
 4. peak resident memory of each (measured in a child process per implementation) and model FLOP
    utilisation against this machine's matmul peak, measured in the same run.
 """
@@ -168,20 +168,29 @@ def decoding_speed(val_src, n_baseline: int, n_taskformer: int, rounds: int) -> 
                 ref.greedy_decode(base_model, x, (x != PAD).unsqueeze(-2), L + 1, BOS)
         return n_baseline
 
-    def ours(search, bf16):
-        def run(_):
+    # As `taskformer run`, `eval` and `predict` decode (runner.decode_texts): length-sorted batches of
+    # decode.batch_size sentences, decode.workers batches at a time.
+    cfg = decoding.DecodeConfig()
+    order = sorted(range(n_taskformer), key=lambda i: len(sources[i]))
+    batches = [pad([sources[j] for j in order[i : i + cfg.batch_size]]) for i in range(0, n_taskformer, cfg.batch_size)]
+    workers = min(decoding.decode_workers(cfg.workers, CPU), len(batches))
+
+    def ours(search, bf16, workers=workers):
+        def one(chunk):
             with autocast(bf16, CPU):
-                for i in range(0, n_taskformer, 128):
-                    chunk = pad(sources[i : min(i + 128, n_taskformer)])
-                    if search == "greedy":
-                        decoding.greedy(tf_model, chunk, limit(chunk.size(0)), ignore_eos=True)
-                    else:
-                        decoding.beam_search(tf_model, chunk, limit(chunk.size(0)), beam=5, ignore_eos=True)
+                if search == "greedy":
+                    return decoding.greedy(tf_model, chunk, limit(chunk.size(0)), ignore_eos=True)
+                return decoding.beam_search(tf_model, chunk, limit(chunk.size(0)), beam=5, ignore_eos=True)
+
+        def run(_):
+            for _ in decoding.parallel_map(one, batches, workers):
+                pass
             return n_taskformer
         return run
 
     contenders = {"baseline greedy (bs 1, no cache)": baseline,
                   "taskformer greedy fp32": ours("greedy", False), "taskformer greedy bf16": ours("greedy", True),
+                  "taskformer greedy bf16, 1 worker": ours("greedy", True, workers=1),
                   "taskformer beam5 fp32": ours("beam", False), "taskformer beam5 bf16": ours("beam", True)}
 
     def work(name, fn):
@@ -189,7 +198,7 @@ def decoding_speed(val_src, n_baseline: int, n_taskformer: int, rounds: int) -> 
         n = fn(None)
         return (time.perf_counter() - t) / n
     secs = alternate(contenders, work, rounds)
-    return {name: 1.0 / s for name, s in secs.items()}
+    return {name: 1.0 / s for name, s in secs.items()} | {"workers": workers}
 
 
 def matmul_peak() -> dict:
@@ -250,7 +259,7 @@ def main() -> None:
     stage("Multi30k training")
     real = real_training(src, tgt, rounds=2 if quick else 4, steps=2 if quick else 8, max_tokens=args.max_tokens)
     stage("decoding")
-    dec = decoding_speed(val_src, n_baseline=4 if quick else 50, n_taskformer=128 if quick else 1000,
+    dec = decoding_speed(val_src, n_baseline=4 if quick else 50, n_taskformer=256 if quick else 1000,
                          rounds=1 if quick else 3)
     stage("peak memory")
     memory = {w: peak_memory(w, 2 if quick else 5) for w in ("baseline", "fp32", "bf16")}
@@ -258,11 +267,13 @@ def main() -> None:
     def best(d, prefix):
         return max((v, k) for k, v in d.items() if k.startswith(prefix))
 
+    workers = dec.pop("workers")
     base_greedy = dec["baseline greedy (bs 1, no cache)"]
     result = {
         "date": dt.date.today().isoformat(),
         "cpu": platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(),
+        "decode_workers": workers,
         "torch": torch.__version__,
         "quick": quick,
         "matmul_peak_gflops": peak,
@@ -292,7 +303,8 @@ def print_table(r: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"taskformer vs baseline — {r['cpu']}, {r['threads']} threads, torch {r['torch']}, {r['date']}")
+    t = Table(title=f"taskformer vs baseline — {r['cpu']}, {r['threads']} threads "
+                    f"({r['decode_workers']} decoding workers), torch {r['torch']}, {r['date']}")
     for col in ("workload", "implementation", "figure", "vs baseline"):
         t.add_column(col)
     for label, key, unit in (("train synthetic", "train_synthetic_tokens_per_s", "tgt tok/s"),

@@ -113,7 +113,9 @@ def taskformer_decode(task, model, src, tokenizer, labels, config):
     row: that string is what ``predict`` prints and what the metrics hook scores. Return
     ``None`` to use the core default (beam or greedy search for sequences, arg-max label with its
     probability as ``LABEL<TAB>PROBABILITY`` for classification). Tasks that constrain the
-    search pass a ``constraint`` to :func:`taskformer.core.decoding.beam_search`.
+    search pass a ``constraint`` to :func:`taskformer.core.decoding.beam_search`. On CPU several
+    batches are decoded at once, one per thread (``decode.workers``): keep the hook free of shared
+    mutable state.
 
     Example::
 

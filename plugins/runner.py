@@ -19,6 +19,7 @@ from tokenizers import Tokenizer
 
 from ..core import checkpoint as ckpt
 from ..core import config as C
+from ..core import decoding
 from ..core import progress
 from ..core.data import TaskData, encode, encode_sources, pad
 from ..core.engine import Trainer, autocast, evaluate_loss
@@ -96,15 +97,20 @@ def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, c
                               classify=model.cfg.variant == "encoder-only")
     order = sorted(range(len(todo)), key=lambda j: len(src[j]))
     size, device = cfg["decode"]["batch_size"], next(model.parameters()).device
+    chunks = [order[start : start + size] for start in range(0, len(order), size)]
+
+    def run(chunk: list[int]) -> list[str]:
+        batch = pad([src[j] for j in chunk]).to(device)
+        with autocast(cfg["train"]["bf16"], device):
+            outs = plugins().call("taskformer_decode", task, model=model, src=batch, tokenizer=tokenizer,
+                                  labels=labels, config=cfg)
+        if not isinstance(outs, list) or len(outs) != len(chunk) or not all(isinstance(o, str) for o in outs):
+            raise PluginError(f"plugin {task.plugin!r}: taskformer_decode must return one string per source row")
+        return outs
+
+    workers = decoding.decode_workers(C.decode_config(cfg).workers, device)
     with progress.stage(name, len(order)) as advance:
-        for start in range(0, len(order), size):
-            chunk = order[start : start + size]
-            batch = pad([src[j] for j in chunk]).to(device)
-            with autocast(cfg["train"]["bf16"], device):
-                outs = plugins().call("taskformer_decode", task, model=model, src=batch, tokenizer=tokenizer,
-                                      labels=labels, config=cfg)
-            if not isinstance(outs, list) or len(outs) != len(chunk) or not all(isinstance(o, str) for o in outs):
-                raise PluginError(f"plugin {task.plugin!r}: taskformer_decode must return one string per source row")
+        for chunk, outs in zip(chunks, decoding.parallel_map(run, chunks, min(workers, len(chunks)))):
             for j, out in zip(chunk, outs):
                 outputs[todo[j]] = out
             advance(len(chunk))

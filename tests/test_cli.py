@@ -64,6 +64,15 @@ def test_eval_reevaluates_a_saved_run(copy_run, cli):
     assert "100" in result.stdout and "test" in result.stdout
 
 
+def test_eval_decodes_the_same_with_one_or_several_workers(copy_run, cli):
+    out, _ = copy_run
+    one = cli("eval", str(out), "--split", "test", "--set", "decode.workers=1")
+    three = cli("eval", str(out), "--split", "test", "--set", "decode.workers=3")
+    assert one.exit_code == 0 and three.exit_code == 0, one.output + three.output
+    assert "│ 100 " in three.stdout
+    assert one.stdout == three.stdout
+
+
 def test_out_refuses_a_directory_that_holds_a_run(copy_run, cli):
     out, _ = copy_run
     result = cli("run", "copy", "--out", str(out))

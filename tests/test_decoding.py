@@ -106,3 +106,38 @@ def test_batched_cached_beam_search_matches_the_textbook_version():
         ended += sum(len(x) < int(n) for x, n in zip(fast, limit))
         cut += sum(len(x) == int(n) for x, n in zip(fast, limit))
     assert ended and cut  # both ways of finishing took part in the comparison
+
+
+def test_argmax_matches_torch_including_ties_and_odd_vocabularies():
+    torch.manual_seed(0)
+    for vocab in (7, 64, 100, 8000):
+        scores = torch.randint(-3, 3, (50, vocab)).float()  # many ties: the first maximum must win
+        scores[0] = float("-inf")
+        scores[1, -1] = 99.0  # the maximum in a padded last block
+        assert torch.equal(decoding.argmax(scores), scores.argmax(-1))
+        noisy = torch.randn(50, vocab, dtype=torch.bfloat16)
+        assert torch.equal(decoding.argmax(noisy), noisy.argmax(-1))
+
+
+def test_parallel_map_keeps_order_restores_threads_and_passes_errors_on():
+    threads = torch.get_num_threads()
+    seen = []
+
+    def work(i):
+        seen.append(torch.get_num_threads())
+        return i * i
+    assert list(decoding.parallel_map(work, range(10), workers=3)) == [i * i for i in range(10)]
+    assert set(seen) == {1}  # each worker decodes with one intra-op thread
+    assert torch.get_num_threads() == threads
+
+    def fail(i):
+        if i == 4:
+            raise ValueError("batch 4")
+        return i
+    try:
+        list(decoding.parallel_map(fail, range(8), workers=2))
+    except ValueError as e:
+        assert str(e) == "batch 4"
+    else:
+        raise AssertionError("the worker's error was lost")
+    assert torch.get_num_threads() == threads
