@@ -5,7 +5,7 @@ so machine noise hits both alike; the table reports absolute figures and taskfor
 ratios. The baseline is imported from ``../shared/bench/reference_transformer.py`` (not copied).
 
     python bench/speed.py                 # full run (several minutes on 2 cores)
-    python bench/speed.py --quick         # reduced, under a minute
+    python bench/speed.py --quick         # reduced, bf16 only, under a minute
     python bench/speed.py --json out.json # also write the figures as JSON
 
 Workloads (model shape for all: vocab 8000, d_model 256, 3+3 layers, 8 heads, FFN 1024):
@@ -98,12 +98,12 @@ def alternate(contenders: dict, work, rounds: int) -> dict:
 
 
 # -- workloads --------------------------------------------------------------------------------------
-def synthetic_training(rounds: int, steps: int) -> dict:
+def synthetic_training(rounds: int, steps: int, precisions: tuple[str, ...]) -> dict:
     gen = torch.Generator().manual_seed(0)
     src, tgt = torch.randint(4, V, (B, L), generator=gen), torch.randint(4, V, (B, L + 1), generator=gen)
     tgt[:, 0] = BOS
-    contenders = {"baseline": make_reference()[1], "taskformer fp32": make_taskformer(False)[1],
-                  "taskformer bf16": make_taskformer(True)[1]}
+    contenders = {"baseline": make_reference()[1]} | {f"taskformer {p}": make_taskformer(p == "bf16")[1]
+                                                       for p in precisions}
     for step in contenders.values():
         step(src, tgt)  # warm-up
 
@@ -127,14 +127,13 @@ def multi30k(n_train: int):
     return src, tgt, val_src
 
 
-def real_training(src, tgt, rounds: int, steps: int, max_tokens: int) -> dict:
+def real_training(src, tgt, rounds: int, steps: int, max_tokens: int, precisions: tuple[str, ...]) -> dict:
     rng = random.Random(0)
     lengths = [max(len(s), len(t)) for s, t in zip(src, tgt)]
     buckets = token_batches(lengths, max_tokens, seed=0)
     random_batches = [rng.sample(range(len(src)), B) for _ in range(steps * rounds + 1)]
-    contenders = {"baseline": (make_reference()[1], random_batches),
-                  "taskformer fp32": (make_taskformer(False)[1], buckets),
-                  "taskformer bf16": (make_taskformer(True)[1], buckets)}
+    contenders = {"baseline": (make_reference()[1], random_batches)} | {
+        f"taskformer {p}": (make_taskformer(p == "bf16")[1], buckets) for p in precisions}
     cursor = {name: 0 for name in contenders}
     tokens = {name: 0 for name in contenders}
     seconds = {name: 0.0 for name in contenders}
@@ -155,7 +154,7 @@ def real_training(src, tgt, rounds: int, steps: int, max_tokens: int) -> dict:
     return {name: tokens[name] / seconds[name] for name in contenders}
 
 
-def decoding_speed(val_src, n_baseline: int, n_taskformer: int, rounds: int) -> dict:
+def decoding_speed(val_src, n_baseline: int, n_taskformer: int, rounds: int, precisions: tuple[str, ...]) -> dict:
     base_model = make_reference()[0].eval()
     tf_model = make_taskformer(False)[0].eval()
     sources = [s for s in val_src]
@@ -188,10 +187,10 @@ def decoding_speed(val_src, n_baseline: int, n_taskformer: int, rounds: int) -> 
             return n_taskformer
         return run
 
-    contenders = {"baseline greedy (bs 1, no cache)": baseline,
-                  "taskformer greedy fp32": ours("greedy", False), "taskformer greedy bf16": ours("greedy", True),
-                  "taskformer greedy bf16, 1 worker": ours("greedy", True, workers=1),
-                  "taskformer beam5 fp32": ours("beam", False), "taskformer beam5 bf16": ours("beam", True)}
+    contenders = {"baseline greedy (bs 1, no cache)": baseline}
+    for search in ("greedy", "beam5"):
+        contenders |= {f"taskformer {search} {p}": ours(search, p == "bf16") for p in precisions}
+    contenders["taskformer greedy bf16, 1 worker"] = ours("greedy", True, workers=1)
 
     def work(name, fn):
         t = time.perf_counter()
@@ -201,13 +200,13 @@ def decoding_speed(val_src, n_baseline: int, n_taskformer: int, rounds: int) -> 
     return {name: 1.0 / s for name, s in secs.items()} | {"workers": workers}
 
 
-def matmul_peak() -> dict:
+def matmul_peak(repeats: int) -> dict:
     """Best sustained GFLOP/s of a large square matmul, fp32 and bf16."""
     out = {}
     for dtype in (torch.float32, torch.bfloat16):
         a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
         a @ b
-        best = min(timed(lambda: [a @ b for _ in range(5)]) / 5 for _ in range(3))
+        best = min(timed(lambda: [a @ b for _ in range(5)]) / 5 for _ in range(repeats))
         out[str(dtype).removeprefix("torch.")] = 2 * 2048 ** 3 / best / 1e9
     return out
 
@@ -221,24 +220,32 @@ def step_flops() -> int:
     return counter.get_total_flops()
 
 
-def peak_memory(which: str, steps: int) -> float:
-    """Peak RSS (MiB) of a fresh child process that trains ``steps`` synthetic steps with one implementation.
+def peak_memory(steps: int, precisions: tuple[str, ...]) -> dict:
+    """Peak RSS (MiB) of fresh child processes, one per implementation, each training ``steps`` synthetic steps.
 
     Read from the kernel's high-water mark (VmHWM): ``ru_maxrss`` would carry over this parent's
-    size through fork + exec.
+    size through fork + exec. The children run side by side: each reports only its own memory.
     """
-    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'bench')!r}); import speed, torch;"
-            f"step = speed.make_reference()[1] if {which!r} == 'baseline' else speed.make_taskformer({which!r} == 'bf16')[1];"
-            "src = torch.randint(4, speed.V, (speed.B, speed.L)); tgt = torch.randint(4, speed.V, (speed.B, speed.L + 1));"
-            f"[step(src, tgt) for _ in range({steps})];"
-            "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return int(out.stdout.split()[-1]) / 1024
+    children = {}
+    for which in ("baseline", *precisions):
+        code = (f"import sys; sys.path.insert(0, {str(ROOT / 'bench')!r}); import speed, torch;"
+                f"step = speed.make_reference()[1] if {which!r} == 'baseline' else speed.make_taskformer({which!r} == 'bf16')[1];"
+                "src = torch.randint(4, speed.V, (speed.B, speed.L)); tgt = torch.randint(4, speed.V, (speed.B, speed.L + 1));"
+                f"[step(src, tgt) for _ in range({steps})];"
+                "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')))")
+        children[which] = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    out = {}
+    for which, child in children.items():
+        stdout, _ = child.communicate()
+        if child.returncode:
+            raise RuntimeError(f"peak-memory child for {which} failed")
+        out[which] = int(stdout.split()[-1]) / 1024
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="reduced workloads, under a minute")
+    ap.add_argument("--quick", action="store_true", help="reduced workloads, bf16 only, under a minute")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument("--max-tokens", type=int, default=4096, help="taskformer batch size in tokens (real data)")
     args = ap.parse_args()
@@ -249,20 +256,22 @@ def main() -> None:
     def stage(name):
         print(f"[{time.perf_counter() - started:6.1f} s] {name}", file=sys.stderr, flush=True)
 
+    precisions = ("bf16",) if quick else ("fp32", "bf16")
     stage("matmul peak and FLOP count")
-    peak = matmul_peak()
+    peak = matmul_peak(1 if quick else 3)
     flops = step_flops()
     stage("synthetic training")
-    synth = synthetic_training(rounds=2 if quick else 5, steps=1 if quick else 4)
+    synth = synthetic_training(rounds=1 if quick else 5, steps=1 if quick else 4, precisions=precisions)
     stage("Multi30k tokenizer and batches")
     src, tgt, val_src = multi30k(2000 if quick else 29000)
     stage("Multi30k training")
-    real = real_training(src, tgt, rounds=2 if quick else 4, steps=2 if quick else 8, max_tokens=args.max_tokens)
+    real = real_training(src, tgt, rounds=1 if quick else 4, steps=1 if quick else 8, max_tokens=args.max_tokens,
+                         precisions=precisions)
     stage("decoding")
-    dec = decoding_speed(val_src, n_baseline=4 if quick else 50, n_taskformer=256 if quick else 1000,
-                         rounds=1 if quick else 3)
+    dec = decoding_speed(val_src, n_baseline=4 if quick else 50, n_taskformer=192 if quick else 1000,
+                         rounds=1 if quick else 3, precisions=precisions)
     stage("peak memory")
-    memory = {w: peak_memory(w, 2 if quick else 5) for w in ("baseline", "fp32", "bf16")}
+    memory = peak_memory(1 if quick else 5, precisions)
 
     def best(d, prefix):
         return max((v, k) for k, v in d.items() if k.startswith(prefix))

@@ -163,10 +163,11 @@ def parallel_map(fn: Callable[[Item], Result], items: Iterable[Item], workers: i
         yield from map(fn, items)
         return
     threads = torch.get_num_threads()
+    pool = ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,))
     try:
-        with ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,)) as pool:
-            yield from pool.map(fn, items)
-    finally:
+        yield from pool.map(fn, items)
+    finally:  # on an error or an early stop, batches not yet started are dropped
+        pool.shutdown(cancel_futures=True)
         torch.set_num_threads(threads)  # the workers' setting leaks into the process-wide pool
 
 
