@@ -137,13 +137,28 @@ class MultiHeadAttention(nn.Module):
     def _heads(self, x: torch.Tensor) -> torch.Tensor:  # (B, L, D) -> (B, H, L, D/H)
         return x.unflatten(-1, (self.h, self.d // self.h)).transpose(1, 2)
 
+    @staticmethod
+    def _append(cache: dict, k: torch.Tensor, v: torch.Tensor):
+        """Add the new positions to the cached keys/values; return all of them so far.
+
+        The cache keeps buffers with room to spare (doubled when full), so a decoding step writes
+        one position instead of copying the whole history the way ``torch.cat`` would.
+        """
+        n, new = cache.get("length", 0), k.size(2)
+        if "k" not in cache or n + new > cache["k"].size(2):
+            for name, x in (("k", k), ("v", v)):
+                grown = x.new_empty(x.size(0), x.size(1), max(2 * (n + new), 16), x.size(3))
+                grown[:, :, :n] = cache[name][:, :, :n] if n else 0
+                cache[name] = grown
+        cache["k"][:, :, n : n + new], cache["v"][:, :, n : n + new] = k, v
+        cache["length"] = n + new
+        return cache["k"][:, :, : n + new], cache["v"][:, :, : n + new]
+
     def forward(self, x, memory=None, mask=None, causal=False, cache=None):
         if memory is None:  # self-attention: q, k, v all from x
             q, k, v = map(self._heads, self.in_proj(x).chunk(3, dim=-1))
             if cache is not None:
-                if "k" in cache:
-                    k, v = torch.cat([cache["k"], k], 2), torch.cat([cache["v"], v], 2)
-                cache["k"], cache["v"] = k, v
+                k, v = self._append(cache, k, v)
         else:  # cross-attention: keys/values of the memory never change while decoding
             w_q, w_kv = self.in_proj.weight.split([self.d, 2 * self.d])
             b_q, b_kv = self.in_proj.bias.split([self.d, 2 * self.d])
@@ -317,8 +332,9 @@ class Transformer(nn.Module):
         """
         for layer in cache:
             part = layer["self"]
-            for key in part:
-                part[key] = part[key].index_select(0, index)
+            for key in ("k", "v"):
+                if key in part:
+                    part[key] = part[key].index_select(0, index)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor | None = None) -> torch.Tensor:
         memory, mask = self.encode(src)
