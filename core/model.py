@@ -75,7 +75,7 @@ class Dropout(nn.Module):
     """``nn.Dropout`` with a cheaper random mask on CPU.
 
     PyTorch's CPU dropout draws every Bernoulli sample from one single-threaded generator; that was a
-    fifth of a training step. Here each 64-bit draw yields four 16-bit uniform numbers, so ``p`` is
+    quarter of a bf16 training step. Here each 64-bit draw yields four 16-bit uniforms, so ``p`` is
     rounded to a multiple of 1/65536 and the kept values are scaled by that rounded rate (the
     expectation stays exact). Other devices keep PyTorch's fused kernel.
     """
