@@ -172,7 +172,7 @@ def decoding_speed(val_src, n_baseline: int, n_taskformer: int, rounds: int, pre
     cfg = decoding.DecodeConfig()
     order = sorted(range(n_taskformer), key=lambda i: len(sources[i]))
     batches = [pad([sources[j] for j in order[i : i + cfg.batch_size]]) for i in range(0, n_taskformer, cfg.batch_size)]
-    workers = min(decoding.decode_workers(cfg.workers, CPU), len(batches))
+    workers = decoding.decode_workers(cfg.workers, CPU, len(batches))
 
     def ours(search, bf16, workers=workers):
         def one(chunk):

@@ -171,11 +171,12 @@ def parallel_map(fn: Callable[[Item], Result], items: Iterable[Item], workers: i
         torch.set_num_threads(threads)  # the workers' setting leaks into the process-wide pool
 
 
-def decode_workers(workers: int, device: torch.device) -> int:
-    """Batches decoded at once: ``workers`` if set, else one per intra-op thread on CPU and one on GPUs."""
-    if workers:
-        return workers
-    return torch.get_num_threads() if device.type == "cpu" else 1
+def decode_workers(workers: int, device: torch.device, batches: int) -> int:
+    """Batches decoded at once: ``workers`` if set, else one per intra-op thread on CPU and one on
+    GPUs; never more than there are ``batches``."""
+    if not workers:
+        workers = torch.get_num_threads() if device.type == "cpu" else 1
+    return min(workers, batches)
 
 
 @dataclass

@@ -148,7 +148,8 @@ class MultiHeadAttention(nn.Module):
         if "k" not in cache or n + new > cache["k"].size(2):
             for name, x in (("k", k), ("v", v)):
                 grown = x.new_empty(x.size(0), x.size(1), max(2 * (n + new), 16), x.size(3))
-                grown[:, :, :n] = cache[name][:, :, :n] if n else 0
+                if n:
+                    grown[:, :, :n] = cache[name][:, :, :n]
                 cache[name] = grown
         cache["k"][:, :, n : n + new], cache["v"][:, :, n : n + new] = k, v
         cache["length"] = n + new

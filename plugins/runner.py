@@ -96,8 +96,8 @@ def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, c
     src, cut = encode_sources(tokenizer, [texts[i] for i in todo], model.cfg.max_len,
                               classify=model.cfg.variant == "encoder-only")
     order = sorted(range(len(todo)), key=lambda j: len(src[j]))
-    size, device = cfg["decode"]["batch_size"], next(model.parameters()).device
-    chunks = [order[start : start + size] for start in range(0, len(order), size)]
+    dc, device = C.decode_config(cfg), next(model.parameters()).device
+    chunks = [order[start : start + dc.batch_size] for start in range(0, len(order), dc.batch_size)]
 
     def run(chunk: list[int]) -> list[str]:
         batch = pad([src[j] for j in chunk]).to(device)
@@ -108,9 +108,9 @@ def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, c
             raise PluginError(f"plugin {task.plugin!r}: taskformer_decode must return one string per source row")
         return outs
 
-    workers = decoding.decode_workers(C.decode_config(cfg).workers, device)
+    workers = decoding.decode_workers(dc.workers, device, len(chunks))
     with progress.stage(name, len(order)) as advance:
-        for chunk, outs in zip(chunks, decoding.parallel_map(run, chunks, min(workers, len(chunks)))):
+        for chunk, outs in zip(chunks, decoding.parallel_map(run, chunks, workers)):
             for j, out in zip(chunk, outs):
                 outputs[todo[j]] = out
             advance(len(chunk))
