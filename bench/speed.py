@@ -5,7 +5,7 @@ so machine noise hits both alike; the table reports absolute figures and taskfor
 ratios. The baseline is imported from ``../shared/bench/reference_transformer.py`` (not copied).
 
     python bench/speed.py                 # full run (several minutes on 2 cores)
-    python bench/speed.py --quick         # reduced, bf16 only, under a minute
+    python bench/speed.py --quick         # reduced, the auto precision only, about a minute
     python bench/speed.py --json out.json # also write the figures as JSON
 
 Workloads (model shape for all: vocab 8000, d_model 256, 3+3 layers, 8 heads, FFN 1024):
@@ -17,12 +17,18 @@ Workloads (model shape for all: vocab 8000, d_model 256, 3+3 layers, 8 heads, FF
    KV cache, in length-sorted batches of 128, one batch per thread at a time as the CLI decodes);
 4. peak resident memory of each (measured in a child process per implementation) and model FLOP
    utilisation against this machine's matmul peak, measured in the same run.
+
+taskformer runs in fp32 always and in bf16 only where bf16 is native (``core.precision``); the
+table's title names the CPU, its kernel capability and the bf16 decision, and the ratios are given
+for fp32 alone as well as for the best precision. To see the slow path of an AVX2-only CPU on a
+faster one: ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2``.
 """
 from __future__ import annotations
 
 import argparse
 import datetime as dt
 import json
+import os
 import platform
 import random
 import statistics
@@ -40,7 +46,7 @@ SHARED = ROOT.parent / "shared"
 sys.path.insert(0, str(SHARED / "bench"))
 import reference_transformer as ref  # noqa: E402
 
-from taskformer.core import decoding  # noqa: E402
+from taskformer.core import decoding, precision  # noqa: E402
 from taskformer.core.data import encode_sources, pad, read_parallel, token_batches  # noqa: E402
 from taskformer.core.engine import TrainConfig, Trainer, autocast  # noqa: E402
 from taskformer.core.model import BOS, EOS, PAD, ModelConfig, Transformer  # noqa: E402
@@ -190,7 +196,8 @@ def decoding_speed(val_src, n_baseline: int, n_taskformer: int, rounds: int, pre
     contenders = {"baseline greedy (bs 1, no cache)": baseline}
     for search in ("greedy", "beam5"):
         contenders |= {f"taskformer {search} {p}": ours(search, p == "bf16") for p in precisions}
-    contenders["taskformer greedy bf16, 1 worker"] = ours("greedy", True, workers=1)
+    fastest = precisions[-1]
+    contenders[f"taskformer greedy {fastest}, 1 worker"] = ours("greedy", fastest == "bf16", workers=1)
 
     def work(name, fn):
         t = time.perf_counter()
@@ -245,7 +252,7 @@ def peak_memory(steps: int, precisions: tuple[str, ...]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="reduced workloads, bf16 only, under a minute")
+    ap.add_argument("--quick", action="store_true", help="reduced workloads, the auto precision only")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument("--max-tokens", type=int, default=4096, help="taskformer batch size in tokens (real data)")
     args = ap.parse_args()
@@ -256,7 +263,12 @@ def main() -> None:
     def stage(name):
         print(f"[{time.perf_counter() - started:6.1f} s] {name}", file=sys.stderr, flush=True)
 
-    precisions = ("bf16",) if quick else ("fp32", "bf16")
+    native, why = precision.bf16_native("cpu")
+    precisions = ("fp32", "bf16") if native else ("fp32",)
+    if quick:
+        precisions = precisions[-1:]
+    if not native:
+        stage(f"bf16 rows skipped: bf16 is not native here ({why})")
     stage("matmul peak and FLOP count")
     peak = matmul_peak(1 if quick else 3)
     flops = step_flops()
@@ -276,11 +288,19 @@ def main() -> None:
     def best(d, prefix):
         return max((v, k) for k, v in d.items() if k.startswith(prefix))
 
+    def fp32(d, prefix):
+        return next((v for k, v in d.items() if k.startswith(prefix) and k.endswith("fp32")), float("nan"))
+
     workers = dec.pop("workers")
     base_greedy = dec["baseline greedy (bs 1, no cache)"]
     result = {
         "date": dt.date.today().isoformat(),
         "cpu": platform.processor() or platform.machine(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "bf16_native": native,
+        "bf16_decision": why,
+        "forced_isa": {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
+                                                  "MKL_ENABLE_INSTRUCTIONS") if k in os.environ},
         "threads": torch.get_num_threads(),
         "decode_workers": workers,
         "torch": torch.__version__,
@@ -297,6 +317,10 @@ def main() -> None:
         "train_real_ratio": best(real, "taskformer")[0] / real["baseline"],
         "greedy_ratio": best(dec, "taskformer greedy")[0] / base_greedy,
         "beam5_vs_baseline_greedy_ratio": best(dec, "taskformer beam5")[0] / base_greedy,
+        "fp32_ratios": {"train_synthetic": fp32(synth, "taskformer") / synth["baseline"],
+                        "train_real": fp32(real, "taskformer") / real["baseline"],
+                        "greedy": fp32(dec, "taskformer greedy") / base_greedy,
+                        "beam5_vs_baseline_greedy": fp32(dec, "taskformer beam5") / base_greedy},
         "seconds": time.perf_counter() - started,
     }
     try:
@@ -312,8 +336,10 @@ def print_table(r: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"taskformer vs baseline — {r['cpu']}, {r['threads']} threads "
-                    f"({r['decode_workers']} decoding workers), torch {r['torch']}, {r['date']}")
+    forced = " ".join(f"{k}={v}" for k, v in r["forced_isa"].items())
+    t = Table(title=f"taskformer vs baseline — {r['cpu']} ({r['cpu_capability']}{', ' + forced if forced else ''}; "
+                    f"bf16 {'native' if r['bf16_native'] else 'not native'}: {r['bf16_decision']}), {r['threads']} "
+                    f"threads ({r['decode_workers']} decoding workers), torch {r['torch']}, {r['date']}")
     for col in ("workload", "implementation", "figure", "vs baseline"):
         t.add_column(col)
     for label, key, unit in (("train synthetic", "train_synthetic_tokens_per_s", "tgt tok/s"),
@@ -333,6 +359,9 @@ def print_table(r: dict) -> None:
     print(f"ratios: train_synthetic {r['train_synthetic_ratio']:.2f}x, train_real {r['train_real_ratio']:.2f}x, "
           f"greedy {r['greedy_ratio']:.1f}x, beam5 vs baseline greedy {r['beam5_vs_baseline_greedy_ratio']:.1f}x "
           f"({r['seconds']:.0f} s)")
+    f = r["fp32_ratios"]
+    print(f"fp32 alone: train_synthetic {f['train_synthetic']:.2f}x, train_real {f['train_real']:.2f}x, "
+          f"greedy {f['greedy']:.1f}x, beam5 vs baseline greedy {f['beam5_vs_baseline_greedy']:.1f}x")
 
 
 if __name__ == "__main__":

@@ -58,6 +58,8 @@ def _coerce(value, default, key: str):
             raise TaskformerError(f"config: {key} expects {kind.__name__}, got {value!r}") from None
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if kind is str and isinstance(value, bool):  # train.bf16 = true in a TOML/JSON file; its validate() checks it
+        return str(value).lower()
     if default is not None and not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise TaskformerError(f"config: {key} expects {kind.__name__}, got {value!r}")
     return value

@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 
 from . import checkpoint as ckpt
+from . import precision
 from .data import Encoded, collate, token_batches
 from .errors import TaskformerError
 from .model import PAD, Section, Transformer
@@ -33,10 +34,11 @@ class TrainConfig(Section):
     max_tokens: int = 4096  # padded tokens per batch (source or target, whichever is longer)
     lr: float = 1e-3
     warmup: int = 400
+    schedule: str = "inverse_sqrt"  # after warm-up: the paper's 1/sqrt(step) decay, or "linear" to zero at the last step
     label_smoothing: float = 0.1
     clip: float = 1.0
     weight_decay: float = 0.0
-    bf16: bool = False
+    bf16: str = "auto"  # auto: bf16 where the hardware runs it natively (core.precision), else fp32; or true/false
     seed: int = 0
     patience: int = 0  # stop after this many evaluations without improvement; 0: never
     eval_every: int = 0  # steps between evaluations; 0: once per epoch
@@ -54,20 +56,36 @@ class TrainConfig(Section):
                 raise ValueError(f"train.{name} must not be negative, got {getattr(self, name)}")
         if not self.lr > 0:
             raise ValueError(f"train.lr must be positive, got {self.lr}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"train.schedule must be {' or '.join(SCHEDULES)}, not {self.schedule!r}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        precision.normalize(self.bf16)
 
 
-def warmup_factor(step: int, warmup: int) -> float:
-    """Linear warm-up to 1, then decay with the inverse square root of the step (paper, eq. 3)."""
+SCHEDULES = ("inverse_sqrt", "linear")
+
+
+def lr_factor(step: int, warmup: int, schedule: str = "inverse_sqrt", total: int = 0) -> float:
+    """The learning rate of update ``step`` (from 1) as a fraction of ``train.lr``.
+
+    Linear warm-up to 1, then either the paper's decay with the inverse square root of the step
+    (eq. 3), which suits open-ended training, or a linear decay that reaches zero after update
+    ``total``: with a known number of updates it lets a short run settle instead of ending at a
+    still-high rate.
+    """
     step = max(step, 1)
-    if warmup == 0:
-        return 1.0
-    return min(step / warmup, math.sqrt(warmup / step))
+    if step < warmup:
+        return step / warmup
+    if schedule == "linear" and total > warmup:
+        return max(total - step + 1, 0) / (total - warmup + 1)
+    return math.sqrt(warmup / step) if warmup else 1.0
 
 
-def autocast(enabled: bool, device: torch.device):
-    return torch.autocast(device.type, dtype=torch.bfloat16) if enabled else nullcontext()
+def autocast(bf16, device: torch.device):
+    """bf16 autocast where the ``train.bf16`` setting (auto, true or false) resolves to bf16 on ``device``."""
+    use, _ = precision.choose(bf16, device)
+    return torch.autocast(device.type, dtype=torch.bfloat16) if use else nullcontext()
 
 
 def target_count(tgt: torch.Tensor) -> int:
@@ -176,7 +194,9 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9, fused=True)  # fused: one kernel per step, CPU and GPU
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: warmup_factor(s + 1, cfg.warmup))
+        self.total_steps = cfg.max_steps  # the planned number of updates, known once fit() sees the data
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_factor(s + 1, cfg.warmup, cfg.schedule, self.total_steps))
         self.state = {"step": 0, "epoch": 0, "batch": 0, "best": None, "best_step": 0, "stale": 0,
                       "elapsed": 0.0, "tokens": 0, "stopped": "", "evaluated_at": -1}
         self.stop_reason = ""  # set from outside (signal handler) to stop after the current step
@@ -297,6 +317,8 @@ class Trainer:
         started = time.monotonic() - st["elapsed"]
         self.net.train()
         lengths = self.train_data.lengths()
+        planned = cfg.epochs * len(self.epoch_updates(lengths))  # every epoch has as many updates
+        self.total_steps = min(planned, cfg.max_steps) if cfg.max_steps else planned
         last_log, tokens_since = time.monotonic(), 0
         try:
             while st["epoch"] < cfg.epochs:

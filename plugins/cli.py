@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import sys
+import warnings
 from pathlib import Path
 
 import click
@@ -46,6 +47,12 @@ class CLI(click.Group):
 @click.version_option(package_name="taskformer")
 def main(debug: bool) -> None:
     """Train, evaluate and run Transformer models for a task by name."""
+    warnings.showwarning = _one_line_warning
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Library warnings (e.g. an emulated bf16) reach the user as one stderr line, without source lines."""
+    click.echo(f"warning: {message}", err=True)
 
 
 @main.command("tasks")

@@ -59,6 +59,10 @@ def _worker(rank: int, world: int, port: int, job, kwargs: dict) -> None:
 
 def launch(nproc: int, job, **kwargs) -> None:
     """Run ``job(shard=(rank, nproc), **kwargs)`` in ``nproc`` processes; the first failure ends them all."""
+    gpus = torch.cuda.device_count()
+    if gpus and nproc > gpus:  # NCCL refuses two ranks on one device
+        raise TaskformerError(f"--nproc {nproc} needs {nproc} GPUs, but {gpus} visible; use --nproc {gpus}, or "
+                              "CUDA_VISIBLE_DEVICES= to train on the CPU")
     torch.set_num_threads(max(1, torch.get_num_threads() // nproc))  # inherited by the spawned ranks
     try:
         mp.start_processes(_worker, args=(nproc, _free_port(), job, kwargs), nprocs=nproc, join=True,

@@ -52,7 +52,8 @@ def taskformer_report_sections(run):
             *((f"{s} examples", n) for s, n in info.get("data", {}).items()),
             *((f"{s} inputs truncated", n) for s, n in info.get("truncated", {}).items() if n),
             *info.get("notes", {}).items(),
-            ("device", info.get("device")), ("training time", f"{info.get('train_seconds', 0):,.1f} s"),
+            ("device", info.get("device")), ("precision", info.get("precision")),
+            ("training time", f"{info.get('train_seconds', 0):,.1f} s"),
             ("wall time (all)", f"{info.get('wall_seconds', 0):,.1f} s"), ("steps", info.get("steps")),
             ("epochs", info.get("epochs")), ("throughput", f"{info.get('tokens_per_s', 0):,} target tokens/s"),
             ("best step", info.get("best_step")), ("stopped", info.get("stopped"))]

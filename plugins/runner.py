@@ -20,6 +20,7 @@ from tokenizers import Tokenizer
 from ..core import checkpoint as ckpt
 from ..core import config as C
 from ..core import decoding
+from ..core import precision
 from ..core import progress
 from ..core.data import TaskData, encode, encode_sources, pad
 from ..core.engine import Trainer, autocast, evaluate_loss
@@ -242,9 +243,11 @@ def _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, r
     for split in ("val", "test"):
         run.metrics[split], run.outputs[split] = evaluate_split(run, data.splits[split], name=f"decoding {split}")
         run.samples[split] = spread(run.outputs[split])
+    bf16, why = precision.choose(cfg["train"]["bf16"], device)
     run.info = {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "device": str(device),
+        "precision": f"{'bf16' if bf16 else 'fp32'} ({why})",
         "parameters": model.num_parameters(),
         "data": {s: len(data.splits[s]) for s in SPLITS},
         "vocab_size": data.tokenizer.get_vocab_size(),
@@ -287,6 +290,8 @@ def load(run_dir: str | Path) -> Run:
         raise TaskformerError(f"{run_dir / 'config.json'}: not a taskformer run config")
     task = plugins().task(saved["task"])
     cfg = saved["config"]
+    if str(cfg.get("train", {}).get("bf16")).lower() == "true":
+        cfg["train"]["bf16"] = "auto"  # a forced bf16 was for training there; decoding here follows this hardware
     if cfg.get("model", {}).get("variant") != task.variant:
         raise TaskformerError(f"{run_dir}: config is for a {cfg.get('model', {}).get('variant')} model, "
                               f"but task {task.name!r} is {task.variant}")

@@ -18,9 +18,13 @@ TASK = Task(
     variant="encoder-decoder",
     metric="exact_match",
     defaults={
-        "model": {"d_model": 128, "n_heads": 4, "enc_layers": 2, "dec_layers": 2, "d_ff": 256,
+        # Sized to reach 100% in well under a minute on any 2-core CPU (AVX2 included, in fp32): a
+        # narrow model, and a linear decay that lets the 400 updates settle (the 1/sqrt(step) decay
+        # left the rate high enough for val exact match to swing between 97% and 100%).
+        "model": {"d_model": 64, "n_heads": 4, "enc_layers": 2, "dec_layers": 2, "d_ff": 256,
                   "dropout": 0.0, "max_len": 64},
-        "train": {"epochs": 4, "max_tokens": 1200, "lr": 5e-4, "warmup": 150, "label_smoothing": 0.0},
+        "train": {"epochs": 2, "max_tokens": 1200, "lr": 1e-3, "warmup": 100, "schedule": "linear",
+                  "label_smoothing": 0.0},
         "decode": {"strategy": "greedy", "max_len_a": 1.0, "max_len_b": 2},
         # vocab counts padding like the classic setup: symbols are 1 .. vocab-1
         "data": {"vocab": 11, "length": 10, "train_size": 20000, "val_size": 500, "test_size": 1000},

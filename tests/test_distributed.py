@@ -3,6 +3,7 @@ from safetensors.torch import load_file
 
 from conftest import run_cli
 
+CPU = {"CUDA_VISIBLE_DEVICES": ""}  # these are CPU (gloo) tests, also on a machine with one GPU
 COMMON = ["--set", "data.train_size=2000", "--set", "train.max_steps=6", "--set", "train.warmup=0",
           "--set", "train.lr=1e-3", "--quiet"]
 
@@ -13,10 +14,10 @@ def last_weights(run_dir):
 
 def test_two_processes_match_one_process_over_the_same_global_batches(tmp_path):
     two, one = tmp_path / "two", tmp_path / "one"
-    ddp = run_cli("run", "copy", "--nproc", "2", "--out", str(two), *COMMON)
+    ddp = run_cli("run", "copy", "--nproc", "2", "--out", str(two), *COMMON, env=CPU)
     assert ddp.returncode == 0, ddp.stderr
     # One process summing the gradients of the same two batches per update (gradient accumulation).
-    single = run_cli("run", "copy", "--set", "train.accumulate=2", "--out", str(one), *COMMON)
+    single = run_cli("run", "copy", "--set", "train.accumulate=2", "--out", str(one), *COMMON, env=CPU)
     assert single.returncode == 0, single.stderr
     a, b = last_weights(two), last_weights(one)
     assert a.keys() == b.keys()
@@ -24,13 +25,13 @@ def test_two_processes_match_one_process_over_the_same_global_batches(tmp_path):
     assert (two / "result.json").is_file()
     # The comparison has teeth: one process stepping on single batches ends elsewhere.
     other = tmp_path / "other"
-    assert run_cli("run", "copy", "--out", str(other), *COMMON).returncode == 0
+    assert run_cli("run", "copy", "--out", str(other), *COMMON, env=CPU).returncode == 0
     c = last_weights(other)
     assert max(float((a[k] - c[k]).abs().max()) for k in a) > 1e-3
 
 
 def test_a_failing_rank_ends_the_run_with_a_message(tmp_path):
     result = run_cli("run", "copy", "--nproc", "2", "--out", str(tmp_path / "r"), "--set", "train.lr=1e30",
-                     "--set", "train.warmup=0", "--set", "train.clip=0", "--quiet", timeout=300)
+                     "--set", "train.warmup=0", "--set", "train.clip=0", "--quiet", timeout=300, env=CPU)
     assert result.returncode == 2
     assert "training loss became" in result.stderr and "Traceback" not in result.stderr
