@@ -168,15 +168,23 @@ class MultiHeadAttention(nn.Module):
                 k, v = cache["k"], cache["v"]
             else:
                 k, v = map(self._heads, F.linear(memory, w_kv, b_kv).chunk(2, dim=-1))
-                if cache is not None:
-                    cache["k"], cache["v"] = k, v
+                if cache is not None:  # contiguous once, so that every later step reads them without a copy
+                    k, v = cache["k"], cache["v"] = k.contiguous(), v.contiguous()
         if self.keep_weights:  # slow path, only for plotting attention
             scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
             if mask is not None:
                 scores = scores.masked_fill(~mask, float("-inf"))
             self.weights = scores.softmax(-1).mean(1).detach()
         dropout = self.dropout if self.training else 0.0
-        if q.device.type == "cpu" and q.dtype != torch.float32 and torch.is_grad_enabled():
+        if q.size(-2) == 1 and dropout == 0.0 and q.device.type == "cpu":
+            # One query per row, as in every cached decoding step: two small batched matmuls beat the
+            # fused kernel's set-up on CPU (1.8x in fp32, 3.9x in bf16 for 128 x 8 heads x 24 keys).
+            # The softmax runs in fp32, as inside the fused kernel.
+            scores = (q @ k.transpose(-2, -1)) * q.size(-1) ** -0.5
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            out = scores.float().softmax(-1).to(v.dtype) @ v
+        elif q.device.type == "cpu" and q.dtype != torch.float32 and torch.is_grad_enabled():
             # Under bf16 autocast the CPU attention kernel's backward is ~10x slower than in fp32;
             # the projections around it keep their bf16 speed. Inference has no backward: it stays bf16.
             with torch.autocast("cpu", enabled=False):
