@@ -96,6 +96,13 @@ def small_run(tmp_path_factory):
     return out
 
 
+def widen_model(config_json):
+    """The run's config now asks for a wider model than the saved weights hold."""
+    saved = json.loads(config_json.read_text())
+    saved["config"]["model"]["d_model"] *= 2
+    config_json.write_text(json.dumps(saved))
+
+
 def damaged_copy(src, dst, edit):
     shutil.copytree(src, dst)
     edit(dst)
@@ -106,8 +113,7 @@ def damaged_copy(src, dst, edit):
     (lambda d: (d / "evil.pkl").write_bytes(b"cos\nsystem\n(S'echo pwned'\ntR."), "pickle"),
     (lambda d: (d / "model.safetensors").write_bytes(b"\x00" * 64), "corrupt"),
     (lambda d: (d / "config.json").write_text("{not json"), "not valid JSON"),
-    (lambda d: (d / "config.json").write_text(
-        (d / "config.json").read_text().replace('"d_model": 128', '"d_model": 64')), "do not match"),
+    (lambda d: widen_model(d / "config.json"), "do not match"),
     (lambda d: (d / "config.json").write_text(
         (d / "config.json").read_text().replace('"task": "copy"', '"task": "agnews"')), "encoder"),
 ])
