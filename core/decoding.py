@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, TypeVar
+from typing import Callable, Iterable, Iterator, NamedTuple, TypeVar
 
 import torch
 
@@ -54,21 +54,33 @@ def argmax(x: torch.Tensor, block: int = 64) -> torch.Tensor:
     return top * block + blocks[torch.arange(n, device=x.device), top].argmax(-1)
 
 
-def _encode(model: Transformer, src: torch.Tensor):
-    """Encoder memory and its key mask; ``None`` when no row is padded (length-sorted batches often
-    are not), which lets cross-attention take its faster unmasked path."""
-    memory, mask = model.encode(src)
-    return memory, None if bool(mask.all()) else mask
+class Memory(NamedTuple):
+    """The encoded source: states (B, S, D), the key mask (B, 1, 1, S) that the head receives, and the
+    mask cross-attention uses: ``None`` when no row is padded (length-sorted batches often are not),
+    which lets it take its faster unmasked path."""
+
+    states: torch.Tensor
+    mask: torch.Tensor
+    cross_mask: torch.Tensor | None
+
+    @classmethod
+    def of(cls, model: Transformer, src: torch.Tensor) -> Memory:
+        states, mask = model.encode(src)
+        return cls(states, mask, None if bool(mask.all()) else mask)
+
+    def rows(self, index: torch.Tensor) -> Memory:
+        """The memory of rows ``index`` (beam search repeats each sentence's)."""
+        return Memory(self.states[index], self.mask[index], None if self.cross_mask is None else self.cross_mask[index])
 
 
-def _next_logprobs(model, ys, memory, mask, cache, step, limit, ignore_eos, constraint, normalize=True):
+def _next_logprobs(model, ys, memory: Memory, cache, step, limit, ignore_eos, constraint, normalize=True):
     """Log-probabilities of the next token for every row, with the length budget and constraint applied.
 
     ``normalize=False`` returns raw logits instead: plain greedy search only needs their argmax.
     """
     tokens = ys[:, -1:] if cache is not None else ys
-    h = model.decode(tokens, memory, mask, cache=cache, start=step if cache is not None else 0)
-    logp = model.head(h[:, -1]).float()
+    h = model.decode(tokens, memory.states, memory.cross_mask, cache=cache, start=step if cache is not None else 0)
+    logp = model.head(h[:, -1:], memory.mask)[:, -1].float()  # the head contract: head(hidden, src_mask)
     if normalize:
         logp = torch.log_softmax(logp, dim=-1)
     if ignore_eos:
@@ -87,12 +99,12 @@ def greedy(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, constra
 
     ``ignore_eos`` keeps every sentence running to its full budget (equal work for benchmarks).
     """
-    memory, mask = _encode(model, src)
+    memory = Memory.of(model, src)
     ys = torch.full((src.size(0), 1), BOS, dtype=torch.long, device=src.device)
     done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
     cache = model.new_cache() if use_cache else None
     for step in range(int(max_len.max())):
-        logp = _next_logprobs(model, ys, memory, mask, cache, step, max_len, ignore_eos, constraint,
+        logp = _next_logprobs(model, ys, memory, cache, step, max_len, ignore_eos, constraint,
                               normalize=constraint is not None)
         nxt = argmax(logp).masked_fill(done, PAD)
         ys = torch.cat([ys, nxt.unsqueeze(1)], 1)
@@ -114,17 +126,15 @@ def beam_search(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, be
     search prefers short outputs, since every extra token lowers a log-probability sum.
     """
     B, K = src.size(0), beam
-    memory, mask = _encode(model, src)
     rows = torch.arange(B, device=src.device).repeat_interleave(K)
-    memory, limit = memory[rows], max_len[rows]
-    mask = None if mask is None else mask[rows]
+    memory, limit = Memory.of(model, src).rows(rows), max_len[rows]
     ys = torch.full((B * K, 1), BOS, dtype=torch.long, device=src.device)
     scores = torch.zeros(B, K, device=src.device)
     scores[:, 1:] = float("-inf")  # all beams start identical: expand only the first one
     done = torch.zeros(B * K, dtype=torch.bool, device=src.device)
     cache = model.new_cache()
     for step in range(int(max_len.max())):
-        logp = _next_logprobs(model, ys, memory, mask, cache, step, limit, ignore_eos, constraint)
+        logp = _next_logprobs(model, ys, memory, cache, step, limit, ignore_eos, constraint)
         if done.any():  # finished hypotheses may only grow by PAD, at no cost
             logp[done] = float("-inf")
             logp[done, PAD] = 0.0
@@ -146,10 +156,40 @@ def beam_search(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, be
     return [_strip(r) for r in ys[pick].tolist()]
 
 
+def search(model: Transformer, src: torch.Tensor, config: DecodeConfig, constraint: Constraint | None = None,
+           max_len: torch.Tensor | None = None, ignore_eos: bool = False) -> list[list[int]]:
+    """Beam or greedy search, as ``config`` says: the entry point for tasks and the default decoder.
+
+    ``max_len`` (B,) bounds each output (without BOS); by default it is ``config.max_len_a *
+    source length + config.max_len_b``, capped by the model's positions. Returns token ids per row.
+    """
+    if max_len is None:
+        max_len = max_lengths(src, config.max_len_a, config.max_len_b, model.cfg.max_len)
+    if config.strategy == "beam" and config.beam > 1:
+        return beam_search(model, src, max_len, config.beam, config.length_penalty, constraint, ignore_eos)
+    return greedy(model, src, max_len, constraint, ignore_eos=ignore_eos)
+
+
 @torch.no_grad()
 def classify(model: Transformer, src: torch.Tensor) -> torch.Tensor:
     """Class probabilities (B, C) of an encoder-only model."""
     return torch.softmax(model(src).float(), dim=-1)
+
+
+class Label(NamedTuple):
+    """A classifier's prediction; ``str()`` gives the line ``predict`` prints: ``LABEL<TAB>PROBABILITY``."""
+
+    label: str
+    probability: float
+
+    def __str__(self) -> str:
+        return f"{self.label}\t{self.probability:.4f}"
+
+
+def best_labels(model: Transformer, src: torch.Tensor, labels: list[str]) -> list[Label]:
+    """The most probable class of each row, with its probability."""
+    prob, index = classify(model, src).max(-1)
+    return [Label(labels[i], p) for p, i in zip(prob.tolist(), index.tolist())]
 
 
 def parallel_map(fn: Callable[[Item], Result], items: Iterable[Item], workers: int) -> Iterator[Result]:

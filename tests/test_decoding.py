@@ -2,6 +2,7 @@
 import torch
 
 from taskformer.core import decoding
+from taskformer.core.decoding import DecodeConfig
 from taskformer.core.model import BOS, EOS, ModelConfig, Transformer
 
 
@@ -87,7 +88,7 @@ def textbook_beam(model, src_row, beam, limit, length_penalty=1.0):
                 cands.append((toks, score))
                 continue
             h = model.decode(torch.tensor([toks]), memory, mask)
-            logp = torch.log_softmax(model.head(h[:, -1]).float(), -1)[0].tolist()
+            logp = torch.log_softmax(model.head(h, mask)[:, -1].float(), -1)[0].tolist()
             cands += [(toks + [t], score + lp) for t, lp in enumerate(logp)]
         hyps = sorted(cands, key=lambda c: -c[1])[:beam]
     best = max(hyps, key=lambda c: c[1] / ((5 + len(c[0]) - 1) / 6) ** length_penalty)[0]
@@ -141,3 +142,36 @@ def test_parallel_map_keeps_order_restores_threads_and_passes_errors_on():
     else:
         raise AssertionError("the worker's error was lost")
     assert torch.get_num_threads() == threads
+
+
+def test_search_follows_the_decode_config():
+    model, src = model_and_src(1)
+    limit = decoding.max_lengths(src, 1.2, 10, model.cfg.max_len)
+    assert decoding.search(model, src, DecodeConfig(strategy="greedy")) == decoding.greedy(model, src, limit)
+    beam = DecodeConfig(strategy="beam", beam=3, length_penalty=0.5)
+    assert decoding.search(model, src, beam) == decoding.beam_search(model, src, limit, beam=3, length_penalty=0.5)
+    budget = torch.tensor([2, 3, 4, 5, 6, 7])
+    assert [len(x) for x in decoding.search(model, src, beam, max_len=budget, ignore_eos=True)] == budget.tolist()
+
+
+class Recording(torch.nn.Module):
+    """A head that checks the contract ``head(hidden, src_mask)`` on every call, then projects."""
+
+    def __init__(self, head, src, rows_per_source):
+        super().__init__()
+        self.head, self.calls = head, 0
+        self.mask = (src != 0).repeat_interleave(rows_per_source, 0).view(-1, 1, 1, src.size(1))
+
+    def forward(self, hidden, src_mask):
+        assert hidden.dim() == 3 and torch.equal(src_mask, self.mask)
+        self.calls += 1
+        return self.head(hidden, src_mask)
+
+
+def test_search_calls_the_head_with_hidden_states_and_the_source_mask():
+    for strategy, beam in (("greedy", 1), ("beam", 3)):
+        model, src = model_and_src(0)
+        plain = decoding.search(model, src, DecodeConfig(strategy=strategy, beam=beam))
+        model.head = Recording(model.head, src, beam)
+        assert decoding.search(model, src, DecodeConfig(strategy=strategy, beam=beam)) == plain
+        assert model.head.calls > 1
