@@ -1,9 +1,11 @@
-"""The run configuration: one nested dict with sections ``model``, ``train``, ``decode`` and ``data``.
+"""The run configuration: sections ``model``, ``train``, ``decode`` and ``data``, each a dataclass.
 
-Layers, later ones winning: the core's dataclass defaults, the task's declared defaults, a
-``--config`` file (TOML or JSON), then ``--set section.key=value`` overrides. Every key is checked
-against what exists (with a did-you-mean hint) and every value against the type of its default,
-so a typo fails before any work starts instead of being silently ignored.
+Layers, later ones winning: the dataclasses' defaults, the task's declared defaults, a ``--config``
+file (TOML or JSON), then ``--set section.key=value`` overrides. The layers are merged as nested
+dicts, and :func:`merge` is the one place that checks them: every key against what exists (with a
+did-you-mean hint), every value against the type of its default. :func:`build` then turns the
+result into a :class:`RunConfig` of dataclasses, once per run, and each section's ``validate()``
+refuses values that are wrong whatever their type -- so a typo fails before any work starts.
 """
 from __future__ import annotations
 
@@ -11,34 +13,77 @@ import copy
 import difflib
 import json
 import tomllib
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from pathlib import Path
+from typing import Any
 
 from .decoding import DecodeConfig
 from .engine import TrainConfig
 from .errors import TaskformerError
-from .model import ModelConfig
-
-SECTIONS = {"model": ModelConfig, "train": TrainConfig, "decode": DecodeConfig}
+from .model import ModelConfig, Section
 
 
-OPEN_SECTIONS = ("data", "decode")  # a task may declare keys of its own here (e.g. a constrained search switch)
+@dataclass
+class NoOptions(Section):
+    """The ``data`` section of a task that declares no options."""
 
 
-def base_config(task_defaults: dict, variant: str) -> dict:
-    """Core defaults overlaid with a task's declared defaults.
+@dataclass
+class RunConfig:
+    """A run's configuration: what the hooks receive as ``config``.
 
-    The task's ``data`` section defines the data keys; its ``decode`` section may add keys for its
-    own decoder. Everything else must already exist in the core's dataclasses.
+    ``data`` is an instance of the task's ``data_options``. ``config["train"]["seed"]`` reads
+    like ``config.train.seed``, for plugins written when the configuration was a nested dict.
     """
-    cfg = {name: asdict(cls()) for name, cls in SECTIONS.items()}
-    cfg["model"]["variant"] = variant
-    cfg["data"] = {}
-    for section in OPEN_SECTIONS:
-        extra = {k: v for k, v in task_defaults.get(section, {}).items() if k not in cfg[section]}
-        cfg[section].update(copy.deepcopy(extra))
-    merge(cfg, task_defaults, "task defaults")
-    return cfg
+
+    model: ModelConfig
+    train: TrainConfig
+    decode: DecodeConfig
+    data: Any = field(default_factory=NoOptions)
+
+    def __getitem__(self, section: str):
+        return getattr(self, section)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def declared(base: type, defaults: dict) -> type:
+    """Options declared the older way, as a dict of defaults: a dataclass extending ``base`` with them."""
+    known = {f.name for f in fields(base)}
+    extra = [(k, type(v), field(default_factory=lambda v=v: copy.deepcopy(v))) for k, v in defaults.items()
+             if k not in known]
+    return make_dataclass(f"Declared{base.__name__}", extra, bases=(base,)) if extra else base
+
+
+def section_types(task) -> dict[str, type]:
+    """The dataclass of every section for ``task`` (a :class:`taskformer.Task`)."""
+    return {"model": ModelConfig, "train": TrainConfig,
+            "decode": task.decode_options or declared(DecodeConfig, task.defaults.get("decode", {})),
+            "data": task.data_options or declared(NoOptions, task.defaults.get("data", {}))}
+
+
+def defaults(task) -> dict:
+    """The dataclasses' defaults overlaid with the task's declared ``defaults``, as a nested dict."""
+    try:
+        cfg = {name: asdict(kind()) for name, kind in section_types(task).items()}
+    except TypeError as e:  # a field without a default
+        raise TaskformerError(f"plugin {task.plugin!r}: the options of task {task.name!r} need a default "
+                              f"for every field ({e})") from None
+    cfg["model"]["variant"] = task.variant
+    return merge(cfg, task.defaults, f"task {task.name!r} defaults")
+
+
+def build(task, cfg: dict) -> RunConfig:
+    """Turn a merged config dict into dataclasses and validate every section."""
+    try:
+        config = RunConfig(**{name: kind(**cfg[name]) for name, kind in section_types(task).items()})
+        for section in (config.model, config.train, config.decode, config.data):
+            if hasattr(section, "validate"):
+                section.validate()
+    except ValueError as e:
+        raise TaskformerError(f"config: {e}") from None
+    return config
 
 
 def _coerce(value, default, key: str):
@@ -105,25 +150,3 @@ def read_config_file(path: str | Path) -> dict:
         raise TaskformerError(f"{path}: config file not found") from None
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise TaskformerError(f"{path}: not a valid {'JSON' if path.suffix == '.json' else 'TOML'} file ({e})") from None
-
-
-def validate(cfg: dict) -> None:
-    """Check values that are wrong whatever their type (negative sizes, d_model not divisible by heads)."""
-    for name, cls in SECTIONS.items():
-        try:
-            cls.from_dict(cfg[name]).validate()
-        except ValueError as e:
-            raise TaskformerError(f"config: {e}") from None
-
-
-def model_config(cfg: dict) -> ModelConfig:
-    return ModelConfig.from_dict(cfg["model"])
-
-
-def train_config(cfg: dict) -> TrainConfig:
-    return TrainConfig.from_dict(cfg["train"])
-
-
-def decode_config(cfg: dict) -> DecodeConfig:
-    """The core's search settings; task-declared decode keys stay in ``cfg["decode"]`` for the task."""
-    return DecodeConfig.from_dict(cfg["decode"])

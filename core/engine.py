@@ -46,12 +46,13 @@ class TrainConfig(Section):
     save_every: int = 0  # steps between resumable checkpoints; 0: at each evaluation only
     keep_last: int = 2  # resumable checkpoints kept in checkpoints/
     log_every: int = 20
+    threads: int = 0  # torch's intra-op threads for training and decoding; 0: torch's choice (see docs/plugins.md)
 
     def validate(self) -> None:
         for name in ("epochs", "max_tokens", "keep_last", "log_every", "accumulate"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("max_steps", "warmup", "patience", "eval_every", "save_every"):
+        for name in ("max_steps", "warmup", "patience", "eval_every", "save_every", "threads"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name} must not be negative, got {getattr(self, name)}")
         if not self.lr > 0:

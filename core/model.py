@@ -24,12 +24,13 @@ VARIANTS = ("encoder-decoder", "encoder-only")
 
 
 class Section:
-    """Mixin for config dataclasses: build from a config section, ignoring keys a task added."""
+    """Mixin for config dataclasses: ``section["key"]`` reads a field too, as plugins written when the
+    configuration was a nested dict expect."""
 
-    @classmethod
-    def from_dict(cls, d: dict):
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+    def __getitem__(self, key: str):
+        if key not in {f.name for f in fields(self)}:
+            raise KeyError(key)
+        return getattr(self, key)
 
 
 @dataclass

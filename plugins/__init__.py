@@ -1,8 +1,7 @@
-"""The plugin system: hook specifications, plugin manager, CLI and reports.
-
-Plugin authors import what they need from here::
-
-    from taskformer.plugins import Task, hookimpl
+"""The plugin API: hook specifications (``hookspecs``), the plugin manager that dispatches them
+(``manager``), the reference generator (``docs``) and the built-in plugins that hear every task
+(``builtin``). Plugin authors import from ``taskformer`` itself; ``from taskformer.plugins import
+Task, hookimpl`` keeps working for plugins written before.
 """
 from .hookspecs import Task, hookimpl
 

@@ -1,17 +1,25 @@
 """The plugin API of taskformer: every hook a task plugin can implement.
 
 A task plugin is a module (or object) with functions named like the hooks below, each marked
-``@hookimpl``. Built-in tasks are plugins of exactly this kind; third-party packages register
-theirs under the ``taskformer`` entry-point group in their ``pyproject.toml``::
+``@hookimpl``; everything it needs comes from ``import taskformer``. Built-in tasks are plugins of
+exactly this kind; third-party packages register theirs under the ``taskformer`` entry-point group
+in their ``pyproject.toml``::
 
     [project.entry-points.taskformer]
     reverse = "taskformer_reverse"
 
-Hooks that belong to one task (data, head, decode, metrics, report sections) receive the
-:class:`Task` being run and must return ``None`` for tasks that are not theirs, so that several
-plugins can live side by side. Implementations may accept fewer arguments than the spec lists:
-pluggy passes only the ones they name, so a plugin keeps working when a hook gains arguments.
-``docs/plugins.md`` renders these docstrings as the reference.
+Dispatch: a hook that receives a ``task`` (data, head, normalize, decode, metrics, report sections)
+reaches the plugin that declared that task and the plugins that declare no task at all, never the
+plugin of another task. So a task's hooks need no guard that checks ``task.name``, and a plugin that
+declares no task (the built-in defaults and report sections, or a package that adds a metric to
+every task) is cross-cutting: it hears every task. A plugin that implements ``taskformer_tasks`` is
+a task plugin; to add something to other tasks as well, ship that part as a second plugin (a second
+entry point) that declares no task. Plugins written before this rule, which return ``None`` for
+tasks not theirs, keep working unchanged.
+
+Implementations may accept fewer arguments than the spec lists: pluggy passes only the ones they
+name, so a plugin keeps working when a hook gains arguments. ``docs/plugins.md`` renders these
+docstrings as the reference.
 """
 from __future__ import annotations
 
@@ -30,8 +38,13 @@ class Task:
 
     ``variant`` is ``"encoder-decoder"`` or ``"encoder-only"``. ``metric`` names the key of the
     metrics dict that selects the best checkpoint (``higher_is_better`` tells which way).
-    ``defaults`` is a nested config (sections ``model``, ``train``, ``decode``, ``data``) laid over
-    the core's defaults; the ``data`` section declares every data option the task accepts.
+    ``data_options`` is a dataclass of the task's ``data`` section: one field per option, each with
+    a default (``--set data.KEY=VALUE`` changes it; unknown keys and wrong types are refused before
+    any work starts), and a ``validate()`` that raises ``ValueError`` for a bad value.
+    ``decode_options``, a subclass of :class:`taskformer.DecodeConfig`, adds search options of the
+    task's own to the ``decode`` section. ``defaults`` overlays the core's defaults for the sections
+    ``model``, ``train``, ``decode`` (and ``data``); a plugin without ``data_options`` declares its
+    data options there instead, as a dict of defaults.
     """
 
     name: str
@@ -40,6 +53,8 @@ class Task:
     metric: str = "loss"
     higher_is_better: bool = True
     defaults: dict[str, dict[str, Any]] = field(default_factory=dict)
+    data_options: type | None = None
+    decode_options: type | None = None
     plugin: str = ""  # filled in by the plugin manager: who provides the task
 
 
@@ -51,10 +66,18 @@ def taskformer_tasks():
 
     Example::
 
+        @dataclass
+        class Options:
+            length: int = 8
+
+            def validate(self):
+                if self.length < 1:
+                    raise ValueError(f"data.length must be at least 1, got {self.length}")
+
         @hookimpl
         def taskformer_tasks():
             return [Task(name="reverse", description="Reverse a digit sequence",
-                         metric="exact_match", defaults={"data": {"length": 8}})]
+                         metric="exact_match", data_options=Options)]
     """
 
 
@@ -62,26 +85,25 @@ def taskformer_tasks():
 def taskformer_data(task, config, data_dir):
     """The task's data pipeline: load the splits and train the tokenizer.
 
-    ``config`` is the full nested config dict (read your options from ``config["data"]``),
-    ``data_dir`` the ``--data-dir`` path or ``None``. Return a
-    :class:`taskformer.core.data.TaskData` with ``train``, ``val`` and ``test`` splits of
-    ``(source, target)`` strings and a tokenizer trained on the train split only (the helpers in
-    :mod:`taskformer.core.tokenize` reserve the special ids the core expects). Raise
-    :class:`taskformer.core.errors.DataError` for bad files: the CLI shows its message on one line.
-    Slow work of your own can show a progress bar with ``taskformer.core.progress.track(items,
-    "what it is doing")``; the core's readers and tokenizer trainers already do.
+    ``config`` is the run's :class:`taskformer.RunConfig`: the task's options are ``config.data``
+    (an instance of its ``data_options``), the seed is ``config.train.seed``. ``data_dir`` is the
+    ``--data-dir`` path or ``None``. Return a :class:`taskformer.TaskData` with ``train``, ``val``
+    and ``test`` splits of ``(source, target)`` strings (for a classifier, each target one of
+    ``labels``) and a tokenizer trained on the train split only. ``subword``, ``characters`` and
+    ``symbols`` build tokenizers that reserve the special ids the core expects. Raise
+    :class:`taskformer.DataError` for bad files: the CLI shows its message on one line. Slow work
+    of your own can show a progress bar with ``track(items, "what it is doing")``; the core's
+    readers and tokenizer trainers already do.
 
     Example::
 
         @hookimpl
-        def taskformer_data(task, config):
-            if task.name != "reverse":
-                return None
-            rng = random.Random(config["train"]["seed"])
+        def taskformer_data(config):
+            rng = random.Random(config.train.seed)
             def pairs(n):
-                seqs = [" ".join(rng.choice("0123456789") for _ in range(8)) for _ in range(n)]
+                seqs = [" ".join(rng.choice("0123456789") for _ in range(config.data.length)) for _ in range(n)]
                 return [(s, " ".join(reversed(s.split()))) for s in seqs]
-            return TaskData(tokenizer=tokenize.symbols(list("0123456789")),
+            return TaskData(tokenizer=symbols(list("0123456789")),
                             splits={"train": pairs(5000), "val": pairs(200), "test": pairs(200)})
     """
 
@@ -90,58 +112,80 @@ def taskformer_data(task, config, data_dir):
 def taskformer_head(task, model_config):
     """The module that turns final hidden states into logits.
 
-    Called as ``head(hidden, src_mask)``. Return ``None`` to keep the core default: a vocabulary
-    projection (``Generator``) for encoder-decoders, a pooled ``ClassificationHead`` for
-    encoder-only models. ``model_config`` is the :class:`taskformer.core.model.ModelConfig`
-    with ``vocab_size`` and ``num_classes`` already filled in.
+    Called as ``head(hidden, src_mask)``. ``hidden`` is ``(B, T, D)``: decoder states for
+    encoder-decoders (beam and greedy search pass one position, ``T = 1``), encoder states
+    (``T = S``) for encoder-only models. ``src_mask`` is ``(B, 1, 1, S)``, ``True`` at real
+    (non-padding) source tokens. Return logits: ``(B, T, vocab_size)`` for encoder-decoders,
+    ``(B, num_classes)`` for encoder-only models. Return ``None`` to keep the core default: a
+    vocabulary projection (``Generator``) for encoder-decoders, a pooled ``ClassificationHead``
+    for encoder-only models. ``model_config`` is the :class:`taskformer.ModelConfig` with
+    ``vocab_size`` and ``num_classes`` already filled in.
 
     Example::
 
         @hookimpl
-        def taskformer_head(task, model_config):
-            if task.name == "sentiment":
-                return ClassificationHead(model_config)
+        def taskformer_head(model_config):
+            return ClassificationHead(replace(model_config, pooling="first"))
+    """
+
+
+@hookspec(firstresult=True)
+def taskformer_normalize(task, text):
+    """Clean one raw input line before it is tokenized, as the data hook cleaned its sources.
+
+    ``predict`` calls it on every input line: that text, unlike the splits, never passes through
+    the data hook. Call the same function in your data hook, so that the model sees the same kind
+    of text in training and in prediction. Return the cleaned string (``None``: keep the line).
+
+    Example::
+
+        @hookimpl
+        def taskformer_normalize(text):
+            return " ".join(text.split())
     """
 
 
 @hookspec(firstresult=True)
 def taskformer_decode(task, model, src, tokenizer, labels, config):
-    """The task's decoder: turn a batch of encoded sources into output lines.
+    """The task's decoder: turn a batch of encoded sources into predictions.
 
-    ``src`` is a padded ``(B, S)`` tensor of source ids, ``config`` the run's nested config
-    (``config["decode"]`` holds strategy, beam size and length limits). Return one string per
-    row: that string is what ``predict`` prints and what the metrics hook scores. Return
-    ``None`` to use the core default (beam or greedy search for sequences, arg-max label with its
-    probability as ``LABEL<TAB>PROBABILITY`` for classification). Tasks that constrain the
-    search pass a ``constraint`` to :func:`taskformer.core.decoding.beam_search`. On CPU several
-    batches are decoded at once, one per thread (``decode.workers``): keep the hook free of shared
-    mutable state.
+    ``src`` is a ``(B, S)`` tensor of source ids, right-padded with ``PAD`` (0) and framed by the
+    core: ``ids + [EOS]`` for encoder-decoders, ``[BOS] + ids`` for encoder-only models.
+    ``config.decode`` holds the search settings (strategy, beam size, length limits, and the task's
+    own ``decode_options``). Return one prediction per row: a string (what ``predict`` prints and
+    the metrics hook scores) or, for a classifier, a :class:`taskformer.Label`. Return ``None`` to
+    use the core default: ``search`` for sequences, the arg-max ``Label`` for classification.
+    ``search(model, src, config.decode)`` runs beam or greedy search as the config says, within
+    ``max_len`` tokens per row if given, and takes a ``constraint`` for tasks that shape the
+    search (the ``couplet`` task forces length and punctuation that way). On CPU several batches
+    are decoded at once, one per thread (``decode.workers``): keep the hook free of shared mutable
+    state.
 
     Example::
 
         @hookimpl
-        def taskformer_decode(task, model, src, tokenizer, config):
-            if task.name != "reverse":
-                return None
-            out = decoding.greedy(model, src, max_len=(src != 0).sum(1) + 1)
-            return [tokenizer.decode(ids) for ids in out]
+        def taskformer_decode(model, src, tokenizer, config):
+            budget = (src != PAD).sum(1) - 1  # as many tokens as the source, without its EOS
+            ids = search(model, src, config.decode, max_len=budget, ignore_eos=True)
+            return [tokenizer.decode(x) for x in ids]
     """
 
 
 @hookspec
 def taskformer_metrics(task, sources, hypotheses, references):
-    """Score decoded outputs against references; return a dict of metric name to number.
+    """Score predictions against references; return a dict of metric name to number.
 
-    Called for each evaluated split with lists of equal length. Every plugin may add metrics to
-    any task (results are merged); the task's ``metric`` must be among them.
+    Called for each evaluated split with lists of equal length: ``hypotheses`` are what the decode
+    hook returned (strings, or ``Label`` values for classifiers), ``references`` the target strings.
+    Every answer is merged, so a plugin that declares no task may add metrics to any task; the
+    task's ``metric`` must be among them.
 
     Example::
 
         @hookimpl
-        def taskformer_metrics(task, hypotheses, references):
-            if task.name == "reverse":
-                hits = sum(h == r for h, r in zip(hypotheses, references))
-                return {"exact_match": 100.0 * hits / len(references)}
+        def taskformer_metrics(hypotheses, references):
+            hits = sum(h == r for h, r in zip(hypotheses, references))
+            return {"exact_match": 100.0 * hits / len(references)}
     """
 
 
@@ -149,17 +193,18 @@ def taskformer_metrics(task, sources, hypotheses, references):
 def taskformer_report_sections(task, run):
     """Add sections to the end-of-run report.
 
-    ``run`` is a :class:`taskformer.plugins.runner.Run` (config, metrics, samples, history,
-    the run directory and the loaded model). Return a list of ``(title, renderable)`` pairs;
-    a renderable is anything ``rich`` can print (a Table, a Text, a string). Files you write into
+    ``run`` is a :class:`taskformer.Run`: ``config``, ``metrics``, ``outputs`` (every
+    ``(source, prediction, reference)`` of each evaluated split), ``samples`` (a few of those,
+    evenly spread: the report's test samples), ``history``, the run directory ``dir`` and the
+    loaded ``model`` and ``tokenizer``. Return a list of ``(title, renderable)`` pairs; a
+    renderable is anything ``rich`` can print (a Table, a Text, a string). Files you write into
     ``run.dir`` stay with the run.
 
     Example::
 
         @hookimpl
-        def taskformer_report_sections(task, run):
-            if task.name == "reverse":
-                return [("Longest input", str(max(len(s) for s, _, _ in run.samples["test"])))]
+        def taskformer_report_sections(run):
+            return [("Longest input", str(max(len(s) for s, _, _ in run.outputs["test"])))]
     """
 
 

@@ -3,6 +3,10 @@
 A plugin that fails to import, raises while declaring its tasks, or declares something that is
 not a :class:`Task` is recorded in :attr:`Plugins.broken` with its name and reason; every other
 plugin keeps working.
+
+Per-task dispatch (the rule is stated for plugin authors in :mod:`.hookspecs`): a hook that takes a
+``task`` goes to the plugin that declared the task and to the plugins that declare no task, never to
+another task's plugin. pluggy does the selecting, with ``subset_hook_caller``.
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import importlib
 from dataclasses import replace
 from functools import lru_cache
 from importlib.metadata import entry_points
+from typing import Any, Iterator
 
 import pluggy
 
@@ -19,8 +24,8 @@ from . import hookspecs
 from .hookspecs import Task
 
 BUILTIN = [
-    "taskformer.plugins.defaults",
-    "taskformer.plugins.report",
+    "taskformer.plugins.builtin.defaults",
+    "taskformer.plugins.builtin.report_sections",
     "taskformer.tasks.copy",
     "taskformer.tasks.translate",
     "taskformer.tasks.agnews",
@@ -38,7 +43,7 @@ def _one_line(e: BaseException) -> str:
 
 
 class Plugins:
-    """Loads plugins once and answers which tasks exist and who provides them."""
+    """Loads plugins once and answers which tasks exist, who provides them, and what their hooks say."""
 
     def __init__(self, builtin: list[str] = BUILTIN, entry_point_group: str | None = "taskformer"):
         self.pm = pluggy.PluginManager("taskformer")
@@ -49,7 +54,7 @@ class Plugins:
         if entry_point_group:
             for ep in entry_points(group=entry_point_group):
                 self._register(ep.name, ep.load)
-        self.tasks = self._collect_tasks()
+        self.refresh()
 
     def _register(self, name: str, load) -> None:
         try:
@@ -57,9 +62,13 @@ class Plugins:
         except Exception as e:  # a broken plugin must not take the others down
             self.broken[name] = f"failed to load ({_one_line(e)})"
 
-    def _collect_tasks(self) -> dict[str, Task]:
-        tasks: dict[str, Task] = {}
-        for impl in reversed(self.pm.hook.taskformer_tasks.get_hookimpls()):  # registration order
+    def refresh(self) -> None:
+        """Ask every plugin for its tasks again (after ``self.pm.register``/``unregister``)."""
+        self.tasks: dict[str, Task] = {}
+        self._listeners: dict[tuple[str, str], list[tuple[str, pluggy.HookCaller]]] = {}
+        impls = self.pm.hook.taskformer_tasks.get_hookimpls()
+        self.task_plugins = {impl.plugin_name for impl in impls}  # they hear only their own tasks
+        for impl in reversed(impls):  # registration order
             name = impl.plugin_name
             try:
                 declared = impl.function()
@@ -69,11 +78,10 @@ class Plugins:
                 self.broken[name] = f"taskformer_tasks raised {_one_line(e)}"
                 continue
             for task in declared:
-                if task.name in tasks:
-                    self.broken[name] = f"task {task.name!r} is already provided by {tasks[task.name].plugin}"
+                if task.name in self.tasks:
+                    self.broken[name] = f"task {task.name!r} is already provided by {self.tasks[task.name].plugin}"
                     continue
-                tasks[task.name] = replace(task, plugin=name)
-        return tasks
+                self.tasks[task.name] = replace(task, plugin=name)
 
     def task(self, name: str) -> Task:
         if name in self.tasks:
@@ -85,14 +93,41 @@ class Plugins:
         hint = f"did you mean {', '.join(close)}?" if close else f"installed tasks: {', '.join(sorted(self.tasks))}"
         raise TaskformerError(f"unknown task {name!r}; {hint}")
 
-    def call(self, hook: str, task: Task, **kwargs):
-        """Call a hook for ``task``; an exception from a plugin becomes a one-line error naming it."""
-        try:
-            return getattr(self.pm.hook, hook)(task=task, **kwargs)
-        except TaskformerError:
-            raise
-        except Exception as e:
-            raise PluginError(f"plugin {task.plugin!r} failed in {hook} for task {task.name!r}: {_one_line(e)}") from e
+    def listeners(self, hook: str, task: Task) -> list[tuple[str, pluggy.HookCaller]]:
+        """The plugins that hear ``hook`` for ``task``, in pluggy's call order, each with a caller of its own.
+
+        Calling plugin by plugin (each through a subset caller that reaches it alone) is what lets an
+        error or a wrong answer name the plugin that gave it.
+        """
+        key = (hook, task.plugin)
+        if key not in self._listeners:
+            everyone = self.pm.get_plugins()
+            others = [self.pm.get_plugin(name) for name in self.task_plugins - {task.plugin}]
+            hearing = self.pm.subset_hook_caller(hook, remove_plugins=others).get_hookimpls()
+            self._listeners[key] = [(impl.plugin_name, self.pm.subset_hook_caller(hook, everyone - {impl.plugin}))
+                                    for impl in reversed(hearing)]
+        return self._listeners[key]
+
+    def answers(self, hook: str, task: Task, **kwargs) -> Iterator[tuple[str, Any]]:
+        """``(plugin name, answer)`` from each plugin that hears ``hook`` for ``task`` and does not answer
+        ``None``, lazily: for a first-result hook, take the first. An exception from a plugin becomes a
+        one-line :class:`PluginError` naming it."""
+        collect = not getattr(self.pm.hook, hook).spec.opts.get("firstresult")
+        for name, caller in self.listeners(hook, task):
+            try:
+                answer = caller(task=task, **kwargs)
+            except TaskformerError:
+                raise
+            except Exception as e:
+                raise PluginError(f"plugin {name!r} failed in {hook} for task {task.name!r}: {_one_line(e)}") from e
+            if collect:  # a collecting hook gives a list of the non-None results: here of one plugin
+                answer = answer[0] if answer else None
+            if answer is not None:
+                yield name, answer
+
+    def first(self, hook: str, task: Task, **kwargs) -> tuple[str, Any]:
+        """The first answer to a first-result hook, as ``(plugin name, answer)``; ``("", None)`` if none."""
+        return next(self.answers(hook, task, **kwargs), ("", None))
 
 
 @lru_cache(maxsize=1)

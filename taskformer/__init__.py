@@ -1,6 +1,31 @@
 """taskformer: one shared Transformer core driven by task plugins.
 
-The code lives in the top-level folders ``core/``, ``plugins/`` and ``tasks/`` of the source tree,
-installed as ``taskformer.core``, ``taskformer.plugins`` and ``taskformer.tasks``.
+Everything a task plugin needs is importable from here, so a plugin starts with one import::
+
+    from taskformer import Task, TaskData, hookimpl, search, symbols
+
+The code lives in the top-level folders of the source tree: ``core/`` (the model, search, training
+engine and data plumbing, installed as ``taskformer.core``), ``plugins/`` (the plugin API: hook
+specifications, the plugin manager and the built-in cross-cutting plugins, ``taskformer.plugins``)
+and ``tasks/`` (the built-in task plugins, ``taskformer.tasks``); the application -- command line,
+runner, reports, multi-process launcher, plugin scaffold -- is ``taskformer.app``, here.
 """
 __version__ = "0.1.0"
+
+from taskformer.core.config import RunConfig
+from taskformer.core.data import TaskData, encode_sources, find_file, read_lines, read_parallel
+from taskformer.core.decoding import (Constraint, DecodeConfig, Label, beam_search, best_labels, classify, greedy,
+                                      max_lengths, search)
+from taskformer.core.errors import DataError, TaskformerError
+from taskformer.core.model import BOS, EOS, PAD, UNK, ClassificationHead, Generator, ModelConfig
+from taskformer.core.progress import stage, track
+from taskformer.core.tokenize import SPECIALS, characters, subword, symbols
+from taskformer.plugins.hookspecs import Task, hookimpl
+from taskformer.app.runner import Run  # noqa: E402 -- after the core: the application builds on it
+
+__all__ = [
+    "BOS", "EOS", "PAD", "SPECIALS", "UNK", "ClassificationHead", "Constraint", "DataError", "DecodeConfig",
+    "Generator", "Label", "ModelConfig", "Run", "RunConfig", "Task", "TaskData", "TaskformerError",
+    "beam_search", "best_labels", "characters", "classify", "encode_sources", "find_file", "greedy", "hookimpl",
+    "max_lengths", "read_lines", "read_parallel", "search", "stage", "subword", "symbols", "track",
+]

@@ -1,3 +1,3 @@
-from taskformer.plugins.cli import main
+from taskformer.app.cli import main
 
 main(prog_name="taskformer")

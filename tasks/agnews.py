@@ -3,7 +3,8 @@
 Data: the official CSV release (``train.csv`` and ``test.csv``, plain or gzipped: class index 1-4, title,
 description) under ``--data-dir``, or the Hugging Face hub copy when no folder is given. The input text is
 title + description. Validation rows are carved from train with a seeded shuffle, so the test set is read
-only for the final evaluation. Outputs are the core's ``LABEL<TAB>PROBABILITY`` lines.
+only for the final evaluation. Predictions are the core's ``Label`` values (``predict`` prints
+``LABEL<TAB>PROBABILITY``).
 """
 from __future__ import annotations
 
@@ -12,18 +13,39 @@ import html
 import math
 import random
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.table import Table
 from rich.text import Text
 from tokenizers import normalizers
 
-from ..core.data import TaskData, find_file, read_lines
-from ..core.errors import DataError, TaskformerError
-from ..core.tokenize import subword
-from ..plugins.hookspecs import Task, hookimpl
+from taskformer import DataError, Task, TaskData, find_file, hookimpl, read_lines, subword
 
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]  # class indices 1..4 of the release
+
+
+@dataclass
+class Options:
+    """The ``data`` options: the validation share carved from train, the tokenizer, lowercasing, word-drop
+    augmentation (``augment`` extra copies of train, each word dropped at rate ``word_drop``) and
+    the hub copy read when no ``--data-dir`` is given."""
+
+    val_fraction: float = 0.05
+    tokenizer: str = "wordpiece"
+    vocab_size: int = 8000
+    lowercase: bool = True
+    augment: int = 1
+    word_drop: float = 0.1
+    hub: str = "fancyzhx/ag_news"
+
+    def validate(self) -> None:
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f"data.val_fraction must be between 0 and 1, got {self.val_fraction}")
+        if self.augment < 0 or not 0.0 <= self.word_drop < 1.0:
+            raise ValueError("data.augment must be 0 or more and data.word_drop in [0, 1)")
+        if self.tokenizer not in ("wordpiece", "bpe"):
+            raise ValueError(f"data.tokenizer must be wordpiece or bpe, not {self.tokenizer!r}")
 
 TASK = Task(
     name="agnews",
@@ -37,12 +59,11 @@ TASK = Task(
         # (the validation peak comes after 3-5 epochs on the subset) hold back over-fitting.
         "model": {"d_model": 128, "n_heads": 4, "enc_layers": 1, "d_ff": 256, "dropout": 0.3, "max_len": 128,
                   "pooling": "mean"},
+        # max_len 128 cuts 0.2% of train and 0.4% of test inputs (median 50 tokens, 99th percentile 101)
         "train": {"epochs": 20, "max_tokens": 4096, "lr": 1e-3, "warmup": 200, "label_smoothing": 0.1,
                   "weight_decay": 0.01, "patience": 3},
-        # max_len 128 cuts 0.2% of train and 0.4% of test inputs (median 50 tokens, 99th percentile 101)
-        "data": {"val_fraction": 0.05, "tokenizer": "wordpiece", "vocab_size": 8000, "lowercase": True,
-                 "augment": 1, "word_drop": 0.1, "hub": "fancyzhx/ag_news"},
     },
+    data_options=Options,
 )
 
 
@@ -51,7 +72,7 @@ def taskformer_tasks():
     return [TASK]
 
 
-def clean(title: str, description: str) -> str:
+def clean(title: str, description: str = "") -> str:
     """Title + description as one line of the text a reader would see: the release writes newlines as
     a literal backslash-n, and many HTML entities lost their ``&`` to a space (``Valve #39;s``)."""
     text = f"{title} {description}".replace("\\n", " ")
@@ -82,7 +103,7 @@ def read_hub(name: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     try:
         from datasets import load_dataset
         ds = load_dataset(name)
-        return tuple([(clean(t, ""), LABELS[y]) for t, y in zip(ds[s]["text"], ds[s]["label"])]
+        return tuple([(clean(t), LABELS[y]) for t, y in zip(ds[s]["text"], ds[s]["label"])]
                      for s in ("train", "test"))
     except Exception as e:  # offline, unknown name, changed schema: all fixed the same way
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -100,29 +121,21 @@ def split_val(rows: list, fraction: float, seed: int) -> tuple[list, list]:
 
 
 @hookimpl
-def taskformer_data(task, config, data_dir):
-    if task.name != TASK.name:
-        return None
-    opts = config["data"]
-    if not 0.0 < opts["val_fraction"] < 1.0:
-        raise TaskformerError(f"config: data.val_fraction must be between 0 and 1, got {opts['val_fraction']}")
-    if opts["augment"] < 0 or not 0.0 <= opts["word_drop"] < 1.0:
-        raise TaskformerError("config: data.augment must be 0 or more and data.word_drop in [0, 1)")
-    if opts["tokenizer"] not in ("wordpiece", "bpe"):
-        raise TaskformerError(f"config: data.tokenizer must be wordpiece or bpe, not {opts['tokenizer']!r}")
+def taskformer_data(config, data_dir):
+    opts = config.data
     if data_dir is not None:
         train, test = read_csv(data_dir, "train.csv"), read_csv(data_dir, "test.csv")
     else:
-        train, test = read_hub(opts["hub"])
-    train, val = split_val(train, opts["val_fraction"], config["train"]["seed"])
-    texts = (s.lower() if opts["lowercase"] else s for s, _ in train)
-    tokenizer = subword(texts, opts["vocab_size"], kind=opts["tokenizer"])
-    if opts["lowercase"]:  # in the saved tokenizer, so predict lowercases its input too
+        train, test = read_hub(opts.hub)
+    train, val = split_val(train, opts.val_fraction, config.train.seed)
+    texts = (s.lower() if opts.lowercase else s for s, _ in train)
+    tokenizer = subword(texts, opts.vocab_size, kind=opts.tokenizer)
+    if opts.lowercase:  # in the saved tokenizer, so predict lowercases its input too
         tokenizer.normalizer = normalizers.Sequence([tokenizer.normalizer, normalizers.Lowercase()])
-    extra = noisy_copies(train, opts["augment"], opts["word_drop"], config["train"]["seed"])
-    notes = {"data source": str(data_dir) if data_dir is not None else f"hub {opts['hub']}"}
+    extra = noisy_copies(train, opts.augment, opts.word_drop, config.train.seed)
+    notes = {"data source": str(data_dir) if data_dir is not None else f"hub {opts.hub}"}
     if extra:
-        notes["augmented train rows"] = f"{len(extra):,} (word drop {opts['word_drop']:g})"
+        notes["augmented train rows"] = f"{len(extra):,} (word drop {opts.word_drop:g})"
     return TaskData(tokenizer=tokenizer, splits={"train": train + extra, "val": val, "test": test},
                     labels=list(LABELS), notes=notes)
 
@@ -139,20 +152,15 @@ def noisy_copies(rows, copies: int, drop: float, seed: int) -> list[tuple[str, s
     return out
 
 
-def predicted(hypothesis: str) -> tuple[str, float]:
-    """``"LABEL\\tPROB"`` -> (label, probability); a bare label gets probability nan."""
-    label, _, prob = hypothesis.partition("\t")
-    try:
-        return label, float(prob)
-    except ValueError:
-        return label, float("nan")
+@hookimpl
+def taskformer_normalize(text):
+    """Predict inputs get the cleaning the data files got (entities, literal backslash-n, spaces)."""
+    return clean(text)
 
 
 @hookimpl
-def taskformer_metrics(task, hypotheses, references):
-    if task.name != TASK.name:
-        return None
-    pred = [predicted(h)[0] for h in hypotheses]
+def taskformer_metrics(hypotheses, references):
+    pred = [h.label for h in hypotheses]
     pairs = list(zip(pred, references))
     f1s = []
     for c in sorted(set(pred) | set(references)):
@@ -168,9 +176,8 @@ def confusion(outputs) -> list[list[int]]:
     index = {name: i for i, name in enumerate(LABELS)}
     counts = [[0] * len(LABELS) for _ in LABELS]
     for _, hyp, ref in outputs:
-        label = predicted(hyp)[0]
-        if label in index and ref in index:
-            counts[index[ref]][index[label]] += 1
+        if hyp.label in index and ref in index:
+            counts[index[ref]][index[hyp.label]] += 1
     return counts
 
 
@@ -196,8 +203,8 @@ def save_confusion_png(counts: list[list[int]], path: Path) -> None:
 
 
 @hookimpl
-def taskformer_report_sections(task, run):
-    if task.name != TASK.name or not run.outputs.get("test"):
+def taskformer_report_sections(run):
+    if not run.outputs.get("test"):
         return None
     outputs = run.outputs["test"]
     counts = confusion(outputs)
@@ -210,8 +217,8 @@ def taskformer_report_sections(task, run):
     for i, name in enumerate(LABELS):
         table.add_row(name, *(Text(str(n), style="bold green" if i == j else "") for j, n in enumerate(counts[i])))
 
-    wrong = [(predicted(h), s, r) for s, h, r in outputs if predicted(h)[0] != r]
-    wrong.sort(key=lambda w: -w[0][1] if not math.isnan(w[0][1]) else 0.0)  # the most confident mistakes first
+    wrong = [(h, s, r) for s, h, r in outputs if h.label != r]
+    wrong.sort(key=lambda w: -w[0].probability if not math.isnan(w[0].probability) else 0.0)  # most confident first
     mistakes = Table(show_lines=True)
     for col in ("text", "predicted (probability)", "true"):
         mistakes.add_column(col)

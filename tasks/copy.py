@@ -6,11 +6,28 @@ Input and output are space-separated symbols, e.g. ``1 4 7 2 9 3 5 8 2 6``.
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
-from ..core.data import TaskData
-from ..core.errors import TaskformerError
-from ..core.tokenize import symbols
-from ..plugins.hookspecs import Task, hookimpl
+from taskformer import Task, TaskData, hookimpl, symbols
+
+
+@dataclass
+class Options:
+    """The ``data`` options; ``vocab`` counts padding like the classic setup: symbols are 1 .. vocab-1."""
+
+    vocab: int = 11
+    length: int = 10
+    train_size: int = 20000
+    val_size: int = 500
+    test_size: int = 1000
+
+    def validate(self) -> None:
+        if self.vocab < 3 or self.length < 1:
+            raise ValueError("data.vocab must be at least 3 and data.length at least 1")
+        for name in ("train_size", "val_size", "test_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"data.{name} must be at least 1, got {getattr(self, name)}")
+
 
 TASK = Task(
     name="copy",
@@ -26,9 +43,8 @@ TASK = Task(
         "train": {"epochs": 2, "max_tokens": 1200, "lr": 1e-3, "warmup": 100, "schedule": "linear",
                   "label_smoothing": 0.0},
         "decode": {"strategy": "greedy", "max_len_a": 1.0, "max_len_b": 2},
-        # vocab counts padding like the classic setup: symbols are 1 .. vocab-1
-        "data": {"vocab": 11, "length": 10, "train_size": 20000, "val_size": 500, "test_size": 1000},
     },
+    data_options=Options,
 )
 
 
@@ -38,28 +54,22 @@ def taskformer_tasks():
 
 
 @hookimpl
-def taskformer_data(task, config):
-    if task.name != TASK.name:
-        return None
-    opts = config["data"]
-    if opts["vocab"] < 3 or opts["length"] < 1:
-        raise TaskformerError("config: data.vocab must be at least 3 and data.length at least 1")
-    names = [str(i) for i in range(1, opts["vocab"])]
-    rng = random.Random(config["train"]["seed"])
+def taskformer_data(config):
+    opts = config.data
+    names = [str(i) for i in range(1, opts.vocab)]
+    rng = random.Random(config.train.seed)
 
     def split(n: int) -> list[tuple[str, str]]:
-        seqs = (" ".join(rng.choice(names) for _ in range(opts["length"])) for _ in range(n))
+        seqs = (" ".join(rng.choice(names) for _ in range(opts.length)) for _ in range(n))
         return [(s, s) for s in seqs]
 
     return TaskData(tokenizer=symbols(names),
-                    splits={"train": split(opts["train_size"]), "val": split(opts["val_size"]),
-                            "test": split(opts["test_size"])})
+                    splits={"train": split(opts.train_size), "val": split(opts.val_size),
+                            "test": split(opts.test_size)})
 
 
 @hookimpl
-def taskformer_metrics(task, hypotheses, references):
-    if task.name != TASK.name:
-        return None
+def taskformer_metrics(hypotheses, references):
     exact = sum(h == r for h, r in zip(hypotheses, references))
     pairs = [(h.split(), r.split()) for h, r in zip(hypotheses, references)]
     right = sum(sum(a == b for a, b in zip(h, r)) for h, r in pairs)

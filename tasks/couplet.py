@@ -18,18 +18,39 @@ from __future__ import annotations
 import random
 import unicodedata
 from collections import Counter
+from dataclasses import dataclass
 
 import sacrebleu
 import torch
 from rich.table import Table
 
-from ..core import decoding
-from ..core.config import decode_config
-from ..core.data import DataError, TaskData, find_file, read_parallel
-from ..core.errors import TaskformerError
-from ..core.model import EOS, PAD
-from ..core.tokenize import SPECIALS, characters
-from ..plugins.hookspecs import Task, hookimpl
+from taskformer import (EOS, PAD, SPECIALS, DataError, DecodeConfig, Task, TaskData, TaskformerError, characters,
+                        find_file, hookimpl, read_parallel, search)
+
+
+@dataclass
+class Options:
+    """The ``data`` options. ``max_train``: pairs used for training (0 = all 728k; an hour on 2 cores
+    is about one pass over 300k); ``val_size`` pairs are carved from the full train set first,
+    seeded by ``train.seed``; characters seen fewer than ``min_char_freq`` times become [UNK]."""
+
+    max_train: int = 300000
+    val_size: int = 1000
+    min_char_freq: int = 2
+
+    def validate(self) -> None:
+        if self.max_train < 0 or self.val_size < 1 or self.min_char_freq < 1:
+            raise ValueError("data.max_train must be >= 0, data.val_size and data.min_char_freq >= 1")
+
+
+@dataclass
+class Search(DecodeConfig):
+    """The core's search settings plus the couplet's own: ``constrained`` enforces the form inside
+    the search; ``no_repeat`` bans the first line's character at the same position."""
+
+    constrained: bool = True
+    no_repeat: bool = True
+
 
 TASK = Task(
     name="couplet",
@@ -45,12 +66,10 @@ TASK = Task(
                   "dropout": 0.0, "max_len": 64, "tie_embeddings": True},
         "train": {"epochs": 10, "max_tokens": 1500, "lr": 2e-3, "warmup": 200, "label_smoothing": 0.1,
                   "bf16": False, "eval_every": 500},
-        "decode": {"strategy": "beam", "beam": 4, "max_len_a": 1.0, "max_len_b": 1, "batch_size": 256,
-                   "constrained": True, "no_repeat": True},
-        # max_train: pairs used for training (0 = all 728k; an hour on 2 cores is about one pass
-        # over 300k); val_size pairs are carved from the full train set first, seeded by train.seed
-        "data": {"max_train": 300000, "val_size": 1000, "min_char_freq": 2},
+        "decode": {"strategy": "beam", "beam": 4, "max_len_a": 1.0, "max_len_b": 1, "batch_size": 256},
     },
+    data_options=Options,
+    decode_options=Search,
 )
 
 
@@ -64,37 +83,33 @@ def taskformer_tasks():
 
 
 @hookimpl
-def taskformer_data(task, config, data_dir):
-    if task.name != TASK.name:
-        return None
+def taskformer_data(config, data_dir):
     if data_dir is None:
         raise DataError("couplet: no standard hub copy of this data set; give --data-dir DIR with "
                         "train/in.txt, train/out.txt, test/in.txt, test/out.txt (plain or .gz)")
-    opts = config["data"]
-    if opts["max_train"] < 0 or opts["val_size"] < 1 or opts["min_char_freq"] < 1:
-        raise TaskformerError("config: data.max_train must be >= 0, data.val_size and data.min_char_freq >= 1")
+    opts = config.data
     raw = {split: read_parallel(find_file(data_dir, f"{split}/in.txt"), find_file(data_dir, f"{split}/out.txt"))
            for split in ("train", "test")}
     pool = raw["train"]
-    if len(pool) <= opts["val_size"]:
-        raise DataError(f"{data_dir}/train: {len(pool)} pairs, not enough to carve data.val_size={opts['val_size']}")
-    random.Random(config["train"]["seed"]).shuffle(pool)
-    train = pool[opts["val_size"]:]
-    splits = {"train": train[: opts["max_train"] or None], "val": pool[: opts["val_size"]], "test": raw["test"]}
-    tok = characters((s for pair in splits["train"] for s in pair), min_frequency=opts["min_char_freq"])
+    if len(pool) <= opts.val_size:
+        raise DataError(f"{data_dir}/train: {len(pool)} pairs, not enough to carve data.val_size={opts.val_size}")
+    random.Random(config.train.seed).shuffle(pool)
+    train = pool[opts.val_size:]
+    splits = {"train": train[: opts.max_train or None], "val": pool[: opts.val_size], "test": raw["test"]}
+    tok = characters((s for pair in splits["train"] for s in pair), min_frequency=opts.min_char_freq)
     norm = tok.normalizer.normalize_str  # the model's view: NFKC, spaces removed
     splits = {k: [(norm(s), norm(t)) for s, t in v] for k, v in splits.items()}
     vocab = tok.get_vocab()
     if len(vocab) == len(SPECIALS):
-        raise TaskformerError(f"config: data.min_char_freq={opts['min_char_freq']} leaves no character in the vocabulary")
-    notes = {"min char frequency": opts["min_char_freq"]}
+        raise TaskformerError(f"config: data.min_char_freq={opts.min_char_freq} leaves no character in the vocabulary")
+    notes = {"min char frequency": opts.min_char_freq}
     for k, v in splits.items():
         notes[f"{k} chars -> [UNK]"] = sum(ch not in vocab for pair in v for s in pair for ch in s)
     return TaskData(tokenizer=tok, splits=splits, notes=notes)
 
 
 def form_constraint(src: torch.Tensor, punct: torch.Tensor, no_repeat: bool):
-    """The couplet's form as a ``constraint`` for :mod:`taskformer.core.decoding`.
+    """The couplet's form as a ``constraint`` for :func:`taskformer.search`.
 
     Position ``t`` of the output may hold: EOS when ``t`` is the input's length; the input's own
     punctuation token where the input has punctuation; elsewhere any ordinary character except
@@ -128,21 +143,15 @@ def form_constraint(src: torch.Tensor, punct: torch.Tensor, no_repeat: bool):
 
 
 @hookimpl
-def taskformer_decode(task, model, src, tokenizer, config):
-    if task.name != TASK.name or not config["decode"]["constrained"]:
+def taskformer_decode(model, src, tokenizer, config):
+    if not config.decode.constrained:
         return None  # unconstrained: the core's plain beam or greedy search
-    dc = decode_config(config)
     punct = torch.zeros(tokenizer.get_vocab_size(), dtype=torch.bool, device=src.device)
     for token, i in tokenizer.get_vocab().items():
         punct[i] = len(token) == 1 and is_punct(token)
-    constraint = form_constraint(src, punct, config["decode"]["no_repeat"])
+    constraint = form_constraint(src, punct, config.decode.no_repeat)
     limit = (src != PAD).sum(1)  # input length + 1: room for the forced EOS
-    if dc.strategy == "beam" and dc.beam > 1:
-        ids = decoding.beam_search(model, src, limit, beam=dc.beam, length_penalty=dc.length_penalty,
-                                   constraint=constraint)
-    else:
-        ids = decoding.greedy(model, src, limit, constraint=constraint)
-    return [tokenizer.decode(x) for x in ids]
+    return [tokenizer.decode(x) for x in search(model, src, config.decode, constraint, max_len=limit)]
 
 
 def form_checks(source: str, output: str) -> tuple[bool, bool, int]:
@@ -159,9 +168,7 @@ def distinct(lines: list[str], n: int) -> float:
 
 
 @hookimpl
-def taskformer_metrics(task, sources, hypotheses, references):
-    if task.name != TASK.name:
-        return None
+def taskformer_metrics(sources, hypotheses, references):
     checks = [form_checks(s, h) for s, h in zip(sources, hypotheses)]
     n = max(len(checks), 1)
     return {
@@ -174,8 +181,8 @@ def taskformer_metrics(task, sources, hypotheses, references):
 
 
 @hookimpl
-def taskformer_report_sections(task, run):
-    if task.name != TASK.name or not run.samples.get("test"):
+def taskformer_report_sections(run):
+    if not run.samples.get("test"):
         return None
     table = Table("first line", "generated", "reference", "length ok", "punct. ok", "copies")
     for src, hyp, ref in run.samples["test"]:

@@ -9,22 +9,35 @@ captions share many names, numbers and word pieces, and tying saves a third of a
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 import sacrebleu
 import torch
 from rich.text import Text
 
-from ..core.data import TaskData, encode_sources, find_file, read_parallel
-from ..core.errors import DataError, TaskformerError
-from ..core.model import BOS, EOS
-from ..core.tokenize import subword
-from ..plugins.hookspecs import Task, hookimpl
+from taskformer import BOS, EOS, DataError, Task, TaskData, encode_sources, find_file, hookimpl, read_parallel, subword
 
 FILES = {"train": "train", "val": "val", "test": "test_2016_flickr"}  # split -> file stem of the release
 HUB = "bentrevett/multi30k"
 HUB_SPLITS = {"train": "train", "val": "validation", "test": "test"}
 HEATMAP = "attention.png"
+
+@dataclass
+class Options:
+    """The ``data`` options: the size of the joint de+en vocabulary and its kind, and how many train
+    pairs to use (0: all)."""
+
+    vocab_size: int = 8000
+    tokenizer: str = "bpe"
+    max_train: int = 0
+
+    def validate(self) -> None:
+        if self.max_train < 0 or self.vocab_size < 100:
+            raise ValueError("data.max_train must be >= 0 and data.vocab_size >= 100")
+        if self.tokenizer not in ("bpe", "unigram", "wordpiece"):
+            raise ValueError(f"data.tokenizer must be bpe, unigram or wordpiece, not {self.tokenizer!r}")
+
 
 TASK = Task(
     name="translate-de-en",
@@ -39,9 +52,8 @@ TASK = Task(
                   "dropout": 0.1, "max_len": 128, "tie_embeddings": True},
         "train": {"epochs": 40, "max_tokens": 4096, "lr": 1e-3, "warmup": 400, "label_smoothing": 0.1},
         "decode": {"strategy": "beam", "beam": 5, "length_penalty": 1.0, "eval_strategy": "greedy"},
-        # vocab_size: joint de+en BPE size; max_train: use only this many train pairs (0 = all)
-        "data": {"vocab_size": 8000, "tokenizer": "bpe", "max_train": 0},
     },
+    data_options=Options,
 )
 
 
@@ -69,32 +81,22 @@ def _hub_splits() -> dict[str, list[tuple[str, str]]]:
 
 
 @hookimpl
-def taskformer_data(task, config, data_dir):
-    if task.name != TASK.name:
-        return None
-    opts = config["data"]
-    if opts["max_train"] < 0 or opts["vocab_size"] < 100:
-        raise TaskformerError("config: data.max_train must be >= 0 and data.vocab_size >= 100")
+def taskformer_data(config, data_dir):
+    opts = config.data
     splits = _local_splits(data_dir) if data_dir else _hub_splits()
     train = splits["train"]
-    if 0 < opts["max_train"] < len(train):  # a seeded subsample, for quick runs
-        keep = random.Random(config["train"]["seed"]).sample(range(len(train)), opts["max_train"])
+    if 0 < opts.max_train < len(train):  # a seeded subsample, for quick runs
+        keep = random.Random(config.train.seed).sample(range(len(train)), opts.max_train)
         splits["train"] = [train[i] for i in sorted(keep)]
     texts = [side for pair in splits["train"] for side in pair]
-    try:
-        tokenizer = subword(texts, opts["vocab_size"], kind=opts["tokenizer"])
-    except ValueError as e:
-        raise TaskformerError(f"config: data.{e}") from None
     source = str(data_dir) if data_dir else f"hub: {HUB}"
-    return TaskData(tokenizer=tokenizer, splits=splits,
-                    notes={"data source": source, "tokenizer": f"joint de+en {opts['tokenizer']}, train split only"})
+    return TaskData(tokenizer=subword(texts, opts.vocab_size, kind=opts.tokenizer), splits=splits,
+                    notes={"data source": source, "tokenizer": f"joint de+en {opts.tokenizer}, train split only"})
 
 
 @hookimpl
-def taskformer_metrics(task, hypotheses, references):
+def taskformer_metrics(hypotheses, references):
     """Corpus sacreBLEU on detokenized text (13a, cased), chrF, and lower-cased BLEU as many tutorials report."""
-    if task.name != TASK.name:
-        return None
     refs = [references]
     return {"bleu": sacrebleu.corpus_bleu(hypotheses, refs).score,
             "chrf": sacrebleu.corpus_chrf(hypotheses, refs).score,
@@ -126,13 +128,11 @@ def _heatmap(run, source: str, output: str, path: Path) -> None:
 
 
 @hookimpl
-def taskformer_report_sections(task, run):
-    if task.name != TASK.name:
-        return None
-    samples = [s for s in run.samples.get("test", []) if s[1].strip()]
-    if not samples:
+def taskformer_report_sections(run):
+    shown = [row for row in run.samples.get("test", []) if row[1].strip()]  # a sample the report shows
+    if not shown:
         return [("Cross-attention", Text("no non-empty test output to plot"))]
-    source, output, _ = samples[0]
+    source, output, _ = shown[0]
     _heatmap(run, source, output, run.dir / HEATMAP)
     note = Text(f"{HEATMAP} in the run directory: last decoder layer, mean over heads, for\n"
                 f"  {source}\n  -> {output}")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from taskformer.plugins.cli import main
+from taskformer.app.cli import main
 
 DATA = Path(__file__).parent / "data"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download

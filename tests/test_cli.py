@@ -1,10 +1,11 @@
 """The command line end to end on the copy task, and its one-line errors for bad input."""
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
 
-from taskformer.plugins.cli import main
+from taskformer.app.cli import main
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +95,10 @@ def test_tasks_lists_the_builtin_copy_task(cli):
     (["run", "copy", "--set", "train.epochs=-1"], "train.epochs must be at least 1"),
     (["run", "copy", "--set", "lr"], "SECTION.KEY=VALUE"),
     (["run", "copy", "--set", "optim.lr=1"], "unknown config section"),
+    (["run", "copy", "--set", "data.lenght=3"], "did you mean 'data.length'"),  # a task's typed options
+    (["run", "copy", "--set", "data.length=ten"], "data.length expects int"),
+    (["run", "copy", "--set", "data.vocab=2"], "data.vocab must be at least 3"),
+    (["run", "copy", "--set", "train.threads=-1"], "train.threads must not be negative"),
     (["predict", "no/such/run", "1 2"], "no such run directory"),
 ])
 def test_bad_input_is_one_line_error_with_exit_code_2(cli, tmp_path, args, expected):
@@ -125,3 +130,21 @@ def test_corrupt_checkpoint_is_refused_by_predict(copy_run, cli, tmp_path):
     result = cli("predict", str(bad), "1 2 3")
     assert result.exit_code == 2
     assert "model.safetensors" in result.stderr and "Traceback" not in result.output
+
+
+@pytest.fixture
+def torch_threads():
+    """Restores torch's thread count, which a run with train.threads changes for the whole process."""
+    import torch
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_train_threads_sets_torchs_threads_and_the_report_shows_it(cli, tmp_path, torch_threads):
+    out = tmp_path / "r"
+    result = cli("run", "copy", "--out", str(out), "--quiet", "--set", "train.threads=1", "--set", "train.max_steps=2",
+                 "--set", "data.train_size=200", "--set", "data.val_size=20", "--set", "data.test_size=20")
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "result.json").read_text())["info"]["threads"] == 1
+    assert re.search(r"threads\s+1\s", (out / "report.txt").read_text())

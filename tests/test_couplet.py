@@ -10,10 +10,11 @@ import unicodedata
 import pytest
 import torch
 
-from taskformer.core.model import EOS, UNK
-from taskformer.core.tokenize import characters
+from dataclasses import replace
+
+from taskformer import EOS, UNK, characters
+from taskformer.app.runner import build_model, decode_texts, load_data, make_config, score
 from taskformer.plugins.manager import plugins
-from taskformer.plugins.runner import build_model, decode_texts, load_data, make_config
 
 TASK = "couplet"
 TINY = ["model.d_model=32", "model.n_heads=2", "model.enc_layers=1", "model.dec_layers=1", "model.d_ff=64",
@@ -43,10 +44,7 @@ def punct(text):
 
 
 def metrics(sources, hyps, refs):
-    merged = {}
-    for part in plugins().call("taskformer_metrics", task(), sources=sources, hypotheses=hyps, references=refs):
-        merged.update(part)
-    return merged
+    return score(task(), list(zip(sources, refs)), hyps)
 
 
 @pytest.fixture
@@ -161,7 +159,7 @@ def test_no_repeat_can_be_switched_off(folder):
     lines = ["春风春风", "风春", "春春风风春"]
     model = untrained(data, cfg, bias=(vocab["春"], vocab["风"]))  # tempted to copy
     on, _ = decode_texts(task(), model, data.tokenizer, None, cfg, lines)
-    cfg["decode"]["no_repeat"] = False
+    cfg = replace(cfg, decode=replace(cfg.decode, no_repeat=False))
     off, _ = decode_texts(task(), model, data.tokenizer, None, cfg, lines)
     copies = lambda outs: sum(a == b for src, out in zip(lines, outs) for a, b in zip(src, out))  # noqa: E731
     assert copies(on) == 0 < copies(off)
@@ -174,7 +172,7 @@ def test_unconstrained_search_is_the_plain_core_search(folder):
     model = untrained(data, cfg, bias=(EOS,))  # a model that wants to stop at once
     outs, _ = decode_texts(task(), model, data.tokenizer, None, cfg, ["春风送暖", "山高,月小"])
     assert outs == ["", ""]
-    cfg["decode"]["constrained"] = True
+    cfg = replace(cfg, decode=replace(cfg.decode, constrained=True))
     outs, _ = decode_texts(task(), model, data.tokenizer, None, cfg, ["春风送暖", "山高,月小"])
     assert [len(o) for o in outs] == [4, 5] and outs[1][2] == ","
 

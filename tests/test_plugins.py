@@ -1,9 +1,14 @@
-"""Plugin discovery through the `taskformer` entry-point group, and isolation of broken plugins."""
+"""Plugin discovery, per-task dispatch, the old plugin API, and plugins that misbehave."""
+import json
 from pathlib import Path
 
 import pytest
+import torch
 
+import legacy_plugin
 from conftest import run_cli
+from taskformer import Task, TaskData, hookimpl, symbols
+from taskformer.plugins.manager import plugins
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "taskformer-reverse"
 
@@ -119,3 +124,111 @@ def test_installed_example_plugin_runs_through_the_cli(tmp_path):
     assert trained.returncode == 0, trained.stderr
     predicted = run_cli("predict", str(out), "1 2 3 4 5 6")
     assert predicted.returncode == 0 and len(predicted.stdout.split()) == 6
+
+
+@pytest.fixture
+def register():
+    """``register(plugin, name)`` adds a plugin to the running manager for one test (the CLI fixture sees it)."""
+    added = []
+
+    def add(plugin, name):
+        plugins().pm.register(plugin, name=name)
+        plugins().refresh()
+        added.append(name)
+        return plugin
+
+    yield add
+    for name in added:
+        plugins().pm.unregister(name=name)
+    plugins().refresh()
+
+
+TINY_COPY = ["--quiet", "--set", "train.max_steps=2", "--set", "data.train_size=200", "--set", "data.val_size=20",
+             "--set", "data.test_size=20"]
+
+
+def test_a_plugin_on_the_old_api_still_works_and_hears_only_its_own_task(register, cli, tmp_path):
+    legacy_plugin.HEARD.clear()
+    register(legacy_plugin, "legacy")
+    out = tmp_path / "legacy"
+    trained = cli("run", "legacy-sort", "--out", str(out), "--quiet")
+    assert trained.exit_code == 0, trained.output
+    assert "Sorted samples" in (out / "report.txt").read_text()  # its report section, reading run.samples
+    predicted = cli("predict", str(out), "3 1 2 5 4", "--beam", "2")
+    assert predicted.exit_code == 0 and len(predicted.stdout.split()) == 5  # its own greedy decoder
+    typo = cli("run", "legacy-sort", "--set", "data.lenght=3")  # dict-declared options are checked too
+    assert typo.exit_code == 2 and "did you mean 'data.length'" in typo.stderr
+    other = cli("run", "copy", "--out", str(tmp_path / "copy"), *TINY_COPY)
+    assert other.exit_code == 0, other.output
+    assert legacy_plugin.HEARD == {"legacy-sort"}
+
+
+class EveryTask:
+    """A plugin that declares no task: it hears every task's metrics and report."""
+
+    @hookimpl
+    def taskformer_metrics(self, task, hypotheses):
+        return {"predictions": float(len(hypotheses))}
+
+    @hookimpl
+    def taskformer_report_sections(self, task):
+        return [("Seen by a cross-cutting plugin", task.name)]
+
+
+def test_a_plugin_that_declares_no_task_hears_every_task(register, cli, tmp_path):
+    register(EveryTask(), "every-task")
+    result = cli("run", "copy", "--out", str(tmp_path / "r"), *TINY_COPY)
+    assert result.exit_code == 0, result.output
+    metrics = json.loads((tmp_path / "r" / "result.json").read_text())["metrics"]
+    assert metrics["test"]["predictions"] == 20.0 and "exact_match" in metrics["test"]
+    assert "Seen by a cross-cutting plugin" in (tmp_path / "r" / "report.txt").read_text()
+
+
+class Faulty:
+    """An encoder-only task whose plugin gives one wrong answer, chosen by ``fault``."""
+
+    def __init__(self, fault):
+        self.fault = fault
+
+    @hookimpl
+    def taskformer_tasks(self):
+        return [Task(name="faulty", description="answers wrongly", variant="encoder-only", metric="accuracy",
+                     defaults={"model": {"d_model": 16, "n_heads": 2, "enc_layers": 1, "d_ff": 32},
+                               "train": {"max_steps": 1}})]
+
+    @hookimpl
+    def taskformer_data(self):
+        rows = [("a b", "A"), ("b a", "B")] * 4 + ([("a a", "C L")] if self.fault == "target" else [])
+        return TaskData(tokenizer=symbols(["a", "b"]), splits={"train": rows, "val": rows[:2], "test": rows[:2]},
+                        labels=["A", "B"])
+
+    @hookimpl
+    def taskformer_head(self, model_config):
+        if self.fault == "head":
+            return torch.nn.Linear(model_config.d_model, 2)  # cannot be called as head(hidden, src_mask)
+
+    @hookimpl
+    def taskformer_decode(self, src):
+        if self.fault == "decode":
+            return ["A"] * (len(src) + 1)
+
+    @hookimpl
+    def taskformer_metrics(self, hypotheses, references):
+        if self.fault == "metrics":
+            return 1.0
+        return {"accuracy": 100.0 * sum(h.label == r for h, r in zip(hypotheses, references)) / len(references)}
+
+
+@pytest.mark.parametrize("fault, expected", [
+    ("target", "taskformer_data for task 'faulty': train target 'C L' is not one of its labels ['A', 'B']"),
+    ("head", "taskformer_head for task 'faulty': head(hidden, src_mask) must return logits of shape (1, 2)"),
+    ("decode", "taskformer_decode for task 'faulty' must return one prediction (a str or a Label) per source "
+               "row, got 3 for 2 rows"),
+    ("metrics", "taskformer_metrics for task 'faulty' must return a dict of metric name to number, got float"),
+])
+def test_a_wrong_answer_names_the_plugin_the_hook_and_what_was_expected(register, cli, tmp_path, fault, expected):
+    register(Faulty(fault), "faulty-plugin")
+    result = cli("run", "faulty", "--out", str(tmp_path / "r"), "--quiet")
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"Error: plugin 'faulty-plugin': {expected}")
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.output

@@ -8,8 +8,8 @@ import shutil
 import pytest
 
 from conftest import run_cli
+from taskformer.app.runner import load_data, make_config, score
 from taskformer.plugins.manager import plugins
-from taskformer.plugins.runner import make_config
 
 TASK = "translate-de-en"
 TINY = ["model.d_model=32", "model.n_heads=2", "model.enc_layers=1", "model.dec_layers=1", "model.d_ff=64",
@@ -24,16 +24,11 @@ def lines(path):
 
 def load(data_dir, *overrides):
     task = plugins().task(TASK)
-    cfg = make_config(task, None, list(overrides), None)
-    return plugins().call("taskformer_data", task, config=cfg, data_dir=data_dir)
+    return load_data(task, make_config(task, None, list(overrides), None), data_dir)
 
 
 def metrics(hyps, refs):
-    merged = {}
-    for part in plugins().call("taskformer_metrics", plugins().task(TASK), sources=[""] * len(refs),
-                               hypotheses=hyps, references=refs):
-        merged.update(part)
-    return merged
+    return score(plugins().task(TASK), [("", r) for r in refs], hyps)
 
 
 @pytest.fixture

@@ -5,16 +5,28 @@ through the ``taskformer`` entry point declared in ``pyproject.toml``; docs/plug
 taskformer repository explains every hook used here.
 """
 import random
+from dataclasses import dataclass
 
 import click
 from rich.table import Table
 
-from taskformer.core import decoding
-from taskformer.core.data import TaskData
-from taskformer.core.tokenize import symbols
-from taskformer.plugins import Task, hookimpl
+from taskformer import PAD, Task, TaskData, hookimpl, search, symbols
 
 DIGITS = list("0123456789")
+
+
+@dataclass
+class Options:
+    """The task's ``data`` options: ``--set data.length=8`` changes one."""
+
+    length: int = 6
+    train_size: int = 4000
+
+    def validate(self):
+        if self.length < 1 or self.train_size < 1:
+            raise ValueError("data.length and data.train_size must be at least 1")
+
+
 TASK = Task(
     name="reverse",
     description="Reverse a sequence of digits (reverse plugin)",
@@ -23,8 +35,9 @@ TASK = Task(
         "model": {"d_model": 64, "n_heads": 4, "enc_layers": 1, "dec_layers": 1, "d_ff": 128, "dropout": 0.0,
                   "max_len": 32},
         "train": {"epochs": 3, "max_tokens": 1024, "lr": 3e-3, "warmup": 50, "label_smoothing": 0.0},
-        "data": {"length": 6, "train_size": 4000},
+        "decode": {"strategy": "greedy"},  # predict --beam 4 switches to beam search
     },
+    data_options=Options,
 )
 
 
@@ -39,40 +52,32 @@ def sample(rng: random.Random, n: int, length: int) -> list[tuple[str, str]]:
 
 
 @hookimpl
-def taskformer_data(task, config):
-    if task.name != TASK.name:
-        return None
-    rng, length = random.Random(config["train"]["seed"]), config["data"]["length"]
+def taskformer_data(config):
+    rng, length = random.Random(config.train.seed), config.data.length
     return TaskData(tokenizer=symbols(DIGITS),
-                    splits={"train": sample(rng, config["data"]["train_size"], length),
+                    splits={"train": sample(rng, config.data.train_size, length),
                             "val": sample(rng, 200, length), "test": sample(rng, 200, length)})
 
 
 @hookimpl
-def taskformer_decode(task, model, src, tokenizer):
-    if task.name != TASK.name:
-        return None
-    # The answer is exactly as long as the question: greedy search with that budget.
-    # (src ends with an EOS the core appends, hence the -1.)
-    budget = (src != 0).sum(1) - 1
-    return [tokenizer.decode(ids) for ids in decoding.greedy(model, src, budget, ignore_eos=True)]
+def taskformer_decode(model, src, tokenizer, config):
+    # The answer is exactly as long as the question: search with that budget.
+    budget = (src != PAD).sum(1) - 1  # as many tokens as the source, without its EOS
+    ids = search(model, src, config.decode, max_len=budget, ignore_eos=True)
+    return [tokenizer.decode(x) for x in ids]
 
 
 @hookimpl
-def taskformer_metrics(task, hypotheses, references):
-    if task.name != TASK.name:
-        return None
+def taskformer_metrics(hypotheses, references):
     hits = sum(h == r for h, r in zip(hypotheses, references))
     return {"exact_match": 100.0 * hits / len(references)}
 
 
 @hookimpl
-def taskformer_report_sections(task, run):
-    if task.name != TASK.name:
-        return None
+def taskformer_report_sections(run):
     table = Table("position", "correct %")
     rows = [(h.split(), r.split()) for _, h, r in run.outputs.get("test", [])]
-    for i in range(run.config["data"]["length"]):
+    for i in range(run.config.data.length):
         right = sum(len(h) > i and h[i] == r[i] for h, r in rows)
         table.add_row(str(i + 1), f"{100.0 * right / max(len(rows), 1):.1f}")
     return [("Accuracy by position", table)]
@@ -84,5 +89,5 @@ def taskformer_register_commands(cli):
     @click.option("-n", default=3, help="How many examples.")
     def examples(n):
         """Print a few examples of the reverse task."""
-        for source, target in sample(random.Random(0), n, TASK.defaults["data"]["length"]):
+        for source, target in sample(random.Random(0), n, Options().length):
             click.echo(f"{source}\t{target}")

@@ -3,7 +3,7 @@ import json
 
 from click.testing import CliRunner
 
-from taskformer.plugins.cli import main
+from taskformer.app.cli import main
 
 
 def test_taskformer_reverse_trains_and_predicts(tmp_path):

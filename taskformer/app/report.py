@@ -1,8 +1,7 @@
 """The end-of-run report and the training progress display, both with ``rich``.
 
-The standard sections (configuration, data, training, metrics, samples) are contributed through
-the same ``taskformer_report_sections`` hook that task plugins use; they come first because
-this plugin is marked ``tryfirst``.
+Every section of the report comes through the ``taskformer_report_sections`` hook: the standard
+ones from the built-in plugin :mod:`taskformer.plugins.builtin.report_sections`, then the task's.
 """
 from __future__ import annotations
 
@@ -20,18 +19,18 @@ from rich.table import Table
 from rich.text import Text
 
 from ..core.checkpoint import atomic_write
-from .hookspecs import hookimpl
-from .manager import PluginError, plugins
+from ..plugins.manager import PluginError, plugins
 
 
-def _table(*columns: str, **kw) -> Table:
+def simple_table(*columns: str, **kw) -> Table:
+    """A table with these column headers, in the style of every report table."""
     t = Table(box=box.SIMPLE_HEAVY, **kw)
     for c in columns:
         t.add_column(c)
     return t
 
 
-def _fmt(v) -> str:
+def fmt(v) -> str:
     if isinstance(v, float):
         return f"{v:.4g}" if abs(v) < 1 else f"{v:,.2f}"
     if isinstance(v, int):
@@ -39,46 +38,12 @@ def _fmt(v) -> str:
     return str(v)
 
 
-@hookimpl(tryfirst=True)
-def taskformer_report_sections(run):
-    cfg = _table("section", "settings")
-    for section, values in run.config.items():
-        cfg.add_row(section, ", ".join(f"{k}={v}" for k, v in values.items()))
-
-    info = run.info
-    facts = _table("", "")
-    facts.show_header = False
-    rows = [("parameters", info.get("parameters")), ("vocabulary", info.get("vocab_size")),
-            *((f"{s} examples", n) for s, n in info.get("data", {}).items()),
-            *((f"{s} inputs truncated", n) for s, n in info.get("truncated", {}).items() if n),
-            *info.get("notes", {}).items(),
-            ("device", info.get("device")), ("precision", info.get("precision")),
-            ("training time", f"{info.get('train_seconds', 0):,.1f} s"),
-            ("wall time (all)", f"{info.get('wall_seconds', 0):,.1f} s"), ("steps", info.get("steps")),
-            ("epochs", info.get("epochs")), ("throughput", f"{info.get('tokens_per_s', 0):,} target tokens/s"),
-            ("best step", info.get("best_step")), ("stopped", info.get("stopped"))]
-    for k, v in rows:
-        if v is not None:
-            facts.add_row(k, _fmt(v))
-
-    names = sorted({m for split in run.metrics.values() for m in split})
-    metrics = _table("split", *names)
-    for split, values in run.metrics.items():
-        metrics.add_row(split, *(_fmt(values.get(n, "")) for n in names))
-
-    samples = _table("source", "output", "reference", show_lines=True)
-    for src, hyp, ref in run.samples.get("test", []):
-        samples.add_row(src, Text(hyp, style="green" if hyp.split("\t")[0] == ref else "yellow"), ref)
-
-    return [("Configuration", cfg), ("Data and training", facts),
-            (f"Metrics (selected by {run.task.metric})", metrics), ("Test samples", samples)]
-
-
 def sections(run) -> list[tuple[str, object]]:
     out = []
-    for part in plugins().call("taskformer_report_sections", run.task, run=run):
+    for plugin, part in plugins().answers("taskformer_report_sections", run.task, run=run):
         if not isinstance(part, list) or not all(isinstance(p, tuple) and len(p) == 2 for p in part):
-            raise PluginError(f"taskformer_report_sections must return a list of (title, renderable), got {part!r:.80}")
+            raise PluginError(f"plugin {plugin!r}: taskformer_report_sections for task {run.task.name!r} must "
+                              f"return a list of (title, renderable) pairs, got {part!r:.80}")
         out.extend(part)
     return out
 
@@ -137,7 +102,7 @@ def render(run, console: Console | None = None) -> None:
 
 def list_runs(root: Path) -> Table:
     """A table of the finished runs under ``root`` (any depth), newest first."""
-    table = _table("task", "date", "wall time", "main metric (test)", "path", title=f"runs under {root}")
+    table = simple_table("task", "date", "wall time", "main metric (test)", "path", title=f"runs under {root}")
     rows = []
     for result in Path(root).rglob("result.json"):
         try:
@@ -147,7 +112,7 @@ def list_runs(root: Path) -> Table:
         except (OSError, ValueError, KeyError, TypeError):
             continue  # not a finished taskformer run
         rows.append((info.get("date", "").replace("T", " ")[:16], saved["task"], f"{info.get('wall_seconds', 0):,.0f} s",
-                     f"{metric} {_fmt(value)}", str(result.parent)))
+                     f"{metric} {fmt(value)}", str(result.parent)))
     for date, task, wall, metric, path in sorted(rows, reverse=True):
         table.add_row(task, date, wall, metric, path)
     return table
@@ -214,5 +179,5 @@ class ProgressDisplay:
                 self.progress.update(self.train_bar, description=epoch, completed=e["progress"], info=info)
         elif kind == "eval":
             keys = [k for k in e if k not in ("event", "split", "step", "epoch", "epochs", "improved")]
-            line = f"eval step {e['step']}: " + "  ".join(f"{k} {_fmt(e[k])}" for k in keys)
+            line = f"eval step {e['step']}: " + "  ".join(f"{k} {fmt(e[k])}" for k in keys)
             self._say(line + ("  (best so far)" if e.get("improved") else ""))

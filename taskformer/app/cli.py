@@ -5,9 +5,9 @@ code 2; ``taskformer --debug ...`` shows the traceback instead.
 """
 from __future__ import annotations
 
-import copy
 import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -18,7 +18,7 @@ from ..core import config as C
 from ..core import progress
 from ..core.errors import TaskformerError
 from . import distributed, report, runner, scaffold
-from .manager import plugins
+from ..plugins.manager import plugins
 
 
 class CLI(click.Group):
@@ -117,8 +117,7 @@ def eval_cmd(run_dir, split, data_dir, overrides) -> None:
     updates = C.parse_overrides(list(overrides))
     if set(updates) - {"decode"}:
         raise TaskformerError("eval --set changes decoding only: use decode.KEY=VALUE")
-    run.config = C.merge(copy.deepcopy(run.config), updates, "--set")
-    C.validate(run.config)
+    run.config = C.build(run.task, C.merge(run.config.to_dict(), updates, "--set"))
     saved = runner.ckpt.read_json(run.dir / "config.json")
     with report.ProgressDisplay() as display, progress.listening(display):
         data = runner.load_data(run.task, run.config, data_dir or saved.get("data_dir"))
@@ -140,16 +139,16 @@ def eval_cmd(run_dir, split, data_dir, overrides) -> None:
 def predict_cmd(run_dir, text, beam) -> None:
     """Run a trained model on TEXT, or on each line of stdin (one output line per input line)."""
     run = runner.load(run_dir)
-    cfg = copy.deepcopy(run.config)
+    config = run.config
     if beam is not None:
-        cfg["decode"].update(strategy="beam" if beam > 1 else "greedy", beam=beam)
+        config = replace(config, decode=replace(config.decode, strategy="beam" if beam > 1 else "greedy", beam=beam))
     lines = list(text) if text else [line.rstrip("\r\n") for line in sys.stdin]
-    outputs, cut = runner.decode_texts(run.task, run.model, run.tokenizer, run.labels, cfg, lines)
+    outputs, cut = runner.predict(run, lines, config)
     if cut:
         click.echo(f"warning: {cut} input(s) longer than the model's {run.model.cfg.max_len} positions were truncated",
                    err=True)
     for out in outputs:
-        click.echo(out.replace("\n", " "))
+        click.echo(str(out).replace("\n", " "))
 
 
 @main.command("runs")

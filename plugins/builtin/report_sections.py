@@ -1,0 +1,50 @@
+"""The standard sections of every report: configuration, data and training, metrics, test samples.
+
+They come through the same ``taskformer_report_sections`` hook that task plugins use, first
+because this plugin is marked ``tryfirst``.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from rich.text import Text
+
+from taskformer import Label, hookimpl
+from taskformer.app.report import fmt, simple_table
+
+
+@hookimpl(tryfirst=True)
+def taskformer_report_sections(run):
+    cfg = simple_table("section", "settings")
+    settings = {**run.config.to_dict(), "model": asdict(run.model.cfg)}  # as built: vocabulary and classes filled in
+    for section, values in settings.items():
+        cfg.add_row(section, ", ".join(f"{k}={v}" for k, v in values.items()))
+
+    info = run.info
+    facts = simple_table("", "")
+    facts.show_header = False
+    rows = [("parameters", info.get("parameters")), ("vocabulary", info.get("vocab_size")),
+            *((f"{s} examples", n) for s, n in info.get("data", {}).items()),
+            *((f"{s} inputs truncated", n) for s, n in info.get("truncated", {}).items() if n),
+            *info.get("notes", {}).items(),
+            ("device", info.get("device")), ("precision", info.get("precision")), ("threads", info.get("threads")),
+            ("training time", f"{info.get('train_seconds', 0):,.1f} s"),
+            ("wall time (all)", f"{info.get('wall_seconds', 0):,.1f} s"), ("steps", info.get("steps")),
+            ("epochs", info.get("epochs")), ("throughput", f"{info.get('tokens_per_s', 0):,} target tokens/s"),
+            ("best step", info.get("best_step")), ("stopped", info.get("stopped"))]
+    for k, v in rows:
+        if v is not None:
+            facts.add_row(k, fmt(v))
+
+    names = sorted({m for split in run.metrics.values() for m in split})
+    metrics = simple_table("split", *names)
+    for split, values in run.metrics.items():
+        metrics.add_row(split, *(fmt(values.get(n, "")) for n in names))
+
+    samples = simple_table("source", "output", "reference", show_lines=True)
+    for src, prediction, ref in run.samples.get("test", []):
+        right = (prediction.label if isinstance(prediction, Label) else prediction) == ref
+        samples.add_row(src, Text(str(prediction), style="green" if right else "yellow"), ref)
+
+    return [("Configuration", cfg), ("Data and training", facts),
+            (f"Metrics (selected by {run.task.metric})", metrics), ("Test samples", samples)]

@@ -1,0 +1,415 @@
+"""Glue between the hooks and the core: build a task's model, train, evaluate, predict, report.
+
+The trainer in :mod:`taskformer.core.engine` never sees a task; this module asks the task's
+plugin for data, head and decoder through the hooks and hands the core plain tensors. It also
+checks what the plugins hand back, so that a wrong answer is reported with the plugin, the hook and
+what was expected instead of surfacing later as an error deep inside the core.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import signal
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from ..core import checkpoint as ckpt
+from ..core import config as C
+from ..core import decoding
+from ..core import precision
+from ..core import progress
+from ..core.config import RunConfig
+from ..core.data import TaskData, encode, encode_sources, pad
+from ..core.decoding import Label
+from ..core.engine import Trainer, autocast, evaluate_loss
+from ..core.errors import TaskformerError
+from ..core.model import BOS, UNK, Transformer
+from ..core.tokenize import check_specials
+from ..plugins.hookspecs import Task
+from ..plugins.manager import PluginError, plugins
+
+SPLITS = ("train", "val", "test")
+Prediction = str | Label  # what a decode hook returns per row
+
+
+def spread(items: list, n: int = 5) -> list:
+    """``n`` items evenly spaced over the list (report samples that are not all from the start)."""
+    return items[:: max(1, len(items) // n)][:n]
+
+
+@dataclass
+class Run:
+    """Everything known about one run; report sections and commands read from it."""
+
+    dir: Path
+    task: Task
+    config: RunConfig
+    tokenizer: Tokenizer
+    labels: list[str] | None
+    model: Transformer
+    metrics: dict[str, dict] = field(default_factory=dict)  # split -> metric -> value
+    # split -> every (source, prediction, reference) of the split
+    outputs: dict[str, list[tuple[str, Prediction, str]]] = field(default_factory=dict)
+    info: dict = field(default_factory=dict)  # data sizes, wall time, throughput, notes
+
+    @property
+    def samples(self) -> dict[str, list[tuple[str, Prediction, str]]]:
+        """A few outputs of each split, evenly spread: what the report shows as samples."""
+        return {split: spread(rows) for split, rows in self.outputs.items()}
+
+    @property
+    def history(self) -> list[dict]:
+        path = self.dir / "metrics.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+
+def pick_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def make_config(task: Task, config_file: str | None, overrides: list[str], seed: int | None) -> RunConfig:
+    cfg = C.defaults(task)
+    if config_file:
+        C.merge(cfg, C.read_config_file(config_file), str(config_file))
+    C.merge(cfg, C.parse_overrides(overrides), "--set")
+    if seed is not None:
+        cfg["train"]["seed"] = seed
+    return C.build(task, cfg)
+
+
+def saved_config(task: Task, saved: dict, source: str) -> RunConfig:
+    """A run's config.json section; options added since it was written take their defaults."""
+    return C.build(task, C.merge(C.defaults(task), saved, source))
+
+
+def use_threads(config: RunConfig) -> None:
+    """``train.threads``: torch's intra-op threads for training and decoding (0 keeps torch's choice)."""
+    if config.train.threads:
+        torch.set_num_threads(config.train.threads)
+
+
+def build_model(task: Task, config: RunConfig, vocab_size: int, labels: list[str] | None) -> Transformer:
+    mc = replace(config.model, vocab_size=vocab_size, num_classes=len(labels) if labels else 0)
+    plugin, head = plugins().first("taskformer_head", task, model_config=mc)
+    if head is None:
+        return Transformer(mc)
+    where = f"plugin {plugin!r}: taskformer_head for task {task.name!r}"
+    if not isinstance(head, torch.nn.Module):
+        raise PluginError(f"{where} must return a torch.nn.Module, got {type(head).__name__}")
+    model = Transformer(mc, head)
+    check_head(model, where)
+    return model
+
+
+@torch.no_grad()
+def check_head(model: Transformer, where: str) -> None:
+    """Run a plugin's head once on a tiny batch: a wrong contract fails here, named, not mid-training."""
+    encoder_only = model.cfg.variant == "encoder-only"
+    src, tgt_in = torch.tensor([[BOS, UNK, UNK]]), torch.tensor([[BOS, UNK]])
+    expected = (1, model.cfg.num_classes) if encoder_only else (1, 2, model.cfg.vocab_size)
+    model.eval()  # no dropout: the check draws no random numbers
+    try:
+        shape = tuple((model(src) if encoder_only else model(src, tgt_in)).shape)
+    except Exception as e:
+        shape = f"an error ({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__})"
+    finally:
+        model.train()
+    if shape != expected:
+        raise PluginError(f"{where}: head(hidden, src_mask) must return logits of shape {expected} for this "
+                          f"test batch, but gave {shape}")
+
+
+def normalize(task: Task, texts: list[str]) -> list[str]:
+    """Raw input lines through the task's ``taskformer_normalize`` (lines it leaves alone stay as they are)."""
+    out = []
+    for text in texts:
+        plugin, clean = plugins().first("taskformer_normalize", task, text=text)
+        if clean is not None and not isinstance(clean, str):
+            raise PluginError(f"plugin {plugin!r}: taskformer_normalize for task {task.name!r} must return a "
+                              f"string, got {type(clean).__name__}")
+        out.append(text if clean is None else clean)
+    return out
+
+
+def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, config: RunConfig,
+                 texts: list[str], name: str = "decoding"):
+    """Decode raw source lines through the task's decoder, batched by length; blank lines give blank outputs.
+
+    Returns the predictions in input order and how many inputs were truncated to ``model.max_len``.
+    """
+    model.eval()
+    outputs: list[Prediction] = [""] * len(texts)
+    todo = [i for i, t in enumerate(texts) if t.strip()]
+    src, cut = encode_sources(tokenizer, [texts[i] for i in todo], model.cfg.max_len,
+                              classify=model.cfg.variant == "encoder-only")
+    order = sorted(range(len(todo)), key=lambda j: len(src[j]))
+    dc, device = config.decode, next(model.parameters()).device
+    chunks = [order[start : start + dc.batch_size] for start in range(0, len(order), dc.batch_size)]
+
+    def run(chunk: list[int]) -> list[Prediction]:
+        batch = pad([src[j] for j in chunk]).to(device)
+        with autocast(config.train.bf16, device):
+            plugin, outs = plugins().first("taskformer_decode", task, model=model, src=batch, tokenizer=tokenizer,
+                                           labels=labels, config=config)
+        wrong = "not a list" if not isinstance(outs, list) else (
+            f"{len(outs)} for {len(chunk)} rows" if len(outs) != len(chunk) else
+            next((f"{type(o).__name__} at row {i}" for i, o in enumerate(outs) if not isinstance(o, (str, Label))), ""))
+        if wrong:
+            raise PluginError(f"plugin {plugin!r}: taskformer_decode for task {task.name!r} must return one "
+                              f"prediction (a str or a Label) per source row, got {wrong}")
+        return outs
+
+    workers = decoding.decode_workers(dc.workers, device, len(chunks))
+    with progress.stage(name, len(order)) as advance:
+        for chunk, outs in zip(chunks, decoding.parallel_map(run, chunks, workers)):
+            for j, out in zip(chunk, outs):
+                outputs[todo[j]] = out
+            advance(len(chunk))
+    return outputs, cut
+
+
+def predict(run: Run, lines: list[str], config: RunConfig | None = None):
+    """Predictions for raw input lines (normalized by the task first) and how many were truncated."""
+    return decode_texts(run.task, run.model, run.tokenizer, run.labels, config or run.config,
+                        normalize(run.task, lines))
+
+
+def score(task: Task, pairs: list[tuple[str, str]], hyps: list[Prediction]) -> dict:
+    """Merge the metrics every plugin that hears this task reports."""
+    merged: dict = {}
+    for plugin, part in plugins().answers("taskformer_metrics", task, sources=[s for s, _ in pairs],
+                                          hypotheses=hyps, references=[r for _, r in pairs]):
+        if not isinstance(part, dict):
+            raise PluginError(f"plugin {plugin!r}: taskformer_metrics for task {task.name!r} must return a dict "
+                              f"of metric name to number, got {type(part).__name__}")
+        merged.update(part)
+    return merged
+
+
+def evaluate_split(run: Run, pairs: list[tuple[str, str]], config: RunConfig | None = None, name: str = "decoding"):
+    """Decode and score one split; returns (metrics, [(source, prediction, reference), ...])."""
+    hyps, _ = decode_texts(run.task, run.model, run.tokenizer, run.labels, config or run.config,
+                           [s for s, _ in pairs], name)
+    return score(run.task, pairs, hyps), [(s, h, r) for (s, r), h in zip(pairs, hyps)]
+
+
+def load_data(task: Task, config: RunConfig, data_dir: str | None) -> TaskData:
+    """The task's data, checked: a wrong answer is an error naming the plugin and what was expected."""
+    plugin, data = plugins().first("taskformer_data", task, config=config,
+                                   data_dir=Path(data_dir) if data_dir else None)
+    where = f"plugin {plugin or task.plugin!r}: taskformer_data for task {task.name!r}"
+    if not isinstance(data, TaskData):
+        raise PluginError(f"{where} must return a TaskData, got {type(data).__name__}")
+    missing = [s for s in SPLITS if not data.splits.get(s)]
+    if missing:
+        raise PluginError(f"{where} returned no {', '.join(missing)} split")
+    for split in SPLITS:
+        bad = next((i for i, row in enumerate(data.splits[split]) if not (
+            isinstance(row, (tuple, list)) and len(row) == 2 and all(isinstance(x, str) for x in row))), None)
+        if bad is not None:
+            raise PluginError(f"{where}: {split} row {bad} must be a (source, target) pair of strings, "
+                              f"got {data.splits[split][bad]!r:.80}")
+    try:
+        check_specials(data.tokenizer)
+    except ValueError as e:
+        raise PluginError(f"{where}: {e} (see 'Bring your own tokenizer' in docs/plugins.md)") from None
+    if task.variant == "encoder-only":
+        if not data.labels:
+            raise PluginError(f"{where} must give the class names in TaskData.labels (an encoder-only task)")
+        known = set(data.labels)
+        for split in SPLITS:
+            bad = next((t for _, t in data.splits[split] if t not in known), None)
+            if bad is not None:
+                raise PluginError(f"{where}: {split} target {bad!r} is not one of its labels {data.labels!r:.120}")
+    return data
+
+
+def default_run_dir(task: str) -> Path:
+    return Path("runs") / task / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def new_run_dir(task: str, out: str | None) -> Path:
+    path = Path(out) if out else default_run_dir(task)
+    if (path / "config.json").exists():
+        raise TaskformerError(f"{path} already holds a run; choose another --out or resume it with --resume {path}")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextmanager
+def stop_on_signals(trainer: Trainer):
+    """SIGINT/SIGTERM finish the current step, checkpoint, and end training (instead of losing it)."""
+    def handler(signum, frame):
+        trainer.stop_reason = f"interrupted by {signal.Signals(signum).name}"
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def train(task_name: str, data_dir: str | None = None, out: str | None = None, time_limit: float | None = None,
+          seed: int | None = None, config_file: str | None = None, overrides: tuple[str, ...] = (),
+          resume: str | None = None, on_event=lambda e: None, shard: tuple[int, int] = (0, 1)) -> Run:
+    """Train a task end to end (or continue ``resume``); returns the run with val/test metrics filled in.
+
+    ``on_event`` receives the training events and the progress of every other stage (see core.progress).
+    """
+    with progress.listening(on_event):
+        return _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, resume, on_event, shard)
+
+
+def _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, resume, on_event, shard) -> Run:
+    if resume:
+        run_dir = Path(resume)
+        saved = ckpt.read_json(run_dir / "config.json")
+        task = plugins().task(saved["task"])
+        config = saved_config(task, saved["config"], str(run_dir / "config.json"))
+        data_dir, time_limit = saved.get("data_dir"), saved.get("time_limit")
+    else:
+        task = plugins().task(task_name)
+        config = make_config(task, config_file, list(overrides), seed)
+        run_dir = new_run_dir(task.name, out) if shard[0] == 0 else None
+        if shard[1] > 1:  # every rank writes to (or reads) the directory rank 0 chose
+            shared = [run_dir]
+            torch.distributed.broadcast_object_list(shared, src=0)
+            run_dir = shared[0]
+    started = time.monotonic()
+    use_threads(config)
+    with progress.stage("loading data and training the tokenizer"):
+        data = load_data(task, config, data_dir)
+    device = pick_device()
+    torch.manual_seed(config.train.seed)
+    model = build_model(task, config, data.tokenizer.get_vocab_size(), data.labels).to(device)
+    if not resume and shard[0] == 0:
+        data.tokenizer.save(str(run_dir / "tokenizer.json"))
+        ckpt.write_json(run_dir / "config.json", {"task": task.name, "labels": data.labels,
+                                                   "config": config.to_dict(), "data_dir": data_dir,
+                                                   "time_limit": time_limit})
+    classify = task.variant == "encoder-only"
+    with progress.stage("encoding the train and val splits"):
+        train_enc, val_enc = (encode(data, s, config.model.max_len, classify) for s in ("train", "val"))
+    run = Run(run_dir, task, config, data.tokenizer, data.labels, model)
+    eval_config = replace(config, decode=replace(config.decode, strategy=config.decode.eval_strategy))
+
+    def evaluate() -> dict:
+        metrics, _ = evaluate_split(run, data.splits["val"], eval_config, "validating")
+        return {"loss": evaluate_loss(model, val_enc, config.train, device), **metrics}
+
+    trainer = Trainer(model, config.train, train_enc, evaluate, (task.metric, task.higher_is_better), run_dir, device,
+                      on_event=on_event, shard=shard)
+    if resume and not trainer.resume():
+        raise TaskformerError(f"{run_dir}: no checkpoint to resume from (checkpoints/ is empty)")
+    with stop_on_signals(trainer):
+        state = trainer.fit(time_limit * 60 if time_limit else None)
+    if trainer.stop_reason:
+        raise Interrupted(run_dir, trainer.stop_reason)
+    if shard[0] != 0:
+        return run  # rank 0 alone evaluates the best checkpoint and reports
+    ckpt.load_weights(model, run_dir / ckpt.WEIGHTS)
+    for split in ("val", "test"):
+        run.metrics[split], run.outputs[split] = evaluate_split(run, data.splits[split], name=f"decoding {split}")
+    bf16, why = precision.choose(config.train.bf16, device)
+    run.info = {
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "device": str(device),
+        "precision": f"{'bf16' if bf16 else 'fp32'} ({why})",
+        "threads": torch.get_num_threads(),
+        "parameters": model.num_parameters(),
+        "data": {s: len(data.splits[s]) for s in SPLITS},
+        "vocab_size": data.tokenizer.get_vocab_size(),
+        "truncated": {"train": train_enc.truncated, "val": val_enc.truncated},
+        "notes": data.notes,
+        "train_seconds": round(state["elapsed"], 1),
+        "wall_seconds": round(time.monotonic() - started, 1),
+        "steps": state["step"],
+        "epochs": state["epoch"] + (1 if state["batch"] else 0),
+        "train_tokens": state["tokens"],
+        "tokens_per_s": round(state["tokens"] / max(state["elapsed"], 1e-9)),
+        "best_step": state["best_step"],
+        "stopped": state["stopped"] or "completed all epochs",
+    }
+    for split, rows in run.outputs.items():
+        ckpt.atomic_write(run_dir / f"outputs-{split}.jsonl", "".join(
+            json.dumps(row_json(row), ensure_ascii=False) + "\n" for row in rows))
+    samples = {split: [row_json(row) for row in rows] for split, rows in run.samples.items()}
+    ckpt.write_json(run_dir / "result.json", {"task": task.name, "metric": task.metric, "metrics": run.metrics,
+                                               "samples": samples, "info": run.info})
+    return run
+
+
+def row_json(row: tuple[str, Prediction, str]) -> dict:
+    """One output as outputs-*.jsonl stores it; a Label as ``{"label", "probability"}``."""
+    source, prediction, reference = row
+    output = prediction._asdict() if isinstance(prediction, Label) else prediction
+    return {"source": source, "output": output, "reference": reference}
+
+
+def row_from_json(row: dict, classify: bool) -> tuple[str, Prediction, str]:
+    """Back from outputs-*.jsonl. Runs from before predictions were values hold a classifier's
+    prediction as the line ``LABEL<TAB>PROBABILITY``."""
+    output = row["output"]
+    if isinstance(output, dict):
+        output = Label(output["label"], output["probability"])
+    elif classify:
+        label, _, prob = output.partition("\t")
+        output = Label(label, float(prob or "nan"))
+    return row["source"], output, row["reference"]
+
+
+class Interrupted(TaskformerError):
+    """Training was stopped by a signal after a checkpoint was written."""
+
+    def __init__(self, run_dir: Path, why: str):
+        super().__init__(f"training {why}; checkpoint saved. Resume with: taskformer run --resume {run_dir}")
+        self.run_dir = run_dir
+        self.exit_code = 130
+
+
+def load(run_dir: str | Path) -> Run:
+    """Load a finished (or in-progress) run for eval, predict and report."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise TaskformerError(f"{run_dir}: no such run directory")
+    ckpt.refuse_pickles(run_dir)
+    saved = ckpt.read_json(run_dir / "config.json")
+    cfg = saved.get("config") if isinstance(saved, dict) else None
+    if not isinstance(cfg, dict) or "task" not in saved or not all(isinstance(v, dict) for v in cfg.values()):
+        raise TaskformerError(f"{run_dir / 'config.json'}: not a taskformer run config")
+    task = plugins().task(saved["task"])
+    if str(cfg.get("train", {}).get("bf16")).lower() == "true":
+        cfg["train"]["bf16"] = "auto"  # a forced bf16 was for training there; decoding here follows this hardware
+    if cfg.get("model", {}).get("variant") != task.variant:
+        raise TaskformerError(f"{run_dir}: config is for a {cfg.get('model', {}).get('variant')} model, "
+                              f"but task {task.name!r} is {task.variant}")
+    config = saved_config(task, cfg, str(run_dir / "config.json"))
+    use_threads(config)
+    try:
+        tokenizer = Tokenizer.from_file(str(run_dir / "tokenizer.json"))
+    except Exception as e:
+        raise TaskformerError(f"{run_dir}: unreadable run ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    model = build_model(task, config, tokenizer.get_vocab_size(), saved.get("labels")).to(pick_device())
+    ckpt.load_weights(model, run_dir / ckpt.WEIGHTS)
+    model.eval()
+    run = Run(run_dir, task, config, tokenizer, saved.get("labels"), model)
+    result = run_dir / "result.json"
+    if result.exists():
+        saved_result = ckpt.read_json(result)
+        run.metrics, run.info = saved_result.get("metrics", {}), saved_result.get("info", {})
+    for path in run_dir.glob("outputs-*.jsonl"):
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        run.outputs[path.stem.removeprefix("outputs-")] = [row_from_json(r, task.variant == "encoder-only")
+                                                           for r in rows]
+    return run
