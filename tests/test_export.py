@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 from tokenizers import Tokenizer
 
@@ -43,7 +44,9 @@ def ct2_greedy(model_dir: Path, texts: list[str], compute_type: str) -> list[str
 
     info = json.loads((model_dir / "taskformer.json").read_text())
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    threads = torch.get_num_threads()
     translator = ctranslate2.Translator(str(model_dir), device="cpu", compute_type=compute_type, intra_threads=1)
+    torch.set_num_threads(threads)  # the Translator sets the OpenMP threads it shares with torch to 1
     results = translator.translate_batch([tok.encode(t).tokens for t in texts], beam_size=1,
                                          max_decoding_length=info["decode"]["max_len_b"],
                                          max_input_length=info["max_input_length"])
