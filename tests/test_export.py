@@ -2,6 +2,7 @@
 import importlib.util
 import json
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -100,6 +101,20 @@ def test_output_folder_is_never_clobbered_by_accident(copy_run, cli, tmp_path):
     assert cli("export", str(copy_run), "--to", "ctranslate2", str(out), "--quantization", "int8",
                "--overwrite").exit_code == 0
     assert json.loads((out / "taskformer.json").read_text())["quantization"] == "int8"
+
+
+@needs_ct2
+def test_the_python_example_in_docs_export_md_runs(copy_run, cli, tmp_path, monkeypatch, capsys):
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "export.md").read_text(encoding="utf-8")
+    example = re.findall(r"```python\n(.*?)```", doc, flags=re.S)[0]
+    monkeypatch.chdir(tmp_path)
+    assert cli("export", str(copy_run), "--to", "ctranslate2", "copy-ct2").exit_code == 0
+    threads = torch.get_num_threads()
+    try:
+        exec(example, {})
+    finally:
+        torch.set_num_threads(threads)  # the example's Translator changed them
+    assert capsys.readouterr().out == "['1 4 7 2 9 3 5 8 2 6']\n"
 
 
 def test_missing_ctranslate2_says_how_to_install_it(copy_run, cli, tmp_path, monkeypatch):
