@@ -23,15 +23,19 @@ def invoke(*args):
     return CliRunner().invoke(main, list(args), catch_exceptions=False, env={"COLUMNS": "200"})
 
 
-@pytest.fixture(scope="module")
-def copy_run(tmp_path_factory):
+def train_copy(out: Path, *overrides: str) -> Path:
     """The default copy run (100% exact match) with a fixed decoding budget, in fp32: `predict` decodes
     in the run's precision, and the equality under test is fp32 against fp32."""
-    out = tmp_path_factory.mktemp("export") / "copy"
-    result = invoke("run", "copy", "--out", str(out), "--quiet", "--set", "train.bf16=false", "--set", "decode.max_len_a=0",
-                    "--set", f"decode.max_len_b={BUDGET}", "--set", "data.val_size=50", "--set", "data.test_size=50")
+    settings = ["train.bf16=false", "decode.max_len_a=0", f"decode.max_len_b={BUDGET}", "data.val_size=50",
+                "data.test_size=50", *overrides]
+    result = invoke("run", "copy", "--out", str(out), "--quiet", *[a for o in settings for a in ("--set", o)])
     assert result.exit_code == 0, result.output
     return out
+
+
+@pytest.fixture(scope="module")
+def copy_run(tmp_path_factory):
+    return train_copy(tmp_path_factory.mktemp("export") / "copy")
 
 
 def held_out(seed: int, n: int, lengths: tuple[int, int]) -> list[str]:
@@ -54,23 +58,33 @@ def ct2_greedy(model_dir: Path, texts: list[str], compute_type: str) -> list[str
     return [tok.decode([tok.token_to_id(t) for t in r.hypotheses[0]]) for r in results]
 
 
-@needs_ct2
-def test_ctranslate2_greedy_equals_taskformer_greedy_on_every_held_out_sentence(copy_run, cli, tmp_path):
+def assert_same_greedy(cli, run: Path, out: Path) -> None:
     # Lengths 1..20 while the model was trained on 10: many outputs are wrong copies, some run to the
     # budget, and the batch is padded on both sides, so equal outputs mean equal numerics. (Where this
     # was written, the smallest top-2 logit gap over these inputs was 3e-3: far above fp32 rounding.)
     texts = held_out(1234, 100, (1, 20))
-    result = cli("export", str(copy_run), "--to", "ctranslate2", str(tmp_path / "ct2"))
+    result = cli("export", str(run), "--to", "ctranslate2", str(out))
     assert result.exit_code == 0, result.output
-    assert f"wrote {tmp_path / 'ct2'}" in result.stdout
+    assert f"wrote {out}" in result.stdout
     for name in ("model.bin", "config.json", "shared_vocabulary.json", "tokenizer.json", "taskformer.json"):
-        assert (tmp_path / "ct2" / name).is_file(), name
-    ours = cli("predict", str(copy_run), "--beam", "1", input="\n".join(texts) + "\n")
+        assert (out / name).is_file(), name
+    ours = cli("predict", str(run), "--beam", "1", input="\n".join(texts) + "\n")
     assert ours.exit_code == 0
     ours = ours.stdout.splitlines()
     assert len(ours) == len(texts)
     assert sum(o != t for o, t in zip(ours, texts)) >= 10  # the comparison is not only of perfect copies
-    assert ct2_greedy(tmp_path / "ct2", texts, "float32") == ours
+    assert ct2_greedy(out, texts, "float32") == ours
+
+
+@needs_ct2
+def test_ctranslate2_greedy_equals_taskformer_greedy_on_every_held_out_sentence(copy_run, cli, tmp_path):
+    assert_same_greedy(cli, copy_run, tmp_path / "ct2")
+
+
+@needs_ct2
+def test_post_norm_and_untied_embeddings_export_as_exactly(cli, tmp_path):
+    run = train_copy(tmp_path / "run", "model.norm_first=false", "model.tie_embeddings=false")
+    assert_same_greedy(cli, run, tmp_path / "ct2")
 
 
 @needs_ct2
@@ -80,8 +94,11 @@ def test_int8_export_is_smaller_and_still_copies(copy_run, cli, tmp_path):
                      "--quantization", quantization)
         assert result.exit_code == 0, result.output
     assert (tmp_path / "int8" / "model.bin").stat().st_size < 0.4 * (tmp_path / "float32" / "model.bin").stat().st_size
-    texts = held_out(99, 100, (10, 10))  # the trained length: the model copies every one
-    assert ct2_greedy(tmp_path / "int8", texts, "int8") == texts
+    # The trained length, where the fp32 model copies every sentence; int8 rounding may flip a few
+    # near-even choices (1 in 100 in a run under forced AVX2), not the task.
+    texts = held_out(99, 100, (10, 10))
+    assert ct2_greedy(tmp_path / "float32", texts, "float32") == texts
+    assert sum(o == t for o, t in zip(ct2_greedy(tmp_path / "int8", texts, "int8"), texts)) >= 90
 
 
 @needs_ct2
