@@ -16,7 +16,13 @@ Workloads (model shape for all: vocab 8000, d_model 256, 3+3 layers, 8 heads, FF
    steps (baseline: greedy, one sentence at a time, no cache; taskformer: greedy and beam 5 with a
    KV cache, in length-sorted batches of 128, one batch per thread at a time as the CLI decodes);
 4. peak resident memory of each (measured in a child process per implementation) and model FLOP
-   utilisation against this machine's matmul peak, measured in the same run.
+   utilisation against this machine's matmul peak, measured in the same run;
+5. when ``ctranslate2`` is importable: the race with CTranslate2. taskformer's decoding model is
+   exported (``core.export``, fp32 and int8) and CTranslate2 decodes the same sources in the same
+   rounds: greedy and beam 5, the same 24 steps (``min_decoding_length`` = ``max_decoding_length``;
+   its outputs are checked to hold 24 tokens), length-sorted batches of 128, and the same threads
+   (one batch per ``inter_threads`` worker, ``intra_threads=1``, as taskformer's workers). Printed
+   beside taskformer's rows, with taskformer/CTranslate2 ratios.
 
 taskformer runs in fp32 always and in bf16 only where bf16 is native (``core.precision``); the
 table's title names the CPU, its kernel capability and the bf16 decision, and the ratios are given
@@ -34,6 +40,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,16 +48,21 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+try:
+    import ctranslate2
+except ImportError:  # the race rows need it: pip install taskformer[export]
+    ctranslate2 = None
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 sys.path.insert(0, str(SHARED / "bench"))
 import reference_transformer as ref  # noqa: E402
 
-from taskformer.core import decoding, precision  # noqa: E402
+from taskformer.core import decoding, export, precision  # noqa: E402
 from taskformer.core.data import encode_sources, pad, read_parallel, token_batches  # noqa: E402
 from taskformer.core.engine import TrainConfig, Trainer, autocast  # noqa: E402
 from taskformer.core.model import BOS, EOS, PAD, ModelConfig, Transformer  # noqa: E402
-from taskformer.core.tokenize import subword  # noqa: E402
+from taskformer.core.tokenize import subword, symbols  # noqa: E402
 
 V, D, LAYERS, FF, HEADS, B, L = 8000, 256, 3, 1024, 8, 128, 24
 CPU = torch.device("cpu")
@@ -160,7 +172,36 @@ def real_training(src, tgt, rounds: int, steps: int, max_tokens: int, precisions
     return {name: tokens[name] / seconds[name] for name in contenders}
 
 
-def decoding_speed(val_src, n_baseline: int, n_taskformer: int, rounds: int, precisions: tuple[str, ...]) -> dict:
+def ctranslate2_contenders(model: Transformer, sources: list[list[int]], batch_size: int, workers: int,
+                           folder: Path) -> dict:
+    """CTranslate2 decoding the same weights and sources: ``{name: fn}`` for the timing rounds.
+
+    CTranslate2 takes token strings: the ids become synthetic tokens (``t4`` ...) of a tokenizer that
+    only gives the export its vocabulary; the trailing EOS is left to CTranslate2 (``add_source_eos``).
+    """
+    tokenizer = symbols([f"t{i}" for i in range(4, V)])
+    tokens = [[f"t{i}" for i in s[:-1]] for s in sorted(sources, key=len)]  # length-sorted, as ours
+    contenders = {}
+    for quantization, compute_type in (("float32", "float32"), ("int8", "int8")):
+        path = export.to_ctranslate2(model, tokenizer, folder / quantization, quantization)
+        threads = torch.get_num_threads()
+        translator = ctranslate2.Translator(str(path), device="cpu", compute_type=compute_type,
+                                            inter_threads=workers, intra_threads=1)
+        torch.set_num_threads(threads)  # the Translator sets the OpenMP threads it shares with torch to 1
+        for search, beam in (("greedy", 1), ("beam5", 5)):
+            def run(_, translator=translator, beam=beam, search=search):
+                out = translator.translate_batch(tokens, max_batch_size=batch_size, beam_size=beam,
+                                                 min_decoding_length=L, max_decoding_length=L)
+                if any(len(r.hypotheses[0]) != L for r in out):  # the workload must match ours step for step
+                    raise RuntimeError(f"CTranslate2 {search} did not decode exactly {L} steps")
+                return len(out)
+            contenders[f"ctranslate2 {search} {'fp32' if quantization == 'float32' else quantization}"] = run
+    return contenders
+
+
+def decoding_speed(val_src, n_baseline: int, n_taskformer: int, rounds: int, precisions: tuple[str, ...],
+                   folder: Path | None = None) -> dict:
+    """Sentences/s of each contender; with ``folder`` (a scratch directory) CTranslate2 races too."""
     base_model = make_reference()[0].eval()
     tf_model = make_taskformer(False)[0].eval()
     sources = [s for s in val_src]
@@ -198,6 +239,8 @@ def decoding_speed(val_src, n_baseline: int, n_taskformer: int, rounds: int, pre
         contenders |= {f"taskformer {search} {p}": ours(search, p == "bf16") for p in precisions}
     fastest = precisions[-1]
     contenders[f"taskformer greedy {fastest}, 1 worker"] = ours("greedy", fastest == "bf16", workers=1)
+    if folder is not None:
+        contenders |= ctranslate2_contenders(tf_model, sources[:n_taskformer], cfg.batch_size, workers, folder)
 
     def work(name, fn):
         t = time.perf_counter()
@@ -282,9 +325,13 @@ def main() -> None:
     stage("Multi30k training")
     real = real_training(src, tgt, rounds=1 if quick else 4, steps=1 if quick else 8, max_tokens=args.max_tokens,
                          precisions=precisions)
-    stage("decoding")
-    dec = decoding_speed(val_src, n_baseline=4 if quick else 50, n_taskformer=192 if quick else 1000,
-                         rounds=1 if quick else 3, precisions=precisions)
+    stage("decoding" + ("" if ctranslate2 else ": CTranslate2 rows skipped, ctranslate2 is not installed "
+                                                "(pip install taskformer[export])"))
+    with tempfile.TemporaryDirectory() as folder:
+        dec = decoding_speed(val_src, n_baseline=4 if quick else 50, n_taskformer=192 if quick else 1000,
+                             rounds=1 if quick else 3, precisions=precisions,
+                             folder=Path(folder) if ctranslate2 else None)
+    ct2 = {k: dec.pop(k) for k in list(dec) if k.startswith("ctranslate2")}
     stage("peak memory")
     memory = peak_memory(1 if quick else 5, precisions)
 
@@ -326,6 +373,18 @@ def main() -> None:
                         "beam5_vs_baseline_greedy": fp32(dec, "taskformer beam5") / base_greedy},
         "seconds": time.perf_counter() - started,
     }
+    if ct2:
+        result["ctranslate2"] = {"version": ctranslate2.__version__, "inter_threads": workers, "intra_threads": 1}
+        result["ctranslate2_decode_sentences_per_s"] = ct2
+        # taskformer / CTranslate2, above 1 when taskformer decodes faster (no fp32 entries under --quick
+        # where bf16 is native: taskformer then decodes in bf16 alone)
+        vs = result["vs_ctranslate2"] = {}
+        for search in ("greedy", "beam5"):
+            mine = (("fp32", fp32(dec, f"taskformer {search}")), ("best", best(dec, f"taskformer {search}")[0]))
+            for ours, v in mine:
+                for theirs in ("fp32", "int8"):
+                    if v == v:  # not NaN
+                        vs[f"{search}_{ours}_vs_ct2_{theirs}"] = v / ct2[f"ctranslate2 {search} {theirs}"]
     try:
         result["cpu"] = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if "model name" in line)
     except (OSError, StopIteration):
@@ -354,6 +413,10 @@ def print_table(r: dict) -> None:
     base = r["decode_sentences_per_s"]["baseline greedy (bs 1, no cache)"]
     for name, v in r["decode_sentences_per_s"].items():
         t.add_row("decode 24 steps", name, f"{v:,.1f} sent/s", f"{v / base:.1f}x")
+    for name, v in r.get("ctranslate2_decode_sentences_per_s", {}).items():
+        c = r["ctranslate2"]
+        t.add_row("decode 24 steps", f"{name} ({c['inter_threads']} x {c['intra_threads']} thread)",
+                  f"{v:,.1f} sent/s", f"{v / base:.1f}x")
     for name, v in r["peak_rss_mib"].items():
         t.add_row("peak RSS (train)", name, f"{v:,.0f} MiB", "")
     t.add_row("matmul peak", " / ".join(r["matmul_peak_gflops"]),
@@ -365,6 +428,9 @@ def print_table(r: dict) -> None:
     f = r["fp32_ratios"]
     print(f"fp32 alone: train_synthetic {f['train_synthetic']:.2f}x, train_real {f['train_real']:.2f}x, "
           f"greedy {f['greedy']:.1f}x, beam5 vs baseline greedy {f['beam5_vs_baseline_greedy']:.1f}x")
+    if "vs_ctranslate2" in r:
+        print(f"taskformer / CTranslate2 {r['ctranslate2']['version']} (above 1: taskformer faster): "
+              + ", ".join(f"{k} {v:.2f}x" for k, v in r["vs_ctranslate2"].items()))
 
 
 if __name__ == "__main__":

@@ -151,6 +151,49 @@ def predict_cmd(run_dir, text, beam) -> None:
         click.echo(str(out).replace("\n", " "))
 
 
+@main.command("export")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--to", "target", type=click.Choice(["ctranslate2"]), required=True, help="Format to write.")
+@click.option("--quantization", default="float32", show_default=True,
+              type=click.Choice(["float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
+                                 "float16", "bfloat16"]), help="Weight type of the exported model.")
+@click.option("--force", is_flag=True, help="Export even though the task decodes with its own (e.g. constrained) "
+                                            "search, which CTranslate2 cannot run.")
+@click.option("--overwrite", is_flag=True, help="Replace an earlier export in OUT_DIR.")
+def export_cmd(run_dir, out_dir, target, quantization, force, overwrite) -> None:
+    """Write RUN_DIR's model to OUT_DIR for another inference engine (CTranslate2), tokenizer beside it.
+
+    Only the network and the plain greedy/beam search travel: a task whose plugin decodes by its
+    own rules (couplet's form constraint) would give other outputs there, so it is refused unless
+    --force. docs/export.md has the details.
+    """
+    import torch
+
+    from ..core import export
+    from ..core.model import EOS, UNK
+
+    run = runner.load(run_dir)
+    export.check_exportable(run.model)
+    # Does a plugin decode this task itself? Ask the hook without the built-in default, on a probe row.
+    pm = plugins().pm
+    own = pm.subset_hook_caller("taskformer_decode", remove_plugins=[pm.get_plugin("taskformer.plugins.defaults")])
+    probe = torch.tensor([[UNK, EOS]], device=run.device)
+    if own(task=run.task, model=run.model, src=probe, tokenizer=run.tokenizer, labels=run.labels,
+           config=run.config) is not None:
+        why = (f"task {run.task.name!r} is decoded by its plugin's own search (taskformer_decode hook, e.g. a "
+               "constrained one); CTranslate2 runs plain greedy/beam search, so its outputs would differ from "
+               "`taskformer predict`")
+        if not force:
+            raise TaskformerError(f"{why}; pass --force to export the network anyway")
+        click.echo(f"warning: {why}", err=True)
+    info = {"task": run.task.name, "run_dir": str(run.dir), "quantization": quantization,
+            "max_input_length": run.model.cfg.max_len, "decode": run.config["decode"]}
+    export.to_ctranslate2(run.model, run.tokenizer, out_dir, quantization, overwrite, info)
+    click.echo(f"wrote {out_dir}: CTranslate2 {quantization} model, tokenizer.json, taskformer.json "
+               f"(load it with ctranslate2.Translator({str(out_dir)!r}))")
+
+
 @main.command("runs")
 @click.argument("root", default="runs", type=click.Path(file_okay=False))
 def runs_cmd(root) -> None:

@@ -1,0 +1,180 @@
+"""Export an encoder-decoder model to CTranslate2, through CTranslate2's own converter API.
+
+This module knows the weight layout of :class:`taskformer.core.model.Transformer` and nothing of
+tasks or plugins. The mapping onto ``ctranslate2.specs.TransformerSpec``:
+
+* ``in_proj`` stacks the query, key and value rows: it is CTranslate2's fused self-attention
+  projection as it is; cross-attention takes its query rows and its key/value rows apart.
+* ``norms[0..2]`` are the layer norms before (pre-norm) or after (post-norm) self-attention,
+  cross-attention and the ReLU feed-forward; ``enc_norm``/``dec_norm`` the final pre-norm ones.
+* Tied embeddings: the one matrix is written as source and target embeddings and output
+  projection (CTranslate2 stores it once). Embeddings are scaled by sqrt(d_model), as ours.
+* Positions: our sinusoidal table (position 0 = first token, sin/cos interleaved) is written into
+  the spec; left empty, CTranslate2 would build its own table, laid out differently.
+
+``ctranslate2`` is an optional dependency (``pip install taskformer[export]``): it is imported
+only when an export runs.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from .errors import TaskformerError
+from .model import Generator, Transformer
+from .tokenize import SPECIALS
+
+QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
+                 "bfloat16")
+MARKER = "model.bin"  # what CTranslate2 writes: a folder holding it may be replaced with overwrite=True
+
+
+class ExportError(TaskformerError):
+    """The model or the output folder cannot be exported as asked; the message says why."""
+
+
+def _numpy(t: torch.Tensor):
+    return t.detach().to("cpu", torch.float32).numpy()
+
+
+def check_exportable(model: Transformer) -> None:
+    """Refuse models CTranslate2's ``TransformerSpec`` cannot express, before any work is done."""
+    if model.cfg.variant != "encoder-decoder":
+        raise ExportError(
+            "only encoder-decoder models can be exported to CTranslate2: its encoder-only models "
+            "(ctranslate2.Encoder) end in hidden states or a BERT first-token pooler, with no place "
+            "for this model's classification head (pooling + two-layer MLP), so no labels would come out")
+    if type(model.head) is not Generator:
+        raise ExportError(f"the task's plugin gives the model its own output head ({type(model.head).__name__}); "
+                          "CTranslate2 has only a linear projection to the vocabulary")
+
+
+def _load_ctranslate2():
+    try:
+        import ctranslate2  # noqa: F401
+        from ctranslate2.converters import Converter
+        from ctranslate2.specs import common_spec, transformer_spec
+    except ImportError:
+        raise ExportError("exporting to CTranslate2 needs the ctranslate2 package: pip install taskformer[export]") from None
+    return Converter, common_spec, transformer_spec
+
+
+def _converter_class():
+    """Build the ``Converter`` subclass on demand, since ``ctranslate2`` may not be installed."""
+    Converter, common_spec, transformer_spec = _load_ctranslate2()
+
+    def linear(spec, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        spec.weight = _numpy(weight)
+        if bias is not None:
+            spec.bias = _numpy(bias)
+
+    def norm(spec, ln: torch.nn.LayerNorm) -> None:
+        spec.gamma, spec.beta = _numpy(ln.weight), _numpy(ln.bias)
+
+    def attention(spec, attn, cross: bool) -> None:
+        d = attn.d
+        w, b = attn.in_proj.weight, attn.in_proj.bias
+        if cross:  # CTranslate2 keeps the query projection apart from the fused key/value one
+            linear(spec.linear[0], w[:d], b[:d])
+            linear(spec.linear[1], w[d:], b[d:])
+        else:
+            linear(spec.linear[0], w, b)
+        linear(spec.linear[-1], attn.out_proj.weight, attn.out_proj.bias)
+
+    def block(spec, blk) -> None:
+        attention(spec.self_attention, blk.self_attn, cross=False)
+        norm(spec.self_attention.layer_norm, blk.norms[0])
+        if blk.cross_attn is not None:
+            attention(spec.attention, blk.cross_attn, cross=True)
+            norm(spec.attention.layer_norm, blk.norms[1])
+        first, _, _, last = blk.ff  # Linear, ReLU, Dropout, Linear
+        linear(spec.ffn.linear_0, first.weight, first.bias)
+        linear(spec.ffn.linear_1, last.weight, last.bias)
+        norm(spec.ffn.layer_norm, blk.norms[-1])
+
+    class TaskformerConverter(Converter):
+        """Fills a ``TransformerSpec`` from a taskformer model and its tokenizer's vocabulary."""
+
+        def __init__(self, model: Transformer, vocabulary: list[str]):
+            self.model, self.vocabulary = model, vocabulary
+
+        def _load(self):
+            m, cfg = self.model, self.model.cfg
+            spec = transformer_spec.TransformerSpec.from_config(
+                (cfg.enc_layers, cfg.dec_layers), cfg.n_heads, pre_norm=cfg.norm_first,
+                activation=common_spec.Activation.RELU)
+            positions = _numpy(m.positions.pe)
+            spec.encoder.embeddings[0].weight = _numpy(m.embed.weight)
+            spec.encoder.position_encodings.encodings = positions
+            for layer_spec, blk in zip(spec.encoder.layer, m.encoder):
+                block(layer_spec, blk)
+            target = m.embed if m.tgt_embed is None else m.tgt_embed
+            spec.decoder.embeddings.weight = _numpy(target.weight)
+            spec.decoder.position_encodings.encodings = positions
+            for layer_spec, blk in zip(spec.decoder.layer, m.decoder):
+                block(layer_spec, blk)
+            if cfg.norm_first:
+                norm(spec.encoder.layer_norm, m.enc_norm)
+                norm(spec.decoder.layer_norm, m.dec_norm)
+            linear(spec.decoder.projection, m.head.proj.weight, m.head.proj.bias)
+            spec.register_source_vocabulary(self.vocabulary)
+            spec.register_target_vocabulary(self.vocabulary)
+            # Our specials (ids 0..3); sources are framed as taskformer frames them: tokens + [EOS].
+            spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = SPECIALS[3], SPECIALS[1], SPECIALS[2]
+            spec.config.decoder_start_token = SPECIALS[1]
+            spec.config.add_source_eos = True
+            spec.config.layer_norm_epsilon = m.encoder[0].norms[0].eps
+            return spec
+
+    return TaskformerConverter
+
+
+def vocabulary(tokenizer: Tokenizer, size: int) -> list[str]:
+    """The tokenizer's tokens in id order, which CTranslate2 takes as its vocabulary list."""
+    by_id = {i: t for t, i in tokenizer.get_vocab(with_added_tokens=True).items()}
+    missing = [i for i in range(size) if i not in by_id]
+    if missing or len(by_id) != size:
+        raise ExportError(f"the tokenizer's {len(by_id)} tokens do not cover the model's {size} ids "
+                          f"(first missing id: {missing[0] if missing else size})")
+    return [by_id[i] for i in range(size)]
+
+
+def _prepare(out_dir: Path, overwrite: bool) -> bool:
+    """Whether CTranslate2 may replace ``out_dir``: only an empty folder or an earlier export
+    (with ``overwrite``), never an arbitrary one, since the converter deletes the folder first."""
+    if not out_dir.exists():
+        return False
+    if not out_dir.is_dir():
+        raise ExportError(f"{out_dir}: exists and is not a directory")
+    if not any(out_dir.iterdir()):
+        return True
+    if not (out_dir / MARKER).is_file():
+        raise ExportError(f"{out_dir}: exists and is not empty; choose a new directory")
+    if not overwrite:
+        raise ExportError(f"{out_dir}: already holds a CTranslate2 model; pass --overwrite to replace it")
+    return True
+
+
+def to_ctranslate2(model: Transformer, tokenizer: Tokenizer, out_dir: str | Path, quantization: str = "float32",
+                   overwrite: bool = False, info: dict | None = None) -> Path:
+    """Write ``model`` as a CTranslate2 model in ``out_dir``, with ``tokenizer.json`` beside it.
+
+    ``quantization`` is CTranslate2's weight type (``int8`` etc.); ``info`` is saved as
+    ``taskformer.json`` (task, decoding settings) so that the folder says where it came from.
+    """
+    check_exportable(model)
+    if quantization not in QUANTIZATIONS:
+        raise ExportError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, not {quantization!r}")
+    out_dir = Path(out_dir)
+    replace = _prepare(out_dir, overwrite)
+    converter = _converter_class()(model.eval(), vocabulary(tokenizer, model.cfg.vocab_size))
+    with torch.no_grad():
+        converter.convert(str(out_dir), quantization=quantization, force=replace)
+    tokenizer.save(str(out_dir / "tokenizer.json"))
+    (out_dir / "taskformer.json").write_text(json.dumps(info or {}, indent=2, ensure_ascii=False) + "\n",
+                                             encoding="utf-8")
+    return out_dir
+
