@@ -22,10 +22,11 @@ from taskformer.core.progress import stage, track
 from taskformer.core.tokenize import SPECIALS, characters, subword, symbols
 from taskformer.plugins.hookspecs import Task, hookimpl
 from taskformer.app.runner import Run  # noqa: E402 -- after the core: the application builds on it
+from taskformer.api import Model, load  # noqa: E402 -- trained runs from Python code (docs/api.md)
 
 __all__ = [
     "BOS", "EOS", "PAD", "SPECIALS", "UNK", "ClassificationHead", "Constraint", "DataError", "DecodeConfig",
-    "Generator", "Label", "ModelConfig", "Run", "RunConfig", "Task", "TaskData", "TaskformerError",
+    "Generator", "Label", "Model", "ModelConfig", "Run", "RunConfig", "Task", "TaskData", "TaskformerError",
     "beam_search", "best_labels", "characters", "classify", "encode_sources", "find_file", "greedy", "hookimpl",
-    "max_lengths", "read_lines", "read_parallel", "search", "stage", "subword", "symbols", "track",
+    "load", "max_lengths", "read_lines", "read_parallel", "search", "stage", "subword", "symbols", "track",
 ]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sys
 import warnings
-from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -118,11 +117,8 @@ def eval_cmd(run_dir, split, data_dir, overrides) -> None:
     if set(updates) - {"decode"}:
         raise TaskformerError("eval --set changes decoding only: use decode.KEY=VALUE")
     run.config = C.build(run.task, C.merge(run.config.to_dict(), updates, "--set"))
-    saved = runner.ckpt.read_json(run.dir / "config.json")
     with report.ProgressDisplay() as display, progress.listening(display):
-        data = runner.load_data(run.task, run.config, data_dir or saved.get("data_dir"))
-        results = {s: runner.evaluate_split(run, data.splits[s], name=f"decoding {s}")[0]
-                   for s in (split or ("val", "test"))}
+        results = runner.evaluate_saved(run, split or ("val", "test"), data_dir)
     table = Table(title=f"{run.task.name}: {run.dir}")
     names = sorted({k for m in results.values() for k in m})
     for col in ("split", *names):
@@ -139,9 +135,7 @@ def eval_cmd(run_dir, split, data_dir, overrides) -> None:
 def predict_cmd(run_dir, text, beam) -> None:
     """Run a trained model on TEXT, or on each line of stdin (one output line per input line)."""
     run = runner.load(run_dir)
-    config = run.config
-    if beam is not None:
-        config = replace(config, decode=replace(config.decode, strategy="beam" if beam > 1 else "greedy", beam=beam))
+    config = runner.with_search(run.config, beam)
     lines = list(text) if text else [line.rstrip("\r\n") for line in sys.stdin]
     outputs, cut = runner.predict(run, lines, config)
     if cut:

@@ -185,6 +185,31 @@ def predict(run: Run, lines: list[str], config: RunConfig | None = None):
                         normalize(run.task, lines))
 
 
+def with_search(config: RunConfig, beam: int | None = None, batch_size: int | None = None) -> RunConfig:
+    """``config`` with another beam size (1 = greedy) or decoding batch size, as predict's options ask."""
+    decode = config.decode
+    if beam is not None:
+        if not isinstance(beam, int) or isinstance(beam, bool) or beam < 1:
+            raise TaskformerError(f"beam must be a whole number of at least 1, got {beam!r}")
+        decode = replace(decode, strategy="beam" if beam > 1 else "greedy", beam=beam)
+    if batch_size is not None:
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise TaskformerError(f"batch_size must be a whole number of at least 1, got {batch_size!r}")
+        decode = replace(decode, batch_size=batch_size)
+    return replace(config, decode=decode)
+
+
+def evaluate_saved(run: Run, splits, data_dir: str | Path | None = None) -> dict[str, dict]:
+    """Metrics of a loaded run on each of ``splits``, reading the data the run was trained on by default."""
+    unknown = [s for s in splits if s not in ("val", "test")]
+    if unknown:
+        raise TaskformerError(f"unknown split {unknown[0]!r}: evaluate val or test")
+    if data_dir is None:
+        data_dir = ckpt.read_json(run.dir / "config.json").get("data_dir")
+    data = load_data(run.task, run.config, data_dir)
+    return {s: evaluate_split(run, data.splits[s], name=f"decoding {s}")[0] for s in splits}
+
+
 def score(task: Task, pairs: list[tuple[str, str]], hyps: list[Prediction]) -> dict:
     """Merge the metrics every plugin that hears this task reports."""
     merged: dict = {}

@@ -1,0 +1,70 @@
+"""Use a trained run from Python, without the command line.
+
+    import taskformer
+    model = taskformer.load("runs/translate-de-en/20261122-101500")
+    model.predict(["Ein Hund rennt über die Wiese."])      # ['A dog runs across the meadow.']
+    model.evaluate("test")                                  # {'bleu': 36.9, 'chrf': 56.5, ...}
+
+``predict`` goes through the same task decoder as ``taskformer predict`` (constraints included) and
+returns one result per input, in order: a string for sequence tasks, a :class:`taskformer.Label`
+``(label, probability)`` for classifiers. Loading refuses what the command line refuses (pickles
+beside the weights, corrupt or mismatched weights) with the same :class:`taskformer.TaskformerError`,
+and nothing is printed.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from .app import runner
+from .core.errors import TaskformerError
+
+
+class Model:
+    """A trained run, loaded once: its best weights, tokenizer, task and configuration."""
+
+    def __init__(self, run: runner.Run):
+        self._run = run
+
+    def __repr__(self) -> str:
+        return f"<taskformer.Model {self.task.name!r} from {str(self.dir)!r}>"
+
+    @property
+    def task(self):
+        """The :class:`taskformer.Task` the run trained."""
+        return self._run.task
+
+    @property
+    def config(self):
+        """The run's configuration (:class:`taskformer.RunConfig`)."""
+        return self._run.config
+
+    @property
+    def dir(self) -> Path:
+        return self._run.dir
+
+    def predict(self, texts: Iterable[str], *, beam: int | None = None, batch_size: int | None = None) -> list:
+        """One prediction per text, in order; a blank text gives an empty prediction.
+
+        ``beam`` overrides the run's search (1 = greedy), ``batch_size`` the sentences decoded at once.
+        """
+        if isinstance(texts, str):
+            raise TaskformerError("predict takes a list of texts, not one string: model.predict([text])")
+        texts = list(texts)
+        wrong = next((t for t in texts if not isinstance(t, str)), None)
+        if wrong is not None:
+            raise TaskformerError(f"predict takes strings, got {type(wrong).__name__}")
+        outputs, _ = runner.predict(self._run, texts, runner.with_search(self.config, beam, batch_size))
+        return outputs
+
+    def evaluate(self, split: str = "test", data_dir: str | Path | None = None) -> dict:
+        """Metrics of the run's best weights on ``split`` (val or test) of the task's data.
+
+        ``data_dir`` defaults to the folder the run was trained on.
+        """
+        return runner.evaluate_saved(self._run, [split], data_dir)[split]
+
+
+def load(run_dir: str | Path) -> Model:
+    """Load the run in ``run_dir`` (as written by ``taskformer run``) for prediction and evaluation."""
+    return Model(runner.load(run_dir))

@@ -1,0 +1,64 @@
+"""The Python API: docs/api.md's example runs as written, and loading refuses what the CLI refuses."""
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+import taskformer
+from conftest import run_cli
+
+DOC = Path(__file__).parents[1] / "docs" / "api.md"
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A folder holding runs/copy/example, the run the documentation's example loads."""
+    root = tmp_path_factory.mktemp("api")
+    result = run_cli("run", "copy", "--out", str(root / "runs" / "copy" / "example"), "--quiet")
+    assert result.returncode == 0, result.stderr
+    return root
+
+
+def test_the_documented_example_prints_what_its_comments_say(workdir, monkeypatch, capsys):
+    code = re.search(r"```python\n(.*?)```", DOC.read_text(), re.S).group(1)
+    expected = [line.split("# -> ", 1)[1].strip() for line in code.splitlines() if "# -> " in line]
+    assert len(expected) >= 4
+    monkeypatch.chdir(workdir)
+    exec(compile(code, str(DOC), "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == expected
+
+
+def test_predict_matches_the_command_line_and_prints_nothing(workdir, capsys):
+    run_dir = workdir / "runs" / "copy" / "example"
+    texts = ["3 1 4 1 5 9 2 6 5 3", "2 7 1 8 2 8 1 8 2 8"]
+    model = taskformer.load(run_dir)
+    ours = model.predict(texts, beam=1)
+    assert capsys.readouterr().out == ""
+    cli = run_cli("predict", str(run_dir), "--beam", "1", input="\n".join(texts) + "\n")
+    assert cli.returncode == 0 and cli.stdout.splitlines() == ours
+    assert model.predict([]) == []
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda m: m.predict("1 2 3"), "not one string"),
+    (lambda m: m.predict([1, 2]), "takes strings"),
+    (lambda m: m.predict(["1 2"], beam=0), "beam must be"),
+    (lambda m: m.evaluate("train"), "unknown split"),
+])
+def test_bad_calls_raise_a_taskformer_error(workdir, call, message):
+    model = taskformer.load(workdir / "runs" / "copy" / "example")
+    with pytest.raises(taskformer.TaskformerError, match=message):
+        call(model)
+
+
+def test_loading_refuses_a_planted_pickle_with_the_cli_message(workdir, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(workdir / "runs" / "copy" / "example", bad)
+    (bad / "evil.pkl").write_bytes(b"cos\nsystem\n(S'echo pwned'\ntR.")
+    with pytest.raises(taskformer.TaskformerError) as raised:
+        taskformer.load(bad)
+    cli = run_cli("predict", str(bad), "1 2 3")
+    assert cli.returncode == 2 and cli.stderr.strip() == f"Error: {raised.value}"
+
