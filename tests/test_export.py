@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 from tokenizers import Tokenizer
 
-from taskformer.plugins.cli import main
+from taskformer.app.cli import main
 
 needs_ct2 = pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None,
                                reason="ctranslate2 is not installed (pip install taskformer[export])")

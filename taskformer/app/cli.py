@@ -166,15 +166,15 @@ def export_cmd(run_dir, out_dir, target, quantization, force, overwrite) -> None
 
     from ..core import export
     from ..core.model import EOS, UNK
+    from ..plugins.builtin import defaults as default_decoder
 
     run = runner.load(run_dir)
     export.check_exportable(run.model)
-    # Does a plugin decode this task itself? Ask the hook without the built-in default, on a probe row.
-    pm = plugins().pm
-    own = pm.subset_hook_caller("taskformer_decode", remove_plugins=[pm.get_plugin("taskformer.plugins.defaults")])
+    # Does a plugin decode this task itself? Ask the hook on a probe row and see who answers first.
     probe = torch.tensor([[UNK, EOS]], device=run.device)
-    if own(task=run.task, model=run.model, src=probe, tokenizer=run.tokenizer, labels=run.labels,
-           config=run.config) is not None:
+    decoder, _ = plugins().first("taskformer_decode", run.task, model=run.model, src=probe, tokenizer=run.tokenizer,
+                                 labels=run.labels, config=run.config)
+    if decoder != default_decoder.__name__:
         why = (f"task {run.task.name!r} is decoded by its plugin's own search (taskformer_decode hook, e.g. a "
                "constrained one); CTranslate2 runs plain greedy/beam search, so its outputs would differ from "
                "`taskformer predict`")
@@ -182,7 +182,7 @@ def export_cmd(run_dir, out_dir, target, quantization, force, overwrite) -> None
             raise TaskformerError(f"{why}; pass --force to export the network anyway")
         click.echo(f"warning: {why}", err=True)
     info = {"task": run.task.name, "run_dir": str(run.dir), "quantization": quantization,
-            "max_input_length": run.model.cfg.max_len, "decode": run.config["decode"]}
+            "max_input_length": run.model.cfg.max_len, "decode": run.config.to_dict()["decode"]}
     export.to_ctranslate2(run.model, run.tokenizer, out_dir, quantization, overwrite, info)
     click.echo(f"wrote {out_dir}: CTranslate2 {quantization} model, tokenizer.json, taskformer.json "
                f"(load it with ctranslate2.Translator({str(out_dir)!r}))")
