@@ -18,14 +18,18 @@ from .errors import DataError
 from .model import BOS, EOS, PAD
 from .progress import stage
 
+IGNORE = -100  # a target that is not scored: a tagging position with no label (BOS, padding, a word's later tokens)
+
 
 @dataclass
 class TaskData:
     """What a task's data hook returns.
 
-    ``splits`` maps ``train``/``val``/``test`` to ``(source, target)`` strings; for classification the
-    target is a label name from ``labels``. ``notes`` are extra facts for the report's data table
-    (e.g. how many inputs were truncated or held unknown characters).
+    ``splits`` maps ``train``/``val``/``test`` to ``(source, target)`` strings. The target is text for
+    an encoder-decoder; for classification it is one name from ``labels``; for tagging it is one name
+    from ``labels`` per whitespace-separated word of the source, separated by spaces
+    (``("Anna lives in Paris", "B-PER O O B-LOC")``). ``notes`` are extra facts for the report's data
+    table (e.g. how many inputs were truncated or held unknown characters).
     """
 
     tokenizer: Tokenizer
@@ -81,11 +85,13 @@ def read_parallel(src_path: Path, tgt_path: Path) -> list[tuple[str, str]]:
 
 @dataclass
 class Encoded:
-    """Token ids of one split: sources always; targets as id lists (sequence tasks) or class ids."""
+    """Token ids of one split: sources always; targets as id lists (sequence tasks), class ids, or one
+    tag id per source position (tagging, ``IGNORE`` where nothing is scored)."""
 
     src: list[list[int]]
     tgt: list[list[int]] | list[int]
     truncated: int = 0
+    target_pad: int = PAD  # fills a batch's shorter target rows: IGNORE for tags, where 0 is a real tag
 
     def __len__(self) -> int:
         return len(self.src)
@@ -107,11 +113,43 @@ def encode_sources(tokenizer: Tokenizer, texts: list[str], max_len: int, classif
     return [x[:room] + [EOS] for x in ids], cut
 
 
-def encode(data: TaskData, split: str, max_len: int, classify: bool) -> Encoded:
+def encode_words(tokenizer: Tokenizer, texts: list[str], max_len: int) -> tuple[list[list[int]], list[list[int]], int]:
+    """Tagging sources, framed ``[BOS] + ids`` like a classifier's, and where each word starts.
+
+    A word is a whitespace-separated piece of the text, tokenized on its own, so a subword tokenizer
+    may split it into several tokens. ``words[i][w]`` is the position in ``src[i]`` of the first token
+    of word ``w``: its tag is learned and predicted there, and its other tokens carry none (as in
+    BERT's token classification). It is ``-1`` for a word cut off by ``max_len`` or that gave no token.
+    """
+    pieces = [t.split() for t in texts]
+    room = max_len - 1
+    src, words, cut = [], [], 0
+    for row, e in zip(pieces, tokenizer.encode_batch(pieces, is_pretokenized=True)):
+        starts = [-1] * len(row)
+        for pos, w in enumerate(e.word_ids[:room], start=1):
+            if w is not None and starts[w] < 0:
+                starts[w] = pos
+        src.append([BOS] + e.ids[:room])
+        words.append(starts)
+        cut += len(e.ids) > room
+    return src, words, cut
+
+
+def encode(data: TaskData, split: str, max_len: int, variant: str) -> Encoded:
+    """One split as ids for a model of ``variant`` (see :data:`taskformer.core.model.VARIANTS`)."""
     pairs = data.splits[split]
+    index = {name: i for i, name in enumerate(data.labels or [])}
+    if variant == "tagging":
+        src, words, cut = encode_words(data.tokenizer, [s for s, _ in pairs], max_len)
+        tgt = [[IGNORE] * len(ids) for ids in src]
+        for row, starts, (_, tags) in zip(tgt, words, pairs):
+            for pos, tag in zip(starts, tags.split()):
+                if pos >= 0:
+                    row[pos] = index[tag]
+        return Encoded(src, tgt, cut, target_pad=IGNORE)
+    classify = variant == "encoder-only"
     src, cut = encode_sources(data.tokenizer, [s for s, _ in pairs], max_len, classify)
     if classify:
-        index = {name: i for i, name in enumerate(data.labels)}
         return Encoded(src, [index[t] for _, t in pairs], cut)
     room = max_len - 2
     tgt = [[BOS] + e.ids[:room] + [EOS] for e in data.tokenizer.encode_batch([t for _, t in pairs])]
@@ -144,9 +182,9 @@ def token_batches(lengths: list[int], max_tokens: int, seed: int | None = None) 
     return batches
 
 
-def pad(seqs: list[list[int]]) -> torch.Tensor:
-    """Right-pad id lists into a (N, max length) tensor."""
-    out = torch.full((len(seqs), max(len(s) for s in seqs)), PAD, dtype=torch.long)
+def pad(seqs: list[list[int]], value: int = PAD) -> torch.Tensor:
+    """Right-pad id lists with ``value`` into a (N, max length) tensor."""
+    out = torch.full((len(seqs), max(len(s) for s in seqs)), value, dtype=torch.long)
     for i, s in enumerate(seqs):
         out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
     return out
@@ -155,5 +193,5 @@ def pad(seqs: list[list[int]]) -> torch.Tensor:
 def collate(enc: Encoded, index: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     src = pad([enc.src[i] for i in index])
     if isinstance(enc.tgt[0], list):
-        return src, pad([enc.tgt[i] for i in index])
+        return src, pad([enc.tgt[i] for i in index], enc.target_pad)
     return src, torch.tensor([enc.tgt[i] for i in index], dtype=torch.long)

@@ -192,6 +192,18 @@ def best_labels(model: Transformer, src: torch.Tensor, labels: list[str]) -> lis
     return [Label(labels[i], p) for p, i in zip(prob.tolist(), index.tolist())]
 
 
+@torch.no_grad()
+def best_tags(model: Transformer, src: torch.Tensor, words: list[list[int]], labels: list[str]) -> list[str]:
+    """The most probable tag of every word, as the line ``TAG TAG ...`` (one per word of each row).
+
+    ``words[i]`` holds the position of each word's first token in row ``i`` (see
+    :func:`taskformer.core.data.encode_words`); a word at ``-1``, cut off by the model's length,
+    gets ``labels[0]``.
+    """
+    best = model(src).argmax(-1).tolist()  # (B, S) tag ids
+    return [" ".join(labels[row[p]] if p >= 0 else labels[0] for p in starts) for row, starts in zip(best, words)]
+
+
 def parallel_map(fn: Callable[[Item], Result], items: Iterable[Item], workers: int) -> Iterator[Result]:
     """``map(fn, items)`` over ``workers`` threads of one intra-op thread each, results in order.
 

@@ -20,7 +20,7 @@ import torch
 
 from . import checkpoint as ckpt
 from . import precision
-from .data import Encoded, collate, token_batches
+from .data import IGNORE, Encoded, collate, token_batches
 from .errors import TaskformerError
 from .model import PAD, Section, Transformer
 
@@ -89,9 +89,15 @@ def autocast(bf16, device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16) if use else nullcontext()
 
 
-def target_count(tgt: torch.Tensor) -> int:
-    """Tokens a batch is scored on: shifted non-padding targets, or one per example for classes."""
-    return int((tgt[:, 1:] != PAD).sum()) if tgt.dim() == 2 else tgt.numel()
+def teacher_forced(model: Transformer) -> bool:
+    """Whether ``model`` (or the model inside a DDP wrapper) has a decoder, which reads the target shifted."""
+    return getattr(model, "module", model).decoder is not None
+
+
+def target_count(tgt: torch.Tensor, shifted: bool) -> int:
+    """Targets a batch is scored on: the shifted non-padding tokens of sequences, else every target
+    that is not ``IGNORE`` (one per example for classes, one per tagged word for tagging)."""
+    return int((tgt[:, 1:] != PAD).sum()) if shifted else int((tgt != IGNORE).sum())
 
 
 class SmoothedCrossEntropy(torch.autograd.Function):
@@ -144,14 +150,17 @@ class SmoothedCrossEntropy(torch.autograd.Function):
 def batch_loss(model: Transformer, src: torch.Tensor, tgt: torch.Tensor, smoothing: float):
     """Summed cross-entropy and the number of tokens (or examples) it covers.
 
-    Sequence targets ``(B, T)`` are shifted for teacher forcing: the decoder reads ``tgt[:, :-1]``
-    and predicts ``tgt[:, 1:]``. Class targets ``(B,)`` are scored once per example.
+    Sequence targets ``(B, T)`` of an encoder-decoder are shifted for teacher forcing: the decoder
+    reads ``tgt[:, :-1]`` and predicts ``tgt[:, 1:]``, padding skipped. An encoder-only model's
+    logits are scored against the targets as they are: class targets ``(B,)`` once per example, tag
+    targets ``(B, S)`` at every position that is not ``IGNORE`` (0 is a real class or tag there).
     """
-    count = target_count(tgt)
-    if tgt.dim() == 2:  # padding is skipped; for classes, 0 is a real label and nothing is skipped
+    shifted = teacher_forced(model)
+    count = target_count(tgt, shifted)
+    if shifted:
         gold, logits, skip = tgt[:, 1:], model(src, tgt[:, :-1]), PAD
     else:
-        gold, logits, skip = tgt, model(src), -100
+        gold, logits, skip = tgt, model(src), IGNORE
     loss = SmoothedCrossEntropy.apply(logits.flatten(0, -2), gold.reshape(-1), smoothing, skip)
     return loss, count
 
@@ -256,7 +265,7 @@ class Trainer:
         The loss is summed over every target token of the update and divided by their total count,
         so the update is the same however the tokens are split across micro-batches and processes.
         """
-        count = sum(target_count(tgt) for _, tgt in micro)
+        count = sum(target_count(tgt, teacher_forced(self.model)) for _, tgt in micro)
         total = torch.tensor(float(count), device=self.device)
         if self.world > 1:
             torch.distributed.all_reduce(total)

@@ -1,10 +1,11 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), in one file.
 
-Two variants share every building block:
+Three variants share every building block:
 
 * ``encoder-decoder`` -- source tokens are encoded once; the decoder attends to its own prefix
   (causal self-attention) and to the encoder memory (cross-attention). Used for sequence tasks.
-* ``encoder-only`` -- just the encoder stack; a head pools it into class logits.
+* ``encoder-only`` -- just the encoder stack; a head pools it into class logits (classification).
+* ``tagging`` -- the same encoder stack; a head gives label logits at every source position.
 
 Shapes: ``B`` batch, ``S`` source length, ``T`` target length, ``D`` model width, ``H`` heads.
 Token id conventions are fixed for every task (see :mod:`taskformer.core.tokenize`):
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
-VARIANTS = ("encoder-decoder", "encoder-only")
+VARIANTS = ("encoder-decoder", "encoder-only", "tagging")
 
 
 class Section:
@@ -35,7 +36,7 @@ class Section:
 
 @dataclass
 class ModelConfig(Section):
-    """Hyper-parameters of the network; ``vocab_size``/``num_classes`` are filled in from the data."""
+    """Hyper-parameters of the network; ``vocab_size``/``num_classes`` (classes or tags) are filled in from the data."""
 
     variant: str = "encoder-decoder"
     vocab_size: int = 0
@@ -265,8 +266,25 @@ class ClassificationHead(nn.Module):
         return self.mlp(pooled)
 
 
+class TaggingHead(nn.Module):
+    """One label per position: encoder states (B, S, D) to tag logits (B, S, num_classes).
+
+    A linear map per token, as BERT's token classifier: the encoder has already mixed in the context.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.proj = nn.Sequential(Dropout(cfg.dropout), nn.Linear(cfg.d_model, cfg.num_classes))
+
+    def forward(self, h: torch.Tensor, src_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.proj(h)
+
+
+DEFAULT_HEADS = {"encoder-decoder": Generator, "encoder-only": ClassificationHead, "tagging": TaggingHead}
+
+
 class Transformer(nn.Module):
-    """Encoder-decoder or encoder-only Transformer with a task-supplied head.
+    """Encoder-decoder or encoder-only (classification, tagging) Transformer with a task-supplied head.
 
     ``forward(src, tgt_in)`` returns logits for training; decoding uses ``encode`` once and then
     ``decode_step`` with a key/value cache (see :mod:`taskformer.core.decoding`).
@@ -288,8 +306,7 @@ class Transformer(nn.Module):
         if cfg.variant == "encoder-decoder":
             self.decoder = nn.ModuleList(Block(cfg, cross=True) for _ in range(cfg.dec_layers))
             self.dec_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
-        self.head = head if head is not None else (
-            Generator(cfg) if cfg.variant == "encoder-decoder" else ClassificationHead(cfg))
+        self.head = head if head is not None else DEFAULT_HEADS[cfg.variant](cfg)
         self._init_weights()
         if cfg.tie_embeddings and isinstance(self.head, Generator):
             self.head.proj.weight = self.embed.weight

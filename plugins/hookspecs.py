@@ -36,8 +36,10 @@ hookimpl = pluggy.HookimplMarker("taskformer")
 class Task:
     """A task as declared by :func:`taskformer_tasks`.
 
-    ``variant`` is ``"encoder-decoder"`` or ``"encoder-only"``. ``metric`` names the key of the
-    metrics dict that selects the best checkpoint (``higher_is_better`` tells which way).
+    ``variant`` is the model: ``"encoder-decoder"`` (text to text), ``"encoder-only"`` (one class
+    per input) or ``"tagging"`` (an encoder-only model with one label per input word). ``metric``
+    names the key of the metrics dict that selects the best checkpoint (``higher_is_better`` tells
+    which way); a tagging task may pick the core's ``token_accuracy``.
     ``data_options`` is a dataclass of the task's ``data`` section: one field per option, each with
     a default (``--set data.KEY=VALUE`` changes it; unknown keys and wrong types are refused before
     any work starts), and a ``validate()`` that raises ``ValueError`` for a bad value.
@@ -88,8 +90,10 @@ def taskformer_data(task, config, data_dir):
     ``config`` is the run's :class:`taskformer.RunConfig`: the task's options are ``config.data``
     (an instance of its ``data_options``), the seed is ``config.train.seed``. ``data_dir`` is the
     ``--data-dir`` path or ``None``. Return a :class:`taskformer.TaskData` with ``train``, ``val``
-    and ``test`` splits of ``(source, target)`` strings (for a classifier, each target one of
-    ``labels``) and a tokenizer trained on the train split only. ``subword``, ``characters`` and
+    and ``test`` splits of ``(source, target)`` strings and a tokenizer trained on the train split
+    only. A classifier's target is one of ``labels``; a tagger's is one of ``labels`` per
+    whitespace-separated word of the source, joined by spaces (``("anna lives in paris", "title
+    lower lower title")``). Put the most common tag first: it is what a word beyond ``max_len`` gets. ``subword``, ``characters`` and
     ``symbols`` build tokenizers that reserve the special ids the core expects. Raise
     :class:`taskformer.DataError` for bad files: the CLI shows its message on one line. Slow work
     of your own can show a progress bar with ``track(items, "what it is doing")``; the core's
@@ -114,12 +118,13 @@ def taskformer_head(task, model_config):
 
     Called as ``head(hidden, src_mask)``. ``hidden`` is ``(B, T, D)``: decoder states for
     encoder-decoders (beam and greedy search pass one position, ``T = 1``), encoder states
-    (``T = S``) for encoder-only models. ``src_mask`` is ``(B, 1, 1, S)``, ``True`` at real
-    (non-padding) source tokens. Return logits: ``(B, T, vocab_size)`` for encoder-decoders,
-    ``(B, num_classes)`` for encoder-only models. Return ``None`` to keep the core default: a
-    vocabulary projection (``Generator``) for encoder-decoders, a pooled ``ClassificationHead``
-    for encoder-only models. ``model_config`` is the :class:`taskformer.ModelConfig` with
-    ``vocab_size`` and ``num_classes`` already filled in.
+    (``T = S``) for encoder-only and tagging models. ``src_mask`` is ``(B, 1, 1, S)``, ``True`` at
+    real (non-padding) source tokens. Return logits: ``(B, T, vocab_size)`` for encoder-decoders,
+    ``(B, num_classes)`` for encoder-only models, ``(B, S, num_classes)`` (a score for every tag at
+    every position) for tagging. Return ``None`` to keep the core default: a vocabulary projection
+    (``Generator``), a pooled ``ClassificationHead``, a per-token ``TaggingHead``. ``model_config``
+    is the :class:`taskformer.ModelConfig` with ``vocab_size`` and ``num_classes`` (the number of
+    ``labels``) already filled in.
 
     Example::
 
@@ -146,15 +151,20 @@ def taskformer_normalize(task, text):
 
 
 @hookspec(firstresult=True)
-def taskformer_decode(task, model, src, tokenizer, labels, config):
+def taskformer_decode(task, model, src, tokenizer, labels, words, config):
     """The task's decoder: turn a batch of encoded sources into predictions.
 
     ``src`` is a ``(B, S)`` tensor of source ids, right-padded with ``PAD`` (0) and framed by the
-    core: ``ids + [EOS]`` for encoder-decoders, ``[BOS] + ids`` for encoder-only models.
+    core: ``ids + [EOS]`` for encoder-decoders, ``[BOS] + ids`` for encoder-only and tagging
+    models. For tagging, each whitespace-separated word is tokenized on its own and ``words[i][w]``
+    is the position in row ``i`` of word ``w``'s first token, where its tag is read (``-1``: the
+    word was cut off by ``max_len``); ``words`` is ``None`` for the other variants.
     ``config.decode`` holds the search settings (strategy, beam size, length limits, and the task's
     own ``decode_options``). Return one prediction per row: a string (what ``predict`` prints and
-    the metrics hook scores) or, for a classifier, a :class:`taskformer.Label`. Return ``None`` to
-    use the core default: ``search`` for sequences, the arg-max ``Label`` for classification.
+    the metrics hook scores; for tagging, one tag per word, joined by spaces) or, for a classifier,
+    a :class:`taskformer.Label`. Return ``None`` to use the core default: ``search`` for sequences,
+    the arg-max ``Label`` for classification, ``best_tags`` (the arg-max tag of each word's first
+    token) for tagging.
     ``search(model, src, config.decode)`` runs beam or greedy search as the config says, within
     ``max_len`` tokens per row if given, and takes a ``constraint`` for tasks that shape the
     search (the ``couplet`` task forces length and punctuation that way). On CPU several batches
@@ -178,7 +188,9 @@ def taskformer_metrics(task, sources, hypotheses, references):
     Called for each evaluated split with lists of equal length: ``hypotheses`` are what the decode
     hook returned (strings, or ``Label`` values for classifiers), ``references`` the target strings.
     Every answer is merged, so a plugin that declares no task may add metrics to any task; the
-    task's ``metric`` must be among them.
+    task's ``metric`` must be among them. The core scores every tagging task already:
+    ``token_accuracy`` (percent of words tagged right) and ``exact_match`` (percent of inputs with
+    every word right).
 
     Example::
 

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from taskformer.app.cli import main
+from taskformer.plugins.manager import plugins
 
 DATA = Path(__file__).parent / "data"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download
@@ -33,3 +34,20 @@ def run_cli(*args: str, input: str | None = None, env: dict | None = None, timeo
 @pytest.fixture
 def data_dir():
     return DATA
+
+
+@pytest.fixture
+def register():
+    """``register(plugin, name)`` adds a plugin to the running manager for one test (the CLI fixture sees it)."""
+    added = []
+
+    def add(plugin, name):
+        plugins().pm.register(plugin, name=name)
+        plugins().refresh()
+        added.append(name)
+        return plugin
+
+    yield add
+    for name in added:
+        plugins().pm.unregister(name=name)
+    plugins().refresh()

@@ -8,7 +8,6 @@ import torch
 import legacy_plugin
 from conftest import run_cli
 from taskformer import Task, TaskData, hookimpl, symbols
-from taskformer.plugins.manager import plugins
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "taskformer-reverse"
 
@@ -124,23 +123,6 @@ def test_installed_example_plugin_runs_through_the_cli(tmp_path):
     assert trained.returncode == 0, trained.stderr
     predicted = run_cli("predict", str(out), "1 2 3 4 5 6")
     assert predicted.returncode == 0 and len(predicted.stdout.split()) == 6
-
-
-@pytest.fixture
-def register():
-    """``register(plugin, name)`` adds a plugin to the running manager for one test (the CLI fixture sees it)."""
-    added = []
-
-    def add(plugin, name):
-        plugins().pm.register(plugin, name=name)
-        plugins().refresh()
-        added.append(name)
-        return plugin
-
-    yield add
-    for name in added:
-        plugins().pm.unregister(name=name)
-    plugins().refresh()
 
 
 TINY_COPY = ["--quiet", "--set", "train.max_steps=2", "--set", "data.train_size=200", "--set", "data.val_size=20",

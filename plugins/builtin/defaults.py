@@ -1,16 +1,32 @@
-"""The default decoder, provided through the same hook as any plugin.
+"""The defaults every task gets through the same hooks as any plugin: a decoder and tagging metrics.
 
-It runs last (``trylast``), so a task's own implementation always wins; a task that is happy with
-the standard search implements no decode hook at all.
+The decoder runs last (``trylast``), so a task's own implementation always wins; a task that is happy
+with the standard search implements no decode hook at all. The metrics are merged with the task's.
 """
 from __future__ import annotations
 
-from taskformer import best_labels, hookimpl, search
+from taskformer import best_labels, best_tags, hookimpl, search
 
 
 @hookimpl(trylast=True)
-def taskformer_decode(model, src, tokenizer, labels, config):
-    """The arg-max Label for classifiers; beam or greedy search, as ``config.decode`` says, for sequences."""
+def taskformer_decode(model, src, tokenizer, labels, words, config):
+    """The arg-max Label for classifiers, the arg-max tag of each word for taggers, and beam or greedy
+    search, as ``config.decode`` says, for sequences."""
     if model.cfg.variant == "encoder-only":
         return best_labels(model, src, labels)
+    if model.cfg.variant == "tagging":
+        return best_tags(model, src, words, labels)
     return [tokenizer.decode(ids) for ids in search(model, src, config.decode)]
+
+
+@hookimpl
+def taskformer_metrics(task, hypotheses, references):
+    """For tagging tasks: ``token_accuracy``, the percentage of words tagged right, and ``exact_match``,
+    the percentage of inputs with every word right."""
+    if task.variant != "tagging":
+        return None
+    pairs = [(h.split(), r.split()) for h, r in zip(hypotheses, references)]
+    right = sum(a == b for h, r in pairs for a, b in zip(h, r))
+    words = sum(len(r) for _, r in pairs)
+    return {"token_accuracy": 100.0 * right / max(words, 1),
+            "exact_match": 100.0 * sum(h == r for h, r in pairs) / max(len(pairs), 1)}

@@ -173,7 +173,7 @@ def export_cmd(run_dir, out_dir, target, quantization, force, overwrite) -> None
     # Does a plugin decode this task itself? Ask the hook on a probe row and see who answers first.
     probe = torch.tensor([[UNK, EOS]], device=run.device)
     decoder, _ = plugins().first("taskformer_decode", run.task, model=run.model, src=probe, tokenizer=run.tokenizer,
-                                 labels=run.labels, config=run.config)
+                                 labels=run.labels, words=None, config=run.config)
     if decoder != default_decoder.__name__:
         why = (f"task {run.task.name!r} is decoded by its plugin's own search (taskformer_decode hook, e.g. a "
                "constrained one); CTranslate2 runs plain greedy/beam search, so its outputs would differ from "

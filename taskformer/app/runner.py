@@ -24,7 +24,7 @@ from ..core import decoding
 from ..core import precision
 from ..core import progress
 from ..core.config import RunConfig
-from ..core.data import TaskData, encode, encode_sources, pad
+from ..core.data import TaskData, encode, encode_sources, encode_words, pad
 from ..core.decoding import Label
 from ..core.engine import Trainer, autocast, evaluate_loss
 from ..core.errors import TaskformerError
@@ -115,12 +115,12 @@ def build_model(task: Task, config: RunConfig, vocab_size: int, labels: list[str
 @torch.no_grad()
 def check_head(model: Transformer, where: str) -> None:
     """Run a plugin's head once on a tiny batch: a wrong contract fails here, named, not mid-training."""
-    encoder_only = model.cfg.variant == "encoder-only"
     src, tgt_in = torch.tensor([[BOS, UNK, UNK]]), torch.tensor([[BOS, UNK]])
-    expected = (1, model.cfg.num_classes) if encoder_only else (1, 2, model.cfg.vocab_size)
+    expected = {"encoder-decoder": (1, 2, model.cfg.vocab_size), "encoder-only": (1, model.cfg.num_classes),
+                "tagging": (1, 3, model.cfg.num_classes)}[model.cfg.variant]
     model.eval()  # no dropout: the check draws no random numbers
     try:
-        shape = tuple((model(src) if encoder_only else model(src, tgt_in)).shape)
+        shape = tuple((model(src) if model.decoder is None else model(src, tgt_in)).shape)
     except Exception as e:
         shape = f"an error ({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__})"
     finally:
@@ -147,12 +147,17 @@ def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, c
     """Decode raw source lines through the task's decoder, batched by length; blank lines give blank outputs.
 
     Returns the predictions in input order and how many inputs were truncated to ``model.max_len``.
+    A tagging task's decoder also receives where each word starts (``words``; ``None`` otherwise).
     """
     model.eval()
     outputs: list[Prediction] = [""] * len(texts)
     todo = [i for i, t in enumerate(texts) if t.strip()]
-    src, cut = encode_sources(tokenizer, [texts[i] for i in todo], model.cfg.max_len,
-                              classify=model.cfg.variant == "encoder-only")
+    inputs, variant = [texts[i] for i in todo], model.cfg.variant
+    if variant == "tagging":
+        src, words, cut = encode_words(tokenizer, inputs, model.cfg.max_len)
+    else:
+        words = None
+        src, cut = encode_sources(tokenizer, inputs, model.cfg.max_len, classify=variant == "encoder-only")
     order = sorted(range(len(todo)), key=lambda j: len(src[j]))
     dc, device = config.decode, next(model.parameters()).device
     chunks = [order[start : start + dc.batch_size] for start in range(0, len(order), dc.batch_size)]
@@ -161,7 +166,7 @@ def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, c
         batch = pad([src[j] for j in chunk]).to(device)
         with autocast(config.train.bf16, device):
             plugin, outs = plugins().first("taskformer_decode", task, model=model, src=batch, tokenizer=tokenizer,
-                                           labels=labels, config=config)
+                                           labels=labels, words=None if words is None else [words[j] for j in chunk], config=config)
         wrong = "not a list" if not isinstance(outs, list) else (
             f"{len(outs)} for {len(chunk)} rows" if len(outs) != len(chunk) else
             next((f"{type(o).__name__} at row {i}" for i, o in enumerate(outs) if not isinstance(o, (str, Label))), ""))
@@ -249,15 +254,25 @@ def load_data(task: Task, config: RunConfig, data_dir: str | None) -> TaskData:
         check_specials(data.tokenizer)
     except ValueError as e:
         raise PluginError(f"{where}: {e} (see 'Bring your own tokenizer' in docs/plugins.md)") from None
-    if task.variant == "encoder-only":
-        if not data.labels:
-            raise PluginError(f"{where} must give the class names in TaskData.labels (an encoder-only task)")
-        known = set(data.labels)
-        for split in SPLITS:
-            bad = next((t for _, t in data.splits[split] if t not in known), None)
+    if task.variant != "encoder-decoder":
+        check_labels(data, task.variant == "tagging", where)
+    return data
+
+
+def check_labels(data: TaskData, tagging: bool, where: str) -> None:
+    """Every target of a classifier is one of ``labels``; a tagger's is one of them per source word."""
+    if not data.labels:
+        raise PluginError(f"{where} must give the {'tag' if tagging else 'class'} names in TaskData.labels")
+    known = set(data.labels)
+    for split in SPLITS:
+        for i, (source, target) in enumerate(data.splits[split]):
+            tags = target.split() if tagging else [target]
+            bad = next((t for t in tags if t not in known), None)
             if bad is not None:
                 raise PluginError(f"{where}: {split} target {bad!r} is not one of its labels {data.labels!r:.120}")
-    return data
+            if tagging and len(tags) != len(source.split()):
+                raise PluginError(f"{where}: {split} row {i} has {len(source.split())} words but {len(tags)} tags "
+                                  f"(a tagging target is one label per whitespace-separated source word)")
 
 
 def default_run_dir(task: str) -> Path:
@@ -323,9 +338,8 @@ def _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, r
         ckpt.write_json(run_dir / "config.json", {"task": task.name, "labels": data.labels,
                                                    "config": config.to_dict(), "data_dir": data_dir,
                                                    "time_limit": time_limit})
-    classify = task.variant == "encoder-only"
     with progress.stage("encoding the train and val splits"):
-        train_enc, val_enc = (encode(data, s, config.model.max_len, classify) for s in ("train", "val"))
+        train_enc, val_enc = (encode(data, s, config.model.max_len, task.variant) for s in ("train", "val"))
     run = Run(run_dir, task, config, data.tokenizer, data.labels, model)
     eval_config = replace(config, decode=replace(config.decode, strategy=config.decode.eval_strategy))
 

@@ -1,0 +1,96 @@
+"""Token tagging, the third variant: word alignment, the per-token loss, and a tagging task through the CLI."""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tagging_plugin
+import taskformer
+from taskformer import BOS, Task, TaskData, characters, encode_words, hookimpl, symbols
+from taskformer.core.data import IGNORE, collate, encode
+from taskformer.core.engine import batch_loss
+from taskformer.core.model import ModelConfig, Transformer
+
+
+def test_each_word_is_tagged_at_its_first_token():
+    tok = characters(["abc de f"])
+    src, words, cut = encode_words(tok, ["abc de f", "  de   abc "], max_len=64)
+    assert src[0][0] == BOS and len(src[0]) == 1 + 6  # whitespace is not a token of this tokenizer
+    assert words == [[1, 4, 6], [1, 3]] and cut == 0
+    src, words, cut = encode_words(tok, ["abc de f"], max_len=5)  # room for BOS and four tokens
+    assert len(src[0]) == 5 and words == [[1, 4, -1]] and cut == 1
+
+
+def test_tag_targets_sit_on_first_tokens_and_the_rest_is_ignored():
+    data = TaskData(tokenizer=characters(["ab c"]), splits={"train": [("ab c", "Y X"), ("c", "X")]},
+                        labels=["X", "Y"])
+    enc = encode(data, "train", 16, "tagging")
+    assert enc.tgt == [[IGNORE, 1, IGNORE, 0], [IGNORE, 0]]
+    src, tgt = collate(enc, [0, 1])
+    assert tgt.tolist() == [[IGNORE, 1, IGNORE, 0], [IGNORE, 0, IGNORE, IGNORE]]  # padded with IGNORE, not tag 0
+
+
+def test_tagging_model_scores_every_position_and_the_loss_only_tagged_ones():
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(variant="tagging", vocab_size=12, num_classes=3, d_model=16, n_heads=2,
+                                    enc_layers=1, d_ff=32, dropout=0.0)).eval()
+    src = torch.tensor([[BOS, 5, 6, 7], [BOS, 8, 0, 0]])
+    tgt = torch.tensor([[IGNORE, 2, IGNORE, 0], [IGNORE, 1, IGNORE, IGNORE]])
+    logits = model(src)
+    assert logits.shape == (2, 4, 3)
+    loss, count = batch_loss(model, src, tgt, 0.0)
+    assert count == 3
+    expected = F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=IGNORE, reduction="sum")
+    assert torch.allclose(loss, expected, rtol=1e-5)
+
+
+def test_a_tagging_task_trains_predicts_evaluates_and_reports_through_the_cli(register, cli, tmp_path):
+    register(tagging_plugin, "truecase-fixture")
+    out = tmp_path / "run"
+    trained = cli("run", "truecase", "--out", str(out), "--quiet", "--set", "train.threads=1")
+    assert trained.exit_code == 0, trained.output
+    result = json.loads((out / "result.json").read_text())
+    test = result["metrics"]["test"]
+    # A rule that knows no words ("title" first, then "lower") scores about 75%; the rules of the data give 100%.
+    assert test["token_accuracy"] >= 90.0 and test["exact_match"] >= 50.0, test
+    rows = [json.loads(line) for line in (out / "outputs-test.jsonl").read_text().splitlines()]
+    assert len(rows) == 100 and all(len(r["output"].split()) == len(r["source"].split()) for r in rows)
+    assert "token_accuracy" in (out / "report.txt").read_text()
+
+    lines = ["Anna met the BBC in London", "", "the river " * 40]  # mixed case is normalized; the last is cut
+    predicted = cli("predict", str(out), input="\n".join(lines) + "\n")
+    assert predicted.exit_code == 0, predicted.output
+    tags = predicted.stdout.split("\n")[:-1]
+    assert len(tags) == 3 and tags[1] == ""
+    assert len(tags[0].split()) == 6 and tags[0].split()[0] == "title"
+    assert len(tags[2].split()) == 80 and tags[2].split()[-1] == "lower"  # words beyond max_len get TAGS[0]
+    assert "truncated" in predicted.stderr
+
+    model = taskformer.load(out)
+    assert model.evaluate("test") == pytest.approx(test)  # eval decodes the same way the run did
+    shown = cli("report", str(out))
+    assert shown.exit_code == 0 and "token_accuracy" in shown.stdout
+
+
+class BadTags:
+    """A tagging task whose data gives one tag too few in one row."""
+
+    @hookimpl
+    def taskformer_tasks(self):
+        return [Task(name="bad-tags", description="miscounted tags", variant="tagging", metric="token_accuracy")]
+
+    @hookimpl
+    def taskformer_data(self):
+        rows = [("a b", "X Y"), ("b a b", "Y X")]
+        return TaskData(tokenizer=symbols(["a", "b"]), splits={"train": rows, "val": rows, "test": rows},
+                        labels=["X", "Y"])
+
+
+def test_a_target_with_the_wrong_number_of_tags_is_named(register, cli, tmp_path):
+    register(BadTags(), "bad-tags-plugin")
+    result = cli("run", "bad-tags", "--out", str(tmp_path / "r"), "--quiet")
+    assert result.exit_code == 2
+    assert result.stderr == ("Error: plugin 'bad-tags-plugin': taskformer_data for task 'bad-tags': train row 1 has "
+                             "3 words but 2 tags (a tagging target is one label per whitespace-separated source "
+                             "word)\n")
