@@ -2,6 +2,7 @@
 import re
 from pathlib import Path
 
+from taskformer.app import scaffold
 from taskformer.core.tokenize import check_specials
 from taskformer.plugins.docs import MARKER, hook_reference
 
@@ -17,15 +18,28 @@ def test_hook_reference_matches_the_hook_docstrings():
         assert f"### `{hook}(" in DOC
 
 
+ENCODER_ONLY = "## Encoder-only tasks"
+
+
+def code_lines(text):
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def python_blocks(text):
+    return "\n".join(re.findall(r"```python\n(.*?)```", text, flags=re.S))
+
+
 def test_tutorial_code_is_the_example_plugin():
-    tutorial = DOC.split(MARKER)[0]
-    blocks = re.findall(r"```python\n(.*?)```", tutorial, flags=re.S)
+    tutorial = DOC.split(MARKER)[0].split(ENCODER_ONLY)[0]
     example = (ROOT / "examples" / "taskformer-reverse" / "taskformer_reverse.py").read_text(encoding="utf-8")
+    assert code_lines(python_blocks(tutorial)) == code_lines(example)
 
-    def code_lines(text):
-        return [line for line in text.splitlines() if line.strip()]
 
-    assert code_lines("\n".join(blocks)) == code_lines(example)
+def test_encoder_only_tutorial_code_is_the_tagging_scaffold(tmp_path):
+    section = ENCODER_ONLY + DOC.split(MARKER)[0].split(ENCODER_ONLY)[1]
+    written = scaffold.write("repeats", tmp_path / "pkg", "tagging")
+    module = next(p for p in written if p.name == "taskformer_repeats.py").read_text(encoding="utf-8")
+    assert code_lines(python_blocks(section)) == code_lines(module)
 
 
 def test_the_tokenizer_snippet_runs_and_keeps_the_special_ids():

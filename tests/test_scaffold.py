@@ -1,5 +1,6 @@
 """`taskformer new-task` writes a package that installs with pip, runs by name, and passes its own test."""
 import filecmp
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -7,6 +8,7 @@ from pathlib import Path
 from conftest import run_cli
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "taskformer-reverse"
+VARIANTS = ("encoder-decoder", "classification", "tagging")
 
 
 def _build_output(path):
@@ -24,24 +26,33 @@ def test_scaffold_for_reverse_is_the_example_package(tmp_path, cli):
         assert filecmp.cmp(tmp_path / "pkg" / rel, EXAMPLE / rel, shallow=False), rel
 
 
-def test_scaffold_installs_runs_and_passes_its_own_test(tmp_path, cli):
-    pkg, site = tmp_path / "pkg", tmp_path / "site"
-    assert cli("new-task", "sort-digits", "--dir", str(pkg)).exit_code == 0
+def test_every_variant_installs_runs_and_passes_its_own_test(tmp_path, cli):
+    """One package per variant, installed by one pip call; their own tests run in one pytest."""
+    site = tmp_path / "site"
+    packages = {f"demo-{variant}": tmp_path / variant for variant in VARIANTS}
+    for (name, pkg), variant in zip(packages.items(), VARIANTS):
+        assert cli("new-task", name, "--variant", variant, "--dir", str(pkg)).exit_code == 0
     install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                              "--target", str(site), str(pkg)], capture_output=True, text=True)
+                              "--target", str(site), *map(str, packages.values())], capture_output=True, text=True)
     assert install.returncode == 0, install.stderr
     env = {"PYTHONPATH": str(site)}
     listed = run_cli("tasks", env=env)
-    assert "sort-digits" in listed.stdout and "taskformer_sort_digits" not in listed.stderr
-    own_test = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(pkg / "tests")],
-                              capture_output=True, text=True, env={**__import__("os").environ, **env}, cwd=tmp_path)
-    assert own_test.returncode == 0, own_test.stdout[-2000:]
-    assert "1 passed" in own_test.stdout
+    rows = {line.split()[1]: line.split()[3] for line in listed.stdout.splitlines() if "demo-" in line}
+    assert rows == {"demo-encoder-decoder": "encoder-decoder", "demo-classification": "encoder-only",
+                    "demo-tagging": "tagging"}, listed.stdout
+    assert "taskformer_demo" not in listed.stderr
+    own_tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                *(str(pkg / "tests") for pkg in packages.values())],
+                               capture_output=True, text=True, env={**os.environ, **env}, cwd=tmp_path)
+    assert own_tests.returncode == 0, own_tests.stdout[-2000:]
+    assert "3 passed" in own_tests.stdout
 
 
 def test_scaffold_refuses_bad_names_and_existing_folders(tmp_path, cli):
     bad = cli("new-task", "My Task", "--dir", str(tmp_path / "x"))
     assert bad.exit_code == 2 and "lower-case" in bad.stderr
+    unknown = cli("new-task", "ok", "--variant", "seq2seq", "--dir", str(tmp_path / "y"))
+    assert unknown.exit_code == 2 and "'seq2seq' is not one of" in unknown.stderr
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep.txt").write_text("mine")
     taken = cli("new-task", "ok", "--dir", str(tmp_path / "full"))

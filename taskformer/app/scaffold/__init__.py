@@ -1,7 +1,10 @@
 """``taskformer new-task``: write a complete, installable task plugin package from templates.
 
-The package it writes for ``reverse`` is ``examples/taskformer-reverse`` (a test keeps them equal),
-so the scaffold, the example and the tutorial in docs/plugins.md are one piece of code.
+One package per model variant, each a small synthetic task that trains in seconds: reverse digits
+(encoder-decoder), low or high digits (classification), digits seen once or repeated (tagging).
+``pyproject.toml`` and the README are shared; the module and its test are the variant's own.
+The encoder-decoder package for ``reverse`` is ``examples/taskformer-reverse`` (a test keeps them
+equal), so the scaffold, the example and the tutorial in docs/plugins.md are one piece of code.
 """
 from __future__ import annotations
 
@@ -12,8 +15,14 @@ from string import Template
 
 from ...core.errors import TaskformerError
 
+VARIANTS = {  # variant: (what the package's task is, for its README; an input to try with predict)
+    "encoder-decoder": ("the model learns to reverse a sequence of digits", "1 2 3 4 5 6"),
+    "classification": ("the model learns whether most digits of a sequence are low (0-4) or high (5-9)",
+                       "1 2 3 7 8 9 9"),
+    "tagging": ("the model learns to tag each digit of a sequence `once` or `repeated`", "1 2 1 3 4 3"),
+}
 FILES = {"pyproject.toml.tmpl": "pyproject.toml", "README.md.tmpl": "README.md",
-         "module.py.tmpl": "${module}.py", "test_module.py.tmpl": "tests/test_${module}.py"}
+         "${variant}.py.tmpl": "${module}.py", "test_${variant}.py.tmpl": "tests/test_${module}.py"}
 
 
 def names(task: str) -> dict[str, str]:
@@ -23,16 +32,20 @@ def names(task: str) -> dict[str, str]:
     return {"task": task, "module": module, "package": "taskformer-" + task}
 
 
-def write(task: str, target: Path) -> list[Path]:
+def write(task: str, target: Path, variant: str = "encoder-decoder") -> list[Path]:
     """Render the templates into ``target`` (which must not exist or be empty); returns the files written."""
-    values = names(task)
+    if variant not in VARIANTS:
+        raise TaskformerError(f"unknown variant {variant!r}: choose {', '.join(VARIANTS)}")
+    about, example = VARIANTS[variant]
+    command = f"taskformer new-task {task}" + ("" if variant == "encoder-decoder" else f" --variant {variant}")
+    values = {**names(task), "variant": variant, "about": about, "example": example, "command": command}
     if target.exists() and any(target.iterdir()):
         raise TaskformerError(f"{target} already exists and is not empty")
     written = []
     for template, name in FILES.items():
         path = target / Template(name).substitute(values)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(Template(files(__package__).joinpath(template).read_text(encoding="utf-8")).substitute(values),
-                        encoding="utf-8")
+        source = files(__package__).joinpath(Template(template).substitute(values)).read_text(encoding="utf-8")
+        path.write_text(Template(source).substitute(values), encoding="utf-8")
         written.append(path)
     return written
