@@ -93,8 +93,9 @@ def taskformer_data(task, config, data_dir):
     and ``test`` splits of ``(source, target)`` strings and a tokenizer trained on the train split
     only. A classifier's target is one of ``labels``; a tagger's is one of ``labels`` per
     whitespace-separated word of the source, joined by spaces (``("anna lives in paris", "title
-    lower lower title")``). Put the most common tag first: it is what a word beyond ``max_len`` gets. ``subword``, ``characters`` and
-    ``symbols`` build tokenizers that reserve the special ids the core expects. Raise
+    lower lower title")``). Put the most common tag first: it is what a word beyond ``max_len``
+    gets. ``subword``, ``characters`` and ``symbols`` build tokenizers that reserve the special ids
+    the core expects. Raise
     :class:`taskformer.DataError` for bad files: the CLI shows its message on one line. Slow work
     of your own can show a progress bar with ``track(items, "what it is doing")``; the core's
     readers and tokenizer trainers already do.
@@ -206,11 +207,11 @@ def taskformer_report_sections(task, run):
     """Add sections to the end-of-run report.
 
     ``run`` is a :class:`taskformer.Run`: ``config``, ``metrics``, ``outputs`` (every
-    ``(source, prediction, reference)`` of each evaluated split), ``samples`` (a few of those,
-    evenly spread: the report's test samples), ``history``, the run directory ``dir`` and the
-    loaded ``model`` and ``tokenizer``. Return a list of ``(title, renderable)`` pairs; a
-    renderable is anything ``rich`` can print (a Table, a Text, a string). Files you write into
-    ``run.dir`` stay with the run.
+    ``(source, prediction, reference)`` of each evaluated split: read predictions from here),
+    ``history``, the run directory ``dir`` and the loaded ``model`` and ``tokenizer``.
+    ``samples`` is a view of ``outputs``: the few rows, evenly spread, that the report shows.
+    Return a list of ``(title, renderable)`` pairs; a renderable is anything ``rich`` can print (a
+    Table, a Text, a string). Files you write into ``run.dir`` stay with the run.
 
     Example::
 

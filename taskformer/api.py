@@ -7,9 +7,9 @@
 
 ``predict`` goes through the same task decoder as ``taskformer predict`` (constraints included) and
 returns one result per input, in order: a string for sequence tasks, a :class:`taskformer.Label`
-``(label, probability)`` for classifiers, the tags joined by spaces (one per word) for taggers. Loading refuses what the command line refuses (pickles
-beside the weights, corrupt or mismatched weights) with the same :class:`taskformer.TaskformerError`,
-and nothing is printed.
+``(label, probability)`` for classifiers, the tags joined by spaces (one per word) for taggers.
+Loading refuses what the command line refuses (pickles beside the weights, corrupt or mismatched
+weights) with the same :class:`taskformer.TaskformerError`, and nothing is printed.
 """
 from __future__ import annotations
 

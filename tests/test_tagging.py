@@ -69,6 +69,8 @@ def test_a_tagging_task_trains_predicts_evaluates_and_reports_through_the_cli(re
 
     model = taskformer.load(out)
     assert model.evaluate("test") == pytest.approx(test)  # eval decodes the same way the run did
+    evaluated = cli("eval", str(out), "--split", "test")
+    assert evaluated.exit_code == 0 and "token_accuracy" in evaluated.stdout
     shown = cli("report", str(out))
     assert shown.exit_code == 0 and "token_accuracy" in shown.stdout
 

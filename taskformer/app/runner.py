@@ -164,9 +164,10 @@ def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, c
 
     def run(chunk: list[int]) -> list[Prediction]:
         batch = pad([src[j] for j in chunk]).to(device)
+        starts = None if words is None else [words[j] for j in chunk]
         with autocast(config.train.bf16, device):
             plugin, outs = plugins().first("taskformer_decode", task, model=model, src=batch, tokenizer=tokenizer,
-                                           labels=labels, words=None if words is None else [words[j] for j in chunk], config=config)
+                                           labels=labels, words=starts, config=config)
         wrong = "not a list" if not isinstance(outs, list) else (
             f"{len(outs)} for {len(chunk)} rows" if len(outs) != len(chunk) else
             next((f"{type(o).__name__} at row {i}" for i, o in enumerate(outs) if not isinstance(o, (str, Label))), ""))
