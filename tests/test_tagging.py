@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import tagging_plugin
 import taskformer
-from taskformer import BOS, Task, TaskData, characters, encode_words, hookimpl, symbols
+from taskformer import BOS, ClassificationHead, Task, TaskData, characters, encode_words, hookimpl, symbols
 from taskformer.core.data import IGNORE, collate, encode
 from taskformer.core.engine import batch_loss
 from taskformer.core.model import ModelConfig, Transformer
@@ -76,23 +76,36 @@ def test_a_tagging_task_trains_predicts_evaluates_and_reports_through_the_cli(re
 
 
 class BadTags:
-    """A tagging task whose data gives one tag too few in one row."""
+    """A tagging task whose plugin gives one wrong answer, chosen by ``fault``."""
+
+    def __init__(self, fault):
+        self.fault = fault
 
     @hookimpl
     def taskformer_tasks(self):
-        return [Task(name="bad-tags", description="miscounted tags", variant="tagging", metric="token_accuracy")]
+        return [Task(name="bad-tags", description="answers wrongly", variant="tagging", metric="token_accuracy",
+                     defaults={"model": {"d_model": 16, "n_heads": 2, "enc_layers": 1, "d_ff": 32}})]
 
     @hookimpl
     def taskformer_data(self):
-        rows = [("a b", "X Y"), ("b a b", "Y X")]
+        rows = [("a b", "X Y"), ("b a b", "Y X" if self.fault == "tags" else "Y X Y")]
         return TaskData(tokenizer=symbols(["a", "b"]), splits={"train": rows, "val": rows, "test": rows},
                         labels=["X", "Y"])
 
+    @hookimpl
+    def taskformer_head(self, model_config):
+        if self.fault == "head":
+            return ClassificationHead(model_config)  # one answer per input, not one per position
 
-def test_a_target_with_the_wrong_number_of_tags_is_named(register, cli, tmp_path):
-    register(BadTags(), "bad-tags-plugin")
+
+@pytest.mark.parametrize("fault, expected", [
+    ("tags", "taskformer_data for task 'bad-tags': train row 1 has 3 words but 2 tags (a tagging target is one "
+             "label per whitespace-separated source word)"),
+    ("head", "taskformer_head for task 'bad-tags': head(hidden, src_mask) must return logits of shape (1, 3, 2) "
+             "for this test batch, but gave (1, 2)"),
+])
+def test_a_wrong_tagging_answer_is_named(register, cli, tmp_path, fault, expected):
+    register(BadTags(fault), "bad-tags-plugin")
     result = cli("run", "bad-tags", "--out", str(tmp_path / "r"), "--quiet")
     assert result.exit_code == 2
-    assert result.stderr == ("Error: plugin 'bad-tags-plugin': taskformer_data for task 'bad-tags': train row 1 has "
-                             "3 words but 2 tags (a tagging target is one label per whitespace-separated source "
-                             "word)\n")
+    assert result.stderr == f"Error: plugin 'bad-tags-plugin': {expected}\n"
