@@ -53,8 +53,7 @@ class TrainConfig(Section):
         for name in ("epochs", "max_tokens", "keep_last", "log_every", "accumulate"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("max_steps", "warmup", "patience", "eval_every", "save_every", "threads",
-                     "average_last"):
+        for name in ("max_steps", "warmup", "patience", "eval_every", "save_every", "threads", "average_last"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name} must not be negative, got {getattr(self, name)}")
         if not self.lr > 0:
@@ -202,9 +201,9 @@ class Trainer:
         self.total_steps = cfg.max_steps  # the planned number of updates, known once fit() sees the data
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s + 1, cfg.warmup, cfg.schedule, self.total_steps))
+        # best_weights: the steps whose weights (one, or several averaged) are model.safetensors
         self.state = {"step": 0, "epoch": 0, "batch": 0, "best": None, "best_step": 0, "best_weights": [],
-                      "stale": 0,
-                      "elapsed": 0.0, "tokens": 0, "stopped": "", "evaluated_at": -1}
+                      "stale": 0, "elapsed": 0.0, "tokens": 0, "stopped": "", "evaluated_at": -1}
         self.stop_reason = ""  # set from outside (signal handler) to stop after the current step
 
     # -- checkpoints -------------------------------------------------------------------------

@@ -203,3 +203,9 @@ def test_two_processes_average_like_one(tmp_path):
     a, b = (load_file(sorted((d / "checkpoints").glob("step-*"))[-1] / "model.safetensors") for d in (two, one))
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-4
     assert (two / "result.json").is_file() and "kept_weights" in json.loads((two / "result.json").read_text())["info"]
+
+
+def test_a_negative_average_last_is_refused(cli, tmp_path):
+    result = cli("run", "copy", "--out", str(tmp_path / "r"), "--set", "train.average_last=-1")
+    assert result.exit_code == 2
+    assert "train.average_last must not be negative" in result.stderr and not (tmp_path / "r").exists()
