@@ -4,9 +4,11 @@ import shutil
 
 import pytest
 import torch
+from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from conftest import run_cli
+from taskformer.app.cli import main
 from taskformer.core import checkpoint as ckpt
 from taskformer.core.data import Encoded
 from taskformer.core.engine import TrainConfig, Trainer
@@ -33,7 +35,7 @@ def test_the_average_of_identical_checkpoints_is_that_checkpoint(tmp_path):
     a, b = make(0), make(1)
     ckpt.load_average(b, save_copies(a, tmp_path, 3))
     src, tgt = torch.randint(4, 25, (2, 5)), torch.randint(4, 25, (2, 4))
-    # Summing three copies in fp32 rounds at most twice, each by half a unit of the running sum (<= 3x).
+    # Of the fp32 sum x + x + x, only 2x + x rounds; with the division, by at most one unit of x in all.
     for name, tensor in a.state_dict().items():
         torch.testing.assert_close(b.state_dict()[name], tensor, rtol=3 * FP32_UNIT, atol=0)
     torch.testing.assert_close(b(src, tgt), a(src, tgt))
@@ -121,9 +123,6 @@ def events(run_dir, kind="eval"):
 
 @pytest.fixture(scope="module")
 def averaged_run(tmp_path_factory):
-    from click.testing import CliRunner
-
-    from taskformer.app.cli import main
     out = tmp_path_factory.mktemp("avg") / "run"
     result = CliRunner().invoke(main, ["run", "copy", "--out", str(out), *TINY], catch_exceptions=False,
                                 env={"COLUMNS": "200"})
