@@ -7,6 +7,8 @@ Layout of a run directory::
     model.safetensors    best weights so far (what eval and predict load)
     metrics.jsonl        one JSON object per logged event (train steps, evaluations, final scores)
     checkpoints/step-N/  last training states for --resume: weights, optimizer, trainer state
+    checkpoints/evaluated/step-N.safetensors
+                         with train.average_last=N: the weights of the last N evaluations, averaged
     report.txt/.html     the end-of-run report
 
 Weights are safetensors (a plain tensor container: loading it cannot run code). Optimizer state
@@ -24,7 +26,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, load_model, save_file, save_model
 
 from .errors import TaskformerError
 
@@ -61,13 +63,19 @@ def read_json(path: Path) -> dict:
         raise TaskformerError(f"{path}: not valid JSON ({e})") from None
 
 
-def save_weights(model: torch.nn.Module, path: Path) -> None:
-    """Atomically save weights; tied matrices are stored once (safetensors refuses aliases)."""
+def save_weights(model: torch.nn.Module | dict[str, torch.Tensor], path: Path) -> None:
+    """Atomically save weights; tied matrices are stored once (safetensors refuses aliases).
+
+    A dict of tensors read from such files (e.g. :func:`average_weights`) is saved as it is.
+    """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        save_model(model, tmp)
+        if isinstance(model, torch.nn.Module):
+            save_model(model, tmp)
+        else:
+            save_file(model, tmp)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
@@ -94,6 +102,65 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
     if missing or unexpected:
         raise TaskformerError(f"{path}: weights do not match the model "
                               f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+
+
+def average_weights(paths: list[Path]) -> dict[str, torch.Tensor]:
+    """The element-wise mean of the weights files ``paths`` (checkpoint averaging, paper section 6.1).
+
+    Sums in float32, one file in memory at a time, and casts each mean back to the tensor's own
+    dtype, so bf16 or fp16 weights lose nothing to rounding while adding. Integer tensors are
+    counters rather than weights: the newest file's values are kept. A tied matrix is stored once
+    in the files (see :func:`save_weights`), so it is averaged once and loads into every name.
+    """
+    total: dict[str, torch.Tensor] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    for path in paths:
+        try:
+            tensors = load_file(path)
+        except (SafetensorError, OSError) as e:
+            raise TaskformerError(f"{path}: corrupt or unreadable weights ({str(e).splitlines()[0]})") from None
+        if total and {k: t.shape for k, t in tensors.items()} != {k: t.shape for k, t in total.items()}:
+            raise TaskformerError(f"{path}: holds other tensors than {paths[0]}; only weights of one model average")
+        for key, t in tensors.items():
+            dtypes[key] = t.dtype
+            if not t.is_floating_point() or key not in total:
+                total[key] = t.float() if t.is_floating_point() else t
+            else:
+                total[key] += t.float()
+    return {k: (t / len(paths)).to(dtypes[k]) if dtypes[k].is_floating_point else t for k, t in total.items()}
+
+
+EVALUATED = Path("checkpoints") / "evaluated"  # in a run directory: the weights kept for averaging
+
+
+def evaluated_weights(run_dir: Path) -> dict[int, Path]:
+    """Step -> weights file of each evaluation kept under ``checkpoints/evaluated/``, oldest first."""
+    files = sorted((Path(run_dir) / EVALUATED).glob("step-*.safetensors"))
+    return {int(f.name.split(".")[0].removeprefix("step-")): f for f in files}
+
+
+def keep_evaluated(model: torch.nn.Module, run_dir: Path, step: int, keep: int) -> None:
+    """Save the weights just evaluated at ``step``; prune to the newest ``keep``."""
+    folder = Path(run_dir) / EVALUATED
+    folder.mkdir(parents=True, exist_ok=True)
+    save_weights(model, folder / f"step-{step:09d}.safetensors")
+    for old in list(evaluated_weights(run_dir).values())[:-keep]:
+        old.unlink(missing_ok=True)
+
+
+def load_average(model: torch.nn.Module, paths: list[Path]) -> None:
+    """Load the mean of ``paths`` into ``model``, through a file: it is checked, and tied matrices
+    filled, exactly as when loading ``model.safetensors``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        save_weights(average_weights(paths), Path(tmp) / WEIGHTS)
+        load_weights(model, Path(tmp) / WEIGHTS)
+
+
+def weights_name(steps: list[int]) -> str:
+    """What the report calls a set of kept weights: one checkpoint, or the average of several."""
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    return f"average of last {len(steps)} checkpoints (steps {steps[0]}..{steps[-1]})"
 
 
 def refuse_pickles(run_dir: Path) -> None:

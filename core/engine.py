@@ -45,6 +45,7 @@ class TrainConfig(Section):
     accumulate: int = 1  # batches whose gradients are summed into one update
     save_every: int = 0  # steps between resumable checkpoints; 0: at each evaluation only
     keep_last: int = 2  # resumable checkpoints kept in checkpoints/
+    average_last: int = 0  # also evaluate the mean of the last N evaluated weights (kept as any checkpoint); 0, 1: off
     log_every: int = 20
     threads: int = 0  # torch's intra-op threads for training and decoding; 0: torch's choice (see docs/plugins.md)
 
@@ -52,7 +53,7 @@ class TrainConfig(Section):
         for name in ("epochs", "max_tokens", "keep_last", "log_every", "accumulate"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("max_steps", "warmup", "patience", "eval_every", "save_every", "threads"):
+        for name in ("max_steps", "warmup", "patience", "eval_every", "save_every", "threads", "average_last"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name} must not be negative, got {getattr(self, name)}")
         if not self.lr > 0:
@@ -186,7 +187,9 @@ class Trainer:
     """Trains ``model`` on ``train``; ``evaluate()`` returns the validation metrics dict.
 
     ``select`` is ``(metric name, higher is better)``. ``on_event`` receives every log record
-    (also appended to ``metrics.jsonl``) so the caller can drive a progress display.
+    (also appended to ``metrics.jsonl``) so the caller can drive a progress display. With
+    ``average_last`` the weights of each evaluation are kept as well, and the average of the last
+    ones competes for the best like any checkpoint (section 6.1 of the paper averages the last 5).
     """
 
     def __init__(self, model: Transformer, cfg: TrainConfig, train: Encoded, evaluate: Callable[[], dict],
@@ -207,8 +210,9 @@ class Trainer:
         self.total_steps = cfg.max_steps  # the planned number of updates, known once fit() sees the data
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s + 1, cfg.warmup, cfg.schedule, self.total_steps))
-        self.state = {"step": 0, "epoch": 0, "batch": 0, "best": None, "best_step": 0, "stale": 0,
-                      "elapsed": 0.0, "tokens": 0, "stopped": "", "evaluated_at": -1}
+        # best_weights: the steps whose weights (one, or several averaged) are model.safetensors
+        self.state = {"step": 0, "epoch": 0, "batch": 0, "best": None, "best_step": 0, "best_weights": [],
+                      "stale": 0, "elapsed": 0.0, "tokens": 0, "stopped": "", "evaluated_at": -1}
         self.stop_reason = ""  # set from outside (signal handler) to stop after the current step
 
     # -- checkpoints -------------------------------------------------------------------------
@@ -228,6 +232,10 @@ class Trainer:
             kept = [line for line in log.read_text(encoding="utf-8").splitlines()
                     if line.strip() and json.loads(line).get("step", 0) <= self.state["step"]]
             ckpt.atomic_write(log, "".join(line + "\n" for line in kept))
+        if self.rank == 0:  # weights of evaluations after the checkpoint would join the averages too early
+            for step, later in ckpt.evaluated_weights(self.run_dir).items():
+                if step > self.state["step"]:
+                    later.unlink()
         return True
 
     def log(self, **event) -> None:
@@ -239,8 +247,19 @@ class Trainer:
 
     # -- the loop ----------------------------------------------------------------------------
     def _evaluate(self) -> None:
-        metrics = self.evaluate()
+        """Evaluate the weights (and with ``average_last``, the average of the last ones) and keep the best."""
         self.state["evaluated_at"] = self.state["step"]
+        improved = self._keep_if_best(self.evaluate())
+        if self.cfg.average_last > 1:
+            improved = self._evaluate_average() or improved
+        self.state["stale"] = 0 if improved else self.state["stale"] + 1
+        self.net.train()
+        if self.cfg.patience and self.state["stale"] >= self.cfg.patience:
+            raise Stop(f"no improvement in {self.cfg.patience} evaluations")
+
+    def _keep_if_best(self, metrics: dict, averaged: list[int] | None = None) -> bool:
+        """Log an evaluation of the model's current weights, which are the mean of those of the
+        ``averaged`` steps if given; save them as model.safetensors if they are the best so far."""
         score = metrics.get(self.metric)
         if score is None or not math.isfinite(score):
             raise TaskformerError(f"evaluation returned no finite value for the selection metric {self.metric!r}")
@@ -249,15 +268,30 @@ class Trainer:
         best = self.state["best"]
         improved = best is None or key > tuple(best)
         if improved:
-            self.state.update(best=list(key), best_step=self.state["step"], stale=0)
+            self.state.update(best=list(key), best_step=self.state["step"],
+                              best_weights=averaged or [self.state["step"]])
             if self.rank == 0:
                 ckpt.save_weights(self.model, self.run_dir / ckpt.WEIGHTS)
-        else:
-            self.state["stale"] += 1
-        self.log(event="eval", split="val", epoch=self.state["epoch"], improved=improved, **metrics)
-        self.net.train()
-        if self.cfg.patience and self.state["stale"] >= self.cfg.patience:
-            raise Stop(f"no improvement in {self.cfg.patience} evaluations")
+        self.log(event="eval", split="val", epoch=self.state["epoch"], improved=improved,
+                 **({"averaged": averaged} if averaged else {}), **metrics)
+        return improved
+
+    def _evaluate_average(self) -> bool:
+        """Keep the weights just evaluated, evaluate the mean of the last ``average_last`` kept, then
+        go back to the training weights (bit for bit: they are read back from their file)."""
+        step = self.state["step"]
+        if self.rank == 0:
+            ckpt.keep_evaluated(self.model, self.run_dir, step, self.cfg.average_last)
+        if self.world > 1:
+            torch.distributed.barrier()  # every rank reads the files rank 0 wrote
+        kept = ckpt.evaluated_weights(self.run_dir)
+        if len(kept) < 2:
+            return False
+        ckpt.load_average(self.model, list(kept.values()))
+        try:
+            return self._keep_if_best(self.evaluate(), list(kept))
+        finally:
+            ckpt.load_weights(self.model, kept[step])
 
     def _step(self, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, int]:
         """One optimizer update over ``micro``-batches (gradient accumulation) and, with DDP, all ranks.

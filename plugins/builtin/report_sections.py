@@ -31,7 +31,8 @@ def taskformer_report_sections(run):
             ("training time", f"{info.get('train_seconds', 0):,.1f} s"),
             ("wall time (all)", f"{info.get('wall_seconds', 0):,.1f} s"), ("steps", info.get("steps")),
             ("epochs", info.get("epochs")), ("throughput", f"{info.get('tokens_per_s', 0):,} target tokens/s"),
-            ("best step", info.get("best_step")), ("stopped", info.get("stopped"))]
+            ("best step", info.get("best_step")),
+            ("weights kept", info.get("kept_weights")), ("stopped", info.get("stopped"))]
     for k, v in rows:
         if v is not None:
             facts.add_row(k, fmt(v))

@@ -110,13 +110,16 @@ def train_and_report(quiet: bool, shard: tuple[int, int] = (0, 1), **options) ->
 @click.option("--split", type=click.Choice(["val", "test"]), multiple=True, help="Split(s) to evaluate (default both).")
 @click.option("--data-dir", type=click.Path(file_okay=False), help="Data folder (default: the one the run used).")
 @click.option("--set", "overrides", multiple=True, metavar="decode.KEY=VALUE", help="Override a decoding setting.")
-def eval_cmd(run_dir, split, data_dir, overrides) -> None:
-    """Re-evaluate a saved run's best checkpoint."""
+@click.option("--average", type=click.IntRange(min=1), metavar="N",
+              help="Evaluate the average of the last N evaluated checkpoints (kept by train.average_last) instead.")
+def eval_cmd(run_dir, split, data_dir, overrides, average) -> None:
+    """Re-evaluate a saved run's best checkpoint, or the average of its last checkpoints."""
     run = runner.load(run_dir)
     updates = C.parse_overrides(list(overrides))
     if set(updates) - {"decode"}:
         raise TaskformerError("eval --set changes decoding only: use decode.KEY=VALUE")
     run.config = C.build(run.task, C.merge(run.config.to_dict(), updates, "--set"))
+    weights = runner.use_average(run, average) if average else run.info.get("kept_weights", "best")
     with report.ProgressDisplay() as display, progress.listening(display):
         results = runner.evaluate_saved(run, split or ("val", "test"), data_dir)
     table = Table(title=f"{run.task.name}: {run.dir}")
@@ -126,6 +129,7 @@ def eval_cmd(run_dir, split, data_dir, overrides) -> None:
     for s, m in results.items():
         table.add_row(s, *(f"{m[n]:.4g}" if isinstance(m.get(n), float) else str(m.get(n, "")) for n in names))
     Console().print(table)
+    click.echo(f"weights: {weights}")
 
 
 @main.command("predict")

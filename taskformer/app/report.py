@@ -18,6 +18,7 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from ..core import checkpoint
 from ..core.checkpoint import atomic_write
 from ..plugins.manager import PluginError, plugins
 
@@ -51,7 +52,8 @@ def sections(run) -> list[tuple[str, object]]:
 def plot_training(run) -> Path | None:
     """Training and validation loss, and the learning rate, over steps -> training.png."""
     train = [e for e in run.history if e.get("event") == "train"]
-    evals = [e for e in run.history if e.get("event") == "eval" and "loss" in e]
+    evals = [e for e in run.history if e.get("event") == "eval" and "loss" in e and "averaged" not in e]
+    averages = [e for e in run.history if e.get("event") == "eval" and "loss" in e and "averaged" in e]
     if not train:
         return None
     import matplotlib
@@ -62,6 +64,9 @@ def plot_training(run) -> Path | None:
     ax_loss.plot([e["step"] for e in train], [e["loss"] for e in train], label="train (smoothed labels)")
     if evals:
         ax_loss.plot([e["step"] for e in evals], [e["loss"] for e in evals], "o-", label="validation")
+    if averages:
+        ax_loss.plot([e["step"] for e in averages], [e["loss"] for e in averages], "s--",
+                     label="validation, average of the last checkpoints")
     ax_loss.set(xlabel="step", ylabel="loss per token", title="Loss", yscale="log")
     ax_loss.legend()
     ax_lr.plot([e["step"] for e in train], [e["lr"] for e in train])
@@ -178,6 +183,7 @@ class ProgressDisplay:
             else:
                 self.progress.update(self.train_bar, description=epoch, completed=e["progress"], info=info)
         elif kind == "eval":
-            keys = [k for k in e if k not in ("event", "split", "step", "epoch", "epochs", "improved")]
-            line = f"eval step {e['step']}: " + "  ".join(f"{k} {fmt(e[k])}" for k in keys)
+            keys = [k for k in e if k not in ("event", "split", "step", "epoch", "epochs", "improved", "averaged")]
+            which = f" ({checkpoint.weights_name(e['averaged'])})" if "averaged" in e else ""
+            line = f"eval step {e['step']}{which}: " + "  ".join(f"{k} {fmt(e[k])}" for k in keys)
             self._say(line + ("  (best so far)" if e.get("improved") else ""))

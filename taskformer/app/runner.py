@@ -216,6 +216,17 @@ def evaluate_saved(run: Run, splits, data_dir: str | Path | None = None) -> dict
     return {s: evaluate_split(run, data.splits[s], name=f"decoding {s}")[0] for s in splits}
 
 
+def use_average(run: Run, n: int) -> str:
+    """Load the mean of the run's last ``n`` evaluated weights into its model; returns what they are."""
+    kept = ckpt.evaluated_weights(run.dir)
+    if len(kept) < n:
+        raise TaskformerError(f"{run.dir}: averaging the last {n} checkpoints needs their weights, but the run kept "
+                              f"{len(kept)} (train.average_last={n} or more keeps them)")
+    steps = list(kept)[-n:]
+    ckpt.load_average(run.model, [kept[s] for s in steps])
+    return ckpt.weights_name(steps)
+
+
 def score(task: Task, pairs: list[tuple[str, str]], hyps: list[Prediction]) -> dict:
     """Merge the metrics every plugin that hears this task reports."""
     merged: dict = {}
@@ -379,6 +390,7 @@ def _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, r
         "train_tokens": state["tokens"],
         "tokens_per_s": round(state["tokens"] / max(state["elapsed"], 1e-9)),
         "best_step": state["best_step"],
+        "kept_weights": ckpt.weights_name(state["best_weights"] or [state["best_step"]]),
         "stopped": state["stopped"] or "completed all epochs",
     }
     for split, rows in run.outputs.items():
