@@ -7,10 +7,13 @@ to download: the task says where to get the files.
 
 One vocabulary is trained on both sides of the train split and shared by source, target and output
 layer (English names such as Tom also occur on the Chinese side). By default every Chinese
-character is a token of its own, beside English BPE subwords (``data.chinese=subword`` lets BPE
-merge Chinese characters too). Text is normalized with NFC, not NFKC, which would make the
-full-width punctuation of the references (，？！) half-width; outputs decode to natural Chinese, no
-spaces between characters. References are scored exactly as read.
+character is a token of its own, beside English BPE subwords, as the tutorial writes Chinese:
+sacreBLEU's zh tokenizer scores characters, and on 14.5k pairs a Chinese BPE sees most of its
+multi-character pieces only a few times. ``data.chinese=subword`` lets BPE merge Chinese too
+(targets about a third shorter, so more epochs in the same time). Text is normalized with NFC, not
+NFKC, which would make the full-width punctuation of the references (，？！) half-width; outputs
+decode to natural Chinese, no spaces between characters. Simplified and traditional characters are
+left as they are, and references are scored exactly as read.
 """
 from __future__ import annotations
 
