@@ -83,6 +83,20 @@ def read_parallel(src_path: Path, tgt_path: Path) -> list[tuple[str, str]]:
     return list(zip(src, tgt))
 
 
+def read_tsv(path: str | Path) -> list[tuple[str, str]]:
+    """``source<TAB>target`` pairs, one per line, plain or gzip; a line without exactly one TAB or
+    with an empty side is an error naming the file and line."""
+    pairs = []
+    for i, line in enumerate(read_lines(path), 1):
+        sides = line.split("\t")
+        if len(sides) != 2:
+            raise DataError(f"{path}:{i}: expected one TAB between source and target, found {len(sides) - 1}")
+        if not (sides[0].strip() and sides[1].strip()):
+            raise DataError(f"{path}:{i}: empty {'source' if not sides[0].strip() else 'target'}")
+        pairs.append((sides[0], sides[1]))
+    return pairs
+
+
 @dataclass
 class Encoded:
     """Token ids of one split: sources always; targets as id lists (sequence tasks), class ids, or one

@@ -14,12 +14,21 @@ from .progress import track
 
 SPECIALS = ["[PAD]", "[BOS]", "[EOS]", "[UNK]"]  # ids 0..3, matching model.PAD/BOS/EOS/UNK
 
+# CJK radicals, symbols and punctuation, ideographs, compatibility forms and full-width forms.
+CJK = r"[\u2e80-\u2fdf\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\ufe30-\ufe4f\uff00-\uffef]"
 
-def subword(texts: Iterable[str], vocab_size: int, kind: str = "bpe", min_frequency: int = 2) -> Tokenizer:
+
+def subword(texts: Iterable[str], vocab_size: int, kind: str = "bpe", min_frequency: int = 2,
+            normalization: str = "NFKC", isolate: str | None = None) -> Tokenizer:
     """Train a BPE, Unigram or WordPiece tokenizer on ``texts``.
 
     The Metaspace pre-tokenizer marks word starts inside the tokens, so ``decode`` gives back
     natural, detokenized text (what sacreBLEU must score), whatever the language.
+
+    ``normalization`` "NFC" keeps what NFKC would fold, such as Chinese full-width punctuation
+    (，？！), which references keep. ``isolate``, a regular expression matching single characters
+    (``CJK``), makes each match a token of its own, so one vocabulary holds English subwords and
+    Chinese characters; no word-start marker is then added, since Chinese has no spaces to restore.
     """
     if kind == "bpe":
         tok = Tokenizer(models.BPE(unk_token="[UNK]"))
@@ -35,9 +44,16 @@ def subword(texts: Iterable[str], vocab_size: int, kind: str = "bpe", min_freque
                                             special_tokens=SPECIALS, show_progress=False)
     else:
         raise ValueError(f"tokenizer kind must be bpe, unigram or wordpiece, not {kind!r}")
-    tok.normalizer = normalizers.NFKC()
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Metaspace()
+    if normalization not in ("NFKC", "NFC"):
+        raise ValueError(f"normalization must be NFKC or NFC, not {normalization!r}")
+    tok.normalizer = normalizers.NFKC() if normalization == "NFKC" else normalizers.NFC()
+    if isolate is None:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(isolate), behavior="isolated"),
+                                                     pre_tokenizers.Metaspace(prepend_scheme="never")])
+        tok.decoder = decoders.Metaspace(prepend_scheme="never")
     tok.train_from_iterator(track(texts, "training the tokenizer"), trainer=trainer)
     return tok
 

@@ -28,6 +28,7 @@ BUILTIN = [
     "taskformer.plugins.builtin.report_sections",
     "taskformer.tasks.copy",
     "taskformer.tasks.translate",
+    "taskformer.tasks.translate_en_zh",
     "taskformer.tasks.agnews",
     "taskformer.tasks.couplet",
 ]

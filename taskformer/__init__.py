@@ -13,21 +13,23 @@ runner, reports, multi-process launcher, plugin scaffold -- is ``taskformer.app`
 __version__ = "0.1.0"
 
 from taskformer.core.config import RunConfig
-from taskformer.core.data import TaskData, encode_sources, encode_words, find_file, read_lines, read_parallel
+from taskformer.core.data import TaskData, encode_sources, encode_words, find_file, read_lines, read_parallel, read_tsv
 from taskformer.core.decoding import (Constraint, DecodeConfig, Label, beam_search, best_labels, best_tags, classify,
                                       greedy, max_lengths, search)
 from taskformer.core.errors import DataError, TaskformerError
+from taskformer.core.metrics import translation_metrics
 from taskformer.core.model import BOS, EOS, PAD, UNK, ClassificationHead, Generator, ModelConfig, TaggingHead
 from taskformer.core.progress import stage, track
-from taskformer.core.tokenize import SPECIALS, characters, subword, symbols
+from taskformer.core.tokenize import CJK, SPECIALS, characters, subword, symbols
 from taskformer.plugins.hookspecs import Task, hookimpl
 from taskformer.app.runner import Run  # noqa: E402 -- after the core: the application builds on it
+from taskformer.app.report import cross_attention  # noqa: E402
 from taskformer.api import Model, load  # noqa: E402 -- trained runs from Python code (docs/api.md)
 
 __all__ = [
-    "BOS", "EOS", "PAD", "SPECIALS", "UNK", "ClassificationHead", "Constraint", "DataError", "DecodeConfig",
+    "BOS", "CJK", "EOS", "PAD", "SPECIALS", "UNK", "ClassificationHead", "Constraint", "DataError", "DecodeConfig",
     "Generator", "Label", "Model", "ModelConfig", "Run", "RunConfig", "TaggingHead", "Task", "TaskData",
-    "TaskformerError", "beam_search", "best_labels", "best_tags", "characters", "classify", "encode_sources",
-    "encode_words", "find_file", "greedy", "hookimpl", "load", "max_lengths", "read_lines", "read_parallel", "search",
-    "stage", "subword", "symbols", "track",
+    "TaskformerError", "beam_search", "best_labels", "best_tags", "characters", "classify", "cross_attention",
+    "encode_sources", "encode_words", "find_file", "greedy", "hookimpl", "load", "max_lengths", "read_lines",
+    "read_parallel", "read_tsv", "search", "stage", "subword", "symbols", "track", "translation_metrics",
 ]

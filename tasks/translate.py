@@ -13,15 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import sacrebleu
-import torch
-from rich.text import Text
 
-from taskformer import BOS, EOS, DataError, Task, TaskData, encode_sources, find_file, hookimpl, read_parallel, subword
+from taskformer import (DataError, Task, TaskData, cross_attention, find_file, hookimpl, read_parallel, subword,
+                        translation_metrics)
 
 FILES = {"train": "train", "val": "val", "test": "test_2016_flickr"}  # split -> file stem of the release
 HUB = "bentrevett/multi30k"
 HUB_SPLITS = {"train": "train", "val": "validation", "test": "test"}
-HEATMAP = "attention.png"
 
 @dataclass
 class Options:
@@ -97,43 +95,10 @@ def taskformer_data(config, data_dir):
 @hookimpl
 def taskformer_metrics(hypotheses, references):
     """Corpus sacreBLEU on detokenized text (13a, cased), chrF, and lower-cased BLEU as many tutorials report."""
-    refs = [references]
-    return {"bleu": sacrebleu.corpus_bleu(hypotheses, refs).score,
-            "chrf": sacrebleu.corpus_chrf(hypotheses, refs).score,
-            "bleu_lowercase": sacrebleu.corpus_bleu(hypotheses, refs, lowercase=True).score}
-
-
-def _heatmap(run, source: str, output: str, path: Path) -> None:
-    """Plot last-layer cross-attention (averaged over heads) of ``output`` given ``source``."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # imported here: only reports need it
-    from matplotlib.figure import Figure
-
-    tok = run.tokenizer
-    src_ids, _ = encode_sources(tok, [source], run.model.cfg.max_len, classify=False)
-    out_ids = tok.encode(output).ids[: run.model.cfg.max_len - 1]
-    src = torch.tensor(src_ids, device=run.device)
-    tgt_in = torch.tensor([[BOS] + out_ids], device=run.device)
-    run.model.eval()
-    weights = run.model.attention_maps(src, tgt_in)[0].float().cpu().numpy()  # (T, S): row t predicts token t
-    fig = Figure(figsize=(min(2.0 + 0.35 * weights.shape[1], 20), min(1.5 + 0.3 * weights.shape[0], 20)))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    ax.imshow(weights, cmap="Blues", aspect="auto", vmin=0.0)
-    ax.set_xticks(range(len(src_ids[0])), [tok.id_to_token(i) for i in src_ids[0]], rotation=90, fontsize=8)
-    ax.set_yticks(range(weights.shape[0]), [tok.id_to_token(i) for i in out_ids + [EOS]], fontsize=8)
-    ax.set_xlabel("source (German)")
-    ax.set_ylabel("output (English)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    return {**translation_metrics(hypotheses, references),
+            "bleu_lowercase": sacrebleu.corpus_bleu(hypotheses, [references], lowercase=True).score}
 
 
 @hookimpl
 def taskformer_report_sections(run):
-    shown = [row for row in run.samples.get("test", []) if row[1].strip()]  # a sample the report shows
-    if not shown:
-        return [("Cross-attention", Text("no non-empty test output to plot"))]
-    source, output, _ = shown[0]
-    _heatmap(run, source, output, run.dir / HEATMAP)
-    note = Text(f"{HEATMAP} in the run directory: last decoder layer, mean over heads, for\n"
-                f"  {source}\n  -> {output}")
-    return [("Cross-attention", note)]
+    return cross_attention(run, "German", "English")

@@ -51,3 +51,19 @@ def register():
     for name in added:
         plugins().pm.unregister(name=name)
     plugins().refresh()
+
+
+def task_data(task: str, data_dir, *overrides: str):
+    """What ``task``'s data hook returns for ``data_dir`` under ``--set`` overrides, checked by the runner."""
+    from taskformer.app.runner import load_data, make_config
+
+    declared = plugins().task(task)
+    return load_data(declared, make_config(declared, None, list(overrides), None), data_dir)
+
+
+@pytest.fixture
+def data_copy(tmp_path):
+    """``data_copy("multi30k")`` -> a copy of that fixture folder under tmp_path, free to damage."""
+    import shutil
+
+    return lambda name: shutil.copytree(DATA / name, tmp_path / name)

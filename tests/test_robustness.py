@@ -154,6 +154,7 @@ TASK_RUNS = {
     "translate-de-en": ["--data-dir", "multi30k", "--set", "data.vocab_size=200"],
     "agnews": ["--data-dir", "ag_news", "--set", "data.vocab_size=300"],
     "couplet": ["--data-dir", "couplets", "--set", "data.val_size=6"],
+    "translate-en-zh": ["--data-dir", "en-cn", "--set", "data.vocab_size=200"],
 }
 
 
@@ -164,7 +165,7 @@ def task_runs(tmp_path_factory):
     runs = {}
     for task, extra in TASK_RUNS.items():
         out = tmp_path_factory.mktemp("tasks") / task
-        args = [str(DATA / a) if a in ("multi30k", "ag_news", "couplets") else a for a in extra]
+        args = [str(DATA / a) if a in ("multi30k", "ag_news", "couplets", "en-cn") else a for a in extra]
         result = run_cli("run", task, "--out", str(out), *args, *TINY_MODEL)
         assert result.returncode == 0, (task, result.stderr)
         runs[task] = out

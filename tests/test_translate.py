@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import gzip
 import json
-import shutil
 
 import pytest
 
-from conftest import run_cli
-from taskformer.app.runner import load_data, make_config, score
+from conftest import run_cli, task_data
+from taskformer.app.runner import score
 from taskformer.plugins.manager import plugins
 
 TASK = "translate-de-en"
@@ -23,8 +22,7 @@ def lines(path):
 
 
 def load(data_dir, *overrides):
-    task = plugins().task(TASK)
-    return load_data(task, make_config(task, None, list(overrides), None), data_dir)
+    return task_data(TASK, data_dir, *overrides)
 
 
 def metrics(hyps, refs):
@@ -32,8 +30,8 @@ def metrics(hyps, refs):
 
 
 @pytest.fixture
-def fixture_copy(tmp_path, data_dir):
-    return shutil.copytree(data_dir / "multi30k", tmp_path / "multi30k")
+def fixture_copy(data_copy):
+    return data_copy("multi30k")
 
 
 def test_loads_plain_and_gzip_files_in_order(data_dir):
