@@ -246,7 +246,7 @@ def test_soft_rules_change_scores_not_the_form(folder):
     src = torch.tensor([data.tokenizer.encode(line).ids + [EOS] for line in ["山高,月小"]])
     classes = torch.tensor([tone(data.tokenizer.id_to_token(i)) for i in range(len(vocab))])
     punctuation = torch.tensor([bool(punct(data.tokenizer.id_to_token(i))) for i in range(len(vocab))])
-    final, opposition = (torch.tensor([[0, 0, 0, 0, LEVEL, 0]]), torch.tensor([[0, OBLIQUE, 0, 0, LEVEL, 0]]))
+    final, opposition = torch.tensor([[0, 0, 0, 0, LEVEL, 0]]), torch.tensor([[0, OBLIQUE, 0, 0, LEVEL, 0]])
     logp = torch.zeros(1, len(vocab))
     plain = form_constraint(src, punctuation, True)
     soft = form_constraint(src, punctuation, True, classes, [(final, "soft", 1.5), (opposition, "soft", 1.5)])
