@@ -1,4 +1,4 @@
-"""couplet: data loading, errors, the form constraint, metrics, and a tiny run + predict on the fixture."""
+"""couplet: data loading, errors, the form and tone constraints, metrics, and a tiny run + predict on the fixture."""
 from __future__ import annotations
 
 import gzip
@@ -13,10 +13,14 @@ import torch
 from dataclasses import replace
 
 from taskformer import EOS, UNK, characters
+from taskformer.app import runner
 from taskformer.app.runner import build_model, decode_texts, load_data, make_config, score
 from taskformer.plugins.manager import plugins
+from taskformer.tasks.couplet import FREE, LEVEL, OBLIQUE, form_constraint, tone, tone_checks, tone_targets
 
 TASK = "couplet"
+TONES_OFF = ["decode.tone_final=off", "decode.tone_opposition=off"]
+TONES_HARD = ["decode.tone_final=hard", "decode.tone_opposition=hard"]
 TINY = ["model.d_model=32", "model.n_heads=2", "model.enc_layers=1", "model.dec_layers=1", "model.d_ff=64",
         "model.max_len=40", "train.epochs=2", "train.max_tokens=400", "train.warmup=10", "train.bf16=false",
         "train.eval_every=0", "data.val_size=6", "decode.batch_size=16"]
@@ -131,9 +135,21 @@ def random_lines(rng, chars, marks, n):
     return lines
 
 
-@pytest.mark.parametrize("strategy", ["beam", "greedy"])
-def test_constrained_outputs_keep_the_form(folder, strategy):
-    cfg = config(f"decode.strategy={strategy}", "decode.beam=3", "decode.batch_size=100", "data.min_char_freq=2")
+def decoder_view(line, vocab):
+    """``line`` as the constraint sees it: an unknown character is [UNK] there, free of any tone rule."""
+    return "".join(c if c in vocab else "\0" for c in line)
+
+
+def keeps_tones(src, out):
+    final, opposition = tone_checks(src, out)
+    return all(final) and all(opposition)
+
+
+@pytest.mark.parametrize("strategy,tones", [("beam", TONES_OFF), ("greedy", TONES_OFF), ("beam", TONES_HARD),
+                                            ("greedy", TONES_HARD)])
+def test_constrained_outputs_keep_the_form(folder, strategy, tones):
+    cfg = config(f"decode.strategy={strategy}", "decode.beam=3", "decode.batch_size=100", "data.min_char_freq=2",
+                 *tones)
     data = load_data(task(), cfg, str(folder))
     vocab = data.tokenizer.get_vocab()
     chars = [c for c in vocab if len(c) == 1 and not punct(c)]
@@ -143,13 +159,21 @@ def test_constrained_outputs_keep_the_form(folder, strategy):
     # inputs from the vocabulary, with unknown characters (卍, 龘) and punctuation at random places
     lines = random_lines(rng, chars + ["卍", "龘"], marks, 100)
     comma, eos = vocab[","], EOS
-    for bias in [(), (eos,), (UNK,), (comma,), tuple(vocab[c] for c in chars[:3])]:
+    level, oblique = ([vocab[c] for c in chars if tone(c) == cls][:3] for cls in (LEVEL, OBLIQUE))
+    broken = 0
+    for bias in [(), (eos,), (UNK,), (comma,), tuple(vocab[c] for c in chars[:3]), level, oblique]:
         outs, _ = decode_texts(task(), untrained(data, cfg, bias), data.tokenizer, None, cfg, lines)
         for src, out in zip(lines, outs):
             assert len(out) == len(src), (bias, src, out)
             assert punct(out) == punct(src), (bias, src, out)
             assert all(ch in vocab for ch in out)  # never [UNK] (it would vanish from the text)
             assert not any(a == b for a, b in zip(src, out) if not punct(a)), (bias, src, out)
+            # tempted towards one class, the search still keeps both rules (those it can see)
+            seen = decoder_view(src, vocab)
+            if tones == TONES_HARD:
+                assert keeps_tones(seen, out), (bias, src, out)
+            broken += not keeps_tones(seen, out)
+    assert broken or tones == TONES_HARD  # the check above can fail: without the rules, lines break them
 
 
 def test_no_repeat_can_be_switched_off(folder):
@@ -186,6 +210,101 @@ def test_a_row_is_never_left_without_a_token():
     assert outs == ["春春", "春,春"]
 
 
+# -- the tone rules ---------------------------------------------------------------------------
+
+def test_tone_classes_of_known_characters():
+    assert [tone(c) for c in "天平风高"] == [LEVEL] * 4  # tiān píng fēng gāo
+    assert [tone(c) for c in "地仄雨月"] == [OBLIQUE] * 4  # dì zè yǔ yuè
+    assert tone("长") == OBLIQUE  # a heteronym takes pypinyin's default reading (zhǎng), whatever the context
+    # neutral tone, punctuation (NFKC's half-width and full-width alike), letters, digits, specials: free
+    assert [tone(c) for c in ["的", ",", "，", "?", "a", "7", "[UNK]", ""]] == [FREE] * 8
+
+
+def test_tone_targets_split_clauses_at_the_tasks_punctuation():
+    # 山高,月小: clauses 山高 | 月小; 高 (平) at clause position 2 asks for 仄, 小 (仄) for 平, and 小 ends the line
+    assert tone_targets("山高,月小") == ({4: LEVEL}, {1: OBLIQUE, 4: LEVEL})
+    # trailing punctuation: the final rule looks at the last character (暖, 仄)
+    assert tone_targets("春风送暖?") == ({3: LEVEL}, {1: OBLIQUE, 3: LEVEL})
+    # positions restart after the comma: 帆顺年 | 事意步; 高 (平) sets no final rule
+    assert tone_targets("一帆风顺年年好,万事如意步步高") == ({}, {1: OBLIQUE, 3: LEVEL, 5: OBLIQUE, 9: LEVEL,
+                                                             11: LEVEL, 13: LEVEL})
+    assert tone_targets("天的") == ({}, {})  # 的 is free: no rule at position 2, nor at the end
+    assert tone_targets("") == ({}, {})
+
+
+def tone_config(folder, *overrides):
+    cfg = config("data.min_char_freq=1", "decode.strategy=greedy", *overrides)
+    return cfg, load_data(task(), cfg, str(folder))
+
+
+LINES = ["山高,月小", "春风送暖", "花开富贵,月满人间", "天"]
+
+
+def test_soft_rules_change_scores_not_the_form(folder):
+    cfg, data = tone_config(folder)
+    vocab = data.tokenizer.get_vocab()
+    src = torch.tensor([data.tokenizer.encode(line).ids + [EOS] for line in ["山高,月小"]])
+    classes = torch.tensor([tone(data.tokenizer.id_to_token(i)) for i in range(len(vocab))])
+    punctuation = torch.tensor([bool(punct(data.tokenizer.id_to_token(i))) for i in range(len(vocab))])
+    final, opposition = torch.tensor([[0, 0, 0, 0, LEVEL, 0]]), torch.tensor([[0, OBLIQUE, 0, 0, LEVEL, 0]])
+    logp = torch.zeros(1, len(vocab))
+    plain = form_constraint(src, punctuation, True)
+    soft = form_constraint(src, punctuation, True, classes, [(final, "soft", 1.5), (opposition, "soft", 1.5)])
+    hard = form_constraint(src, punctuation, True, classes, [(final, "hard", 1.5), (opposition, "hard", 1.5)])
+    for step, want in enumerate([FREE, OBLIQUE, FREE, FREE, LEVEL]):
+        base, shifted, kept = plain(step, None, logp), soft(step, None, logp), hard(step, None, logp)
+        open_ = torch.isfinite(base)
+        assert torch.equal(torch.isfinite(shifted), open_)  # soft: the same choices...
+        rules = 2 if step == 4 else 1  # ...less 1.5 per rule broken (both rules ask at the last position)
+        expected = torch.where((classes != want) & (want != FREE), -1.5 * rules, 0.0)
+        assert torch.equal((shifted - base)[open_], expected.expand_as(base)[open_])
+        assert torch.equal(torch.isfinite(kept), open_ & ((classes == want) | (want == FREE)))
+
+    model = untrained(data, cfg, bias=[vocab[c] for c in "雨月地"])  # 仄 characters: tempted to break the rules
+    rates = {}
+    for mode, penalty in [("off", 1.0), ("soft", 0.5), ("soft", 1e4), ("hard", 1.0)]:
+        run_cfg = tone_config(folder, f"decode.tone_final={mode}", f"decode.tone_opposition={mode}",
+                              f"decode.tone_penalty={penalty}")[0]
+        outs, _ = decode_texts(task(), model, data.tokenizer, None, run_cfg, LINES)
+        assert [len(o) for o in outs] == [len(s) for s in LINES] and [punct(o) for o in outs] == [punct(s) for s in LINES]
+        checks = [tone_checks(s, o) for s, o in zip(LINES, outs)]
+        rates[mode, penalty] = outs, sum(sum(f) + sum(o) for f, o in checks)
+    assert rates["off", 1.0][1] < rates["hard", 1.0][1] == sum(len(f) + len(o) for f, o in map(tone_targets, LINES))
+    assert rates["soft", 1e4] == rates["hard", 1.0]  # a huge penalty acts as a hard rule
+
+
+def test_rules_off_reproduce_the_form_only_outputs(folder):
+    # outputs of the decoder before the tone rules existed, for this seeded random model
+    old = {"greedy": ["白白白白白白白", "惊惊,千千", "白白白白白白白", "白白白白白白白,庆庆庆庆庆庆庆", "白白白白", "惊"],
+           "beam": ["惊惊惊惊惊惊惊", "白白,歌歌", "惊惊惊惊惊惊惊", "白白白白白白白,白白白白白白白", "惊惊惊惊", "惊"]}
+    lines = ["晚风摇树树还挺", "山高,月小", "春风送暖入屠苏", "一帆风顺年年好,万事如意步步高", "花开富贵", "天"]
+    for strategy, outputs in old.items():
+        cfg = config(f"decode.strategy={strategy}", "decode.beam=3", *TONES_OFF)
+        data = load_data(task(), cfg, str(folder))
+        model = untrained(data, cfg)
+        with torch.no_grad():  # a spread of preferences, so that the search has choices to make
+            model.head.proj.bias.copy_(torch.randn(model.head.proj.bias.shape,
+                                                   generator=torch.Generator().manual_seed(1)) * 0.3)
+        outs, _ = decode_texts(task(), model, data.tokenizer, None, cfg, lines)
+        assert outs == outputs
+
+
+@pytest.mark.parametrize("setting,message", [
+    ("decode.tone_final=strict", "decode.tone_final must be off, soft or hard, not 'strict'"),
+    ("decode.tone_opposition=HARD", "decode.tone_opposition must be off, soft or hard"),
+    ("decode.tone_penalty=0", "decode.tone_penalty must be a positive number"),
+    ("decode.tone_penalty=-1", "decode.tone_penalty must be a positive number"),
+    ("decode.tone_penalty=inf", "decode.tone_penalty must be a positive number"),
+    ("decode.tone_penalty=nan", "decode.tone_penalty must be a positive number"),
+    ("decode.tone_penalty=big", "decode.tone_penalty expects float"),
+])
+def test_bad_tone_options_are_one_line_errors(cli, folder, tmp_path, setting, message):
+    result = cli("run", TASK, "--data-dir", str(folder), "--out", str(tmp_path / "run"), "--quiet", "--set", setting)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr
+    assert not (tmp_path / "run").exists()  # refused before any work
+
+
 # -- metrics ----------------------------------------------------------------------------------
 
 def test_metrics_on_hand_made_strings():
@@ -205,6 +324,24 @@ def test_metrics_on_hand_made_strings():
     assert metrics(sources, ["春春春春", "春春,春春", "春春"], refs)["distinct_2"] == pytest.approx(100 * 3 / 8)
 
 
+def test_tone_metrics_on_hand_made_strings():
+    # 山高,月小: 高 asks for 仄 at 1, 小 for 平 at 4 (both rules); 春风送暖: 风 仄 at 1, 暖 平 at 3 (both);
+    # 花开: 开 (平) asks for 仄 at 1, no final rule (平 ending)
+    sources, refs = ["山高,月小", "春风送暖", "花开"], ["水落,石出", "瑞雪迎新", "鸟啼"]
+    kept = metrics(sources, ["水落,石出", "瑞雪迎新", "鸟语"], refs)
+    assert kept["final_tone"] == kept["opposition"] == 100.0
+    # 破 (仄) breaks the final rule and its opposition; 的 is free, so it keeps nothing; 鸟鸣 (平) breaks 1
+    m = metrics(sources, ["水落,石破", "瑞的迎新", "鸟鸣"], refs)
+    assert m["final_tone"] == pytest.approx(50.0)  # 2 lines end in 仄: 1 answered by 平
+    assert m["opposition"] == pytest.approx(100 * 2 / 5)  # of 落 破 的 新 鸣, 落 and 新 keep it
+    # a line cut short keeps none of the positions it lacks; the final rule reads its own last character (石, 平)
+    assert tone_checks("山高,月小", "水落,石") == ([True], [True, False])
+    assert tone_checks("春风送暖", "瑞雪新") == ([True], [True, False])
+    # no rule at all (平 endings, free characters): nothing broken
+    none = metrics(["天", "的的"], ["地", "了了"], ["地", "了了"])
+    assert none["final_tone"] == none["opposition"] == 100.0
+
+
 # -- end to end -------------------------------------------------------------------------------
 
 def test_tiny_run_then_predict_and_eval(cli, folder, tmp_path):
@@ -214,7 +351,8 @@ def test_tiny_run_then_predict_and_eval(cli, folder, tmp_path):
     assert result.exit_code == 0, result.output
     saved = json.loads((run_dir / "result.json").read_text(encoding="utf-8"))
     assert saved["metrics"]["test"]["length_match"] == saved["metrics"]["test"]["punct_match"] == 100.0
-    assert "Couplet form of the test samples" in result.output
+    assert "Couplet form and tone of the test samples" in result.output
+    assert 0 <= saved["metrics"]["test"]["final_tone"] <= 100 and 0 <= saved["metrics"]["test"]["opposition"] <= 100
 
     spaced = cli("predict", str(run_dir), "晚 风 摇 树 树 还 挺", "春 风 ， 送 暖")
     plain = cli("predict", str(run_dir), "晚风摇树树还挺", "春风，送暖")
@@ -228,3 +366,20 @@ def test_tiny_run_then_predict_and_eval(cli, folder, tmp_path):
     greedy = cli("eval", str(run_dir), "--split", "test", "--set", "decode.constrained=false",
                  "--set", "decode.strategy=greedy")
     assert greedy.exit_code == 0 and "length_match" in greedy.stdout
+
+    # the hard tone rules hold on every output of the trained model: the test split and random lines
+    hard = cli("eval", str(run_dir), "--split", "test", *(a for o in TONES_HARD for a in ("--set", o)))
+    assert hard.exit_code == 0 and "final_tone" in hard.stdout and "opposition" in hard.stdout
+    run = runner.load(run_dir)
+    vocab = run.tokenizer.get_vocab()
+    chars = [c for c in vocab if len(c) == 1 and not punct(c)]
+    norm = run.tokenizer.normalizer.normalize_str
+    lines = random_lines(random.Random(1), chars, [",", "?"], 60) + [norm(s) for s in raw_lines(folder / "test/in.txt")]
+    for strategy in ("greedy", "beam"):
+        cfg = replace(run.config, decode=replace(run.config.decode, strategy=strategy, tone_final="hard",
+                                                 tone_opposition="hard"))
+        outs, _ = runner.predict(run, lines, cfg)
+        assert sum(len(tone_targets(s)[1]) for s in lines) > 100  # the rules had work to do
+        for src, out in zip(lines, outs):
+            assert len(out) == len(src) and punct(out) == punct(src), (src, out)
+            assert keeps_tones(decoder_view(src, vocab), out), (strategy, src, out)
