@@ -156,8 +156,6 @@ def read_config_file(path: str | Path) -> dict:
         loaded = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except FileNotFoundError:
         raise TaskformerError(f"{path}: config file not found") from None
-    except IsADirectoryError:
-        raise TaskformerError(f"{path}: is a directory, not a config file") from None
     except OSError as e:
         raise TaskformerError(f"{path}: cannot read the config file ({e.strerror})") from None
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -33,3 +33,16 @@ def run_cli(*args: str, input: str | None = None, env: dict | None = None, timeo
 @pytest.fixture
 def data_dir():
     return DATA
+
+
+# A few seconds of `run copy`: enough for a run directory with every file, not for a good model.
+TINY = ["--quiet", "--set", "data.train_size=40", "--set", "data.val_size=4", "--set", "data.test_size=4",
+        "--set", "train.max_steps=2"]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished tiny copy run (per test module)."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert run_cli("run", "copy", "--out", str(out), *TINY).returncode == 0
+    return out

@@ -10,10 +10,7 @@ import time
 import pytest
 from safetensors.torch import load_file
 
-from conftest import run_cli
-
-TINY = ["--quiet", "--set", "data.train_size=40", "--set", "data.val_size=4", "--set", "data.test_size=4",
-        "--set", "train.max_steps=2"]
+from conftest import TINY, run_cli
 
 
 def test_runs_never_share_a_default_directory(cli, tmp_path, monkeypatch):
@@ -75,14 +72,6 @@ def test_an_empty_out_folder_is_used(cli, tmp_path):
     result = cli("run", "copy", "--out", str(tmp_path / "empty"), *TINY)
     assert result.exit_code == 0, result.output
     assert (tmp_path / "empty" / "result.json").is_file()
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    out = tmp_path_factory.mktemp("finished") / "run"
-    result = run_cli("run", "copy", "--out", str(out), *TINY)
-    assert result.returncode == 0, result.stderr
-    return out
 
 
 def test_resume_of_a_finished_run_is_refused_and_changes_nothing(finished, cli):

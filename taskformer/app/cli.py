@@ -75,7 +75,7 @@ def tasks_cmd() -> None:
 @main.command("run")
 @click.argument("task", required=False)
 @click.option("--data-dir", type=click.Path(file_okay=False), help="Folder with the task's data files.")
-@click.option("--out", type=click.Path(file_okay=False), help="Run directory to create (default runs/TASK/<time>).")
+@click.option("--out", type=click.Path(), help="Run directory to create (default runs/TASK/<time>).")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), help="Training budget in minutes.")
 @click.option("--seed", type=int, help="Random seed (overrides train.seed).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML or JSON config file.")
@@ -184,7 +184,9 @@ def stdin_batches(size: int):
                 line = raw.decode("utf-8", errors="replace")
                 click.echo(f"warning: stdin line {number} is not valid UTF-8; its undecodable bytes were replaced "
                            "by U+FFFD", err=True)
-            texts.append(line.rstrip("\r").removeprefix("\ufeff" if number == 1 else ""))
+            if number == 1:
+                line = line.removeprefix("\ufeff")  # a byte-order mark is not input
+            texts.append(line.rstrip("\r"))
         for start in range(0, len(texts), size):
             yield texts[start : start + size]
         if not chunk:

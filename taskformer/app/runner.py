@@ -337,7 +337,7 @@ def _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, r
         if (run_dir / "result.json").exists():
             raise TaskformerError(f"{run_dir} has finished (result.json exists): nothing to resume; "
                                   "start a new run to train longer")
-        saved = ckpt.read_json(run_dir / "config.json")
+        saved = read_run_config(run_dir)
         task = plugins().task(saved["task"])
         config = saved_config(task, saved["config"], str(run_dir / "config.json"))
         data_dir, time_limit = saved.get("data_dir"), saved.get("time_limit")
@@ -441,16 +441,24 @@ class Interrupted(TaskformerError):
         self.exit_code = 130
 
 
+def read_run_config(run_dir: Path) -> dict:
+    """A run's config.json, checked for the shape taskformer writes before anything is read from it."""
+    saved = ckpt.read_json(run_dir / "config.json")
+    cfg = saved.get("config") if isinstance(saved, dict) else None
+    if not isinstance(cfg, dict) or not isinstance(saved.get("task"), str) or not all(
+            isinstance(v, dict) for v in cfg.values()):
+        raise TaskformerError(f"{run_dir / 'config.json'}: not a taskformer run config")
+    return saved
+
+
 def load(run_dir: str | Path) -> Run:
     """Load a finished (or in-progress) run for eval, predict and report."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise TaskformerError(f"{run_dir}: no such run directory")
     ckpt.refuse_pickles(run_dir)
-    saved = ckpt.read_json(run_dir / "config.json")
-    cfg = saved.get("config") if isinstance(saved, dict) else None
-    if not isinstance(cfg, dict) or "task" not in saved or not all(isinstance(v, dict) for v in cfg.values()):
-        raise TaskformerError(f"{run_dir / 'config.json'}: not a taskformer run config")
+    saved = read_run_config(run_dir)
+    cfg = saved["config"]
     task = plugins().task(saved["task"])
     if str(cfg.get("train", {}).get("bf16")).lower() == "true":
         cfg["train"]["bf16"] = "auto"  # a forced bf16 was for training there; decoding here follows this hardware
