@@ -89,7 +89,7 @@ def test_options_given_with_resume_are_refused_not_ignored(finished, cli, extra)
     assert "cannot be given with it" in result.stderr
 
 
-def test_weights_that_diverge_are_never_kept(cli, tmp_path):
+def test_weights_that_diverge_are_never_kept_and_the_run_can_start_again(cli, tmp_path):
     # One huge update leaves finite but useless weights whose validation loss is NaN.
     out = tmp_path / "r"
     result = cli("run", "copy", "--out", str(out), *TINY, "--set", "train.lr=1e30", "--set", "train.warmup=0",
@@ -98,6 +98,12 @@ def test_weights_that_diverge_are_never_kept(cli, tmp_path):
     assert "not kept" in result.stderr or "training loss became" in result.stderr
     assert not (out / "model.safetensors").exists()
     assert not (out / "result.json").exists()
+    # It failed before its first checkpoint: resume says how to start again, and that works.
+    resumed = cli("run", "--resume", str(out))
+    assert resumed.exit_code == 2 and f"taskformer run copy --out {out}" in resumed.stderr
+    again = cli("run", "copy", "--out", str(out), *TINY)
+    assert again.exit_code == 0, again.output
+    assert "NaN" not in (out / "metrics.jsonl").read_text()  # nothing left from the failed attempt
 
 
 def test_the_time_limit_stops_training_and_the_report_says_what_it_covered(cli, tmp_path):

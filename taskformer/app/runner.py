@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import json
+import shutil
 import signal
 import time
 from contextlib import ExitStack, contextmanager
@@ -289,11 +290,20 @@ def make_dir(path: Path, exist_ok: bool) -> bool:
         raise TaskformerError(f"{path}: cannot create the run directory ({e.strerror})") from None
 
 
+STARTED = {"config.json", "tokenizer.json", "metrics.jsonl", "checkpoints"}  # what a run writes before a checkpoint
+
+
 def new_run_dir(task: str, out: str | None, lock: ExitStack) -> Path:
     """The run directory, created and locked for this process (see :func:`checkpoint.locked`)."""
     path = Path(out) if out else default_run_dir(task)
     make_dir(path, exist_ok=True)
     lock.enter_context(ckpt.locked(path))
+    if {p.name for p in path.iterdir()} <= STARTED and not ckpt.latest_training_state(path / "checkpoints"):
+        for name in STARTED:  # a run that failed before its first checkpoint cannot be resumed: start afresh
+            if (path / name).is_dir():
+                shutil.rmtree(path / name)
+            else:
+                (path / name).unlink(missing_ok=True)
     if (path / "config.json").exists():
         raise TaskformerError(f"{path} already holds a run; choose another --out or resume it with --resume {path}")
     if any(path.iterdir()):
@@ -374,7 +384,8 @@ def _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, r
     trainer = Trainer(model, config.train, train_enc, evaluate, (task.metric, task.higher_is_better), run_dir, device,
                       on_event=on_event, shard=shard)
     if resume and not trainer.resume():
-        raise TaskformerError(f"{run_dir}: no checkpoint to resume from (checkpoints/ is empty)")
+        raise TaskformerError(f"{run_dir}: no checkpoint to resume from (checkpoints/ is empty); the run stopped "
+                              f"before its first one, so start it again: taskformer run {task.name} --out {run_dir}")
     with stop_on_signals(trainer):
         state = trainer.fit(time_limit * 60 if time_limit else None)
     if trainer.stop_reason:
