@@ -78,6 +78,8 @@ def write_json(path: Path, obj) -> None:
 
 
 def read_json(path: Path) -> dict:
+    if Path(path).exists() and not Path(path).is_file():  # a FIFO or /dev/zero would block or never end
+        raise TaskformerError(f"{path}: not a regular file (is this a taskformer run directory?)")
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -1,6 +1,7 @@
 """Every user error is one `Error:` line naming the key, option or file at fault, exit code 2 -- never an
 "internal error" -- and damaged run files are refused, not half-read."""
 import json
+import os
 import shutil
 
 import pytest
@@ -133,10 +134,21 @@ def test_runs_skips_a_malformed_result_with_a_warning(finished, tmp_path, cli):
     shutil.copytree(finished, root / "good")
     (root / "bad").mkdir()
     (root / "bad" / "result.json").write_text('{"task": "copy", "metric": "x", "info": "no", "metrics": []}')
-    result = cli("runs", str(root))
+    (root / "fifo").mkdir()
+    os.mkfifo(root / "fifo" / "result.json")  # reading it would block forever
+    shutil.copytree(finished, root / ("a-long-folder-name-" * 8) / "run")
+    result = cli("runs", str(root))  # CliRunner's console is not a terminal, as in a pipe
     assert result.exit_code == 0, result.output
     assert "good" in result.stdout and "copy" in result.stdout
-    assert "skipped" in result.stderr and "bad" in result.stderr
+    assert "".join(result.stdout.split()).count(str(root / ("a-long-folder-name-" * 8) / "run")) == 1  # not cut
+    assert "skipped" in result.stderr and "bad" in result.stderr and "fifo" in result.stderr
+
+
+def test_run_files_that_are_not_regular_files_are_refused(finished, tmp_path, cli):
+    def edit(d):
+        (d / "config.json").unlink()
+        (d / "config.json").symlink_to("/dev/zero")
+    one_line_error(cli("predict", str(damaged(finished, tmp_path, edit)), "1 2"), "config.json: not a regular file")
 
 
 # The CLI fuzzed: any --set key of the copy task with any value ends in a result or a one-line Error.

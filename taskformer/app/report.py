@@ -104,6 +104,7 @@ def render(run, console: Console | None = None) -> None:
 def list_runs(root: Path) -> Table:
     """A table of the finished runs under ``root`` (any depth), newest first."""
     table = simple_table("task", "date", "wall time", "main metric (test)", "path", title=f"runs under {root}")
+    table.columns[-1].overflow = "fold"  # a narrow console (a pipe) wraps a long path instead of cutting it
     rows = []
     for result in Path(root).rglob("result.json"):
         try:
