@@ -3,6 +3,7 @@ import datetime as dt
 import json
 import math
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -116,3 +117,23 @@ def test_the_time_limit_stops_training_and_the_report_says_what_it_covered(cli, 
     assert "time limit of 0.0001 min reached" in info["stopped"] and "training and validation" in info["stopped"]
     weights = load_file(out / "model.safetensors")
     assert all(math.isfinite(float(v.abs().max())) for v in weights.values())
+
+
+def test_a_second_interrupt_stops_at_once_and_leaves_the_checkpoints_whole(tmp_path):
+    out = tmp_path / "run"
+    # Epochs of one update and a long validation: after the first checkpoint, it is validating again.
+    proc = subprocess.Popen([sys.executable, "-m", "taskformer", "run", "copy", "--out", str(out), "--quiet", "--set",
+                             "data.train_size=50", "--set", "data.val_size=10000", "--set", "train.epochs=50"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(out / "checkpoints", proc)
+    while not list((out / "checkpoints").glob("step-*")):
+        time.sleep(0.05)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)  # asks to stop after the validation ...
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)  # ... and this one stops now
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == "Error: interrupted"  # not "checkpoint saved": it did not wait
+    assert list((out / "checkpoints").glob("step-*")) and not list((out / "checkpoints").glob(".tmp-*"))
+    assert load_file(sorted((out / "checkpoints").glob("step-*"))[-1] / "model.safetensors")

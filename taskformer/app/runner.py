@@ -314,8 +314,13 @@ def new_run_dir(task: str, out: str | None, lock: ExitStack) -> Path:
 
 @contextmanager
 def stop_on_signals(trainer: Trainer):
-    """SIGINT/SIGTERM finish the current step, checkpoint, and end training (instead of losing it)."""
+    """SIGINT/SIGTERM finish the current step, checkpoint, and end training (instead of losing it).
+
+    A second signal stops at once: checkpoints are written atomically, so the last one stays intact.
+    """
     def handler(signum, frame):
+        if trainer.stop_reason:
+            raise KeyboardInterrupt
         trainer.stop_reason = f"interrupted by {signal.Signals(signum).name}"
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
