@@ -121,14 +121,14 @@ def test_the_time_limit_stops_training_and_the_report_says_what_it_covered(cli, 
 
 def test_a_second_interrupt_stops_at_once_and_leaves_the_checkpoints_whole(tmp_path):
     out = tmp_path / "run"
-    # Epochs of one update and a long validation: after the first checkpoint, it is validating again.
+    # Epochs of one logged update, then a long validation: once update 2 is logged, it is validating.
     proc = subprocess.Popen([sys.executable, "-m", "taskformer", "run", "copy", "--out", str(out), "--quiet", "--set",
-                             "data.train_size=50", "--set", "data.val_size=10000", "--set", "train.epochs=50"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(out / "checkpoints", proc)
-    while not list((out / "checkpoints").glob("step-*")):
+                             "data.train_size=50", "--set", "data.val_size=10000", "--set", "train.epochs=50",
+                             "--set", "train.log_every=1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(out / "metrics.jsonl", proc)
+    while '"step": 2}' not in (out / "metrics.jsonl").read_text():
+        assert proc.poll() is None, proc.communicate()
         time.sleep(0.05)
-    time.sleep(0.2)
     proc.send_signal(signal.SIGINT)  # asks to stop after the validation ...
     time.sleep(0.2)
     proc.send_signal(signal.SIGINT)  # ... and this one stops now
