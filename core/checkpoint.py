@@ -18,10 +18,12 @@ same directory and renamed into place, so a crash mid-write leaves the previous 
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -32,6 +34,29 @@ from .errors import TaskformerError
 
 WEIGHTS = "model.safetensors"
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")  # safetensors' names of the dtypes weights may have
+
+
+@contextmanager
+def locked(run_dir: Path):
+    """Hold an exclusive lock on a run directory (flock on the directory itself) while writing it: a
+    second writer (another run with the same ``--out``, a ``--resume`` of a run in progress) is
+    refused instead of interleaving its files. The kernel drops the lock when the process ends,
+    however it ends, so it never goes stale, and no lock file is left behind."""
+    try:
+        fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        raise TaskformerError(f"{run_dir}: cannot open the run directory ({e.strerror})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise TaskformerError(f"{run_dir} is being written by another taskformer process; "
+                              "wait for it to end or choose another --out") from None
+    try:
+        yield
+    finally:
+        os.close(fd)
 
 
 def atomic_write(path: Path, data: str | bytes) -> None:
@@ -55,12 +80,34 @@ def write_json(path: Path, obj) -> None:
 
 
 def read_json(path: Path) -> dict:
+    if Path(path).exists() and not Path(path).is_file():  # a FIFO or /dev/zero would block or never end
+        raise TaskformerError(f"{path}: not a regular file (is this a taskformer run directory?)")
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise TaskformerError(f"{path}: not found (is this a taskformer run directory?)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise TaskformerError(f"{path}: not valid JSON ({e})") from None
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """One JSON object per line (metrics.jsonl, outputs-*.jsonl); a damaged line is named, file and line."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise TaskformerError(f"{path}: cannot read ({e})") from None
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise TaskformerError(f"{path}:{number}: damaged line, not JSON ({e.msg}); was the file truncated?") from None
+        if not isinstance(row, dict):
+            raise TaskformerError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
+        rows.append(row)
+    return rows
 
 
 def save_weights(model: torch.nn.Module | dict[str, torch.Tensor], path: Path) -> None:
@@ -96,12 +143,25 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
                 if key in expected and shape != expected[key]:
                     raise TaskformerError(f"{path}: weights do not match the model ({key} is {list(shape)} "
                                           f"in the file, {list(expected[key])} in the model built from config.json)")
+                dtype = f.get_slice(key).get_dtype()
+                if dtype not in FLOAT_DTYPES:
+                    raise TaskformerError(f"{path}: tensor {key} is stored as {dtype}; weights must be floating "
+                                          f"point ({', '.join(FLOAT_DTYPES)})")
         missing, unexpected = load_model(model, path, strict=False)
     except (SafetensorError, RuntimeError, OSError, ValueError) as e:
         raise TaskformerError(f"{path}: corrupt or incompatible weights ({str(e).splitlines()[0]})") from None
     if missing or unexpected:
         raise TaskformerError(f"{path}: weights do not match the model "
                               f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+    bad = non_finite(model)
+    if bad:
+        raise TaskformerError(f"{path}: tensor {bad} holds NaN or infinite values; refusing broken weights")
+
+
+def non_finite(model: torch.nn.Module) -> str | None:
+    """The name of the first parameter holding a NaN or infinity, or None when all are finite."""
+    return next((name for name, p in model.state_dict().items()
+                 if p.is_floating_point() and not torch.isfinite(p).all()), None)
 
 
 def average_weights(paths: list[Path]) -> dict[str, torch.Tensor]:
@@ -209,4 +269,10 @@ def load_training_state(path: Path, model, optimizer, scheduler) -> dict:
     optimizer.load_state_dict(blob["optimizer"])
     scheduler.load_state_dict(blob["scheduler"])
     torch.set_rng_state(blob["torch_rng"])
-    return read_json(path / "state.json")
+    state = read_json(path / "state.json")
+    bad = next((k for k in ("step", "epoch", "batch", "tokens", "best_step", "stale")
+                if not isinstance(state.get(k), int) or isinstance(state.get(k), bool) or state[k] < 0), None)
+    if bad or not isinstance(state.get("elapsed"), (int, float)):
+        raise TaskformerError(f"{path / 'state.json'}: {bad or 'elapsed'} must be a non-negative number, "
+                              f"got {state.get(bad or 'elapsed')!r}; the checkpoint is damaged")
+    return state

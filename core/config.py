@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import math
 import tomllib
 from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from pathlib import Path
@@ -83,6 +84,9 @@ def build(task, cfg: dict) -> RunConfig:
                 section.validate()
     except ValueError as e:
         raise TaskformerError(f"config: {e}") from None
+    if config.model.variant != task.variant:
+        raise TaskformerError(f"config: model.variant is set by the task: {task.name!r} is {task.variant}, "
+                              f"not {config.model.variant}")
     return config
 
 
@@ -98,7 +102,7 @@ def _coerce(value, default, key: str):
                 if text in ("false", "0", "no", "off"):
                     return False
                 raise ValueError
-            return kind(value)
+            return _coerce(kind(value), default, key)
         except ValueError:
             raise TaskformerError(f"config: {key} expects {kind.__name__}, got {value!r}") from None
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
@@ -107,6 +111,10 @@ def _coerce(value, default, key: str):
         return str(value).lower()
     if default is not None and not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise TaskformerError(f"config: {key} expects {kind.__name__}, got {value!r}")
+    if kind is int and not -2**63 <= value < 2**63:  # beyond what torch and the OS take anywhere
+        raise TaskformerError(f"config: {key} is out of range, got {value}")
+    if kind is float and not math.isfinite(value):  # no setting means anything with NaN or infinity
+        raise TaskformerError(f"config: {key} must be a finite number, got {value}")
     return value
 
 
@@ -144,9 +152,15 @@ def parse_overrides(items: list[str]) -> dict:
 def read_config_file(path: str | Path) -> dict:
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-        return json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+        text = path.read_text(encoding="utf-8-sig")
+        loaded = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except FileNotFoundError:
         raise TaskformerError(f"{path}: config file not found") from None
+    except OSError as e:
+        raise TaskformerError(f"{path}: cannot read the config file ({e.strerror})") from None
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise TaskformerError(f"{path}: not a valid {'JSON' if path.suffix == '.json' else 'TOML'} file ({e})") from None
+    if not isinstance(loaded, dict):
+        raise TaskformerError(f"{path}: expected sections (an object such as {{\"train\": {{\"lr\": 0.001}}}}), "
+                              f"got a JSON {type(loaded).__name__}")
+    return loaded

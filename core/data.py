@@ -39,16 +39,20 @@ class TaskData:
 
 
 def find_file(data_dir: str | Path, name: str) -> Path:
-    """``DIR/name`` or ``DIR/name.gz``, whichever exists; a clear error otherwise."""
+    """``DIR/name`` or ``DIR/name.gz``, whichever exists; a clear error when neither or both do."""
     base = Path(data_dir) / name
-    for path in (base, base.with_name(base.name + ".gz")):
-        if path.is_file():
-            return path
-    raise DataError(f"{base}: file not found (also looked for {base.name}.gz)")
+    found = [path for path in (base, base.with_name(base.name + ".gz")) if path.exists()]
+    if len(found) == 2:
+        raise DataError(f"{base}: both {base.name} and {base.name}.gz exist; remove one so it is clear which to use")
+    if not found:
+        raise DataError(f"{base}: file not found (also looked for {base.name}.gz)")
+    if not found[0].is_file():
+        raise DataError(f"{found[0]}: not a regular file (a directory?); expected the data file itself")
+    return found[0]
 
 
 def read_lines(path: str | Path) -> list[str]:
-    """All lines of a UTF-8 text file, plain or gzip, without line endings.
+    """All lines of a UTF-8 text file, plain or gzip, without line endings or a leading byte-order mark.
 
     Undecodable bytes are reported with the file name and line number, not a traceback.
     """
@@ -56,7 +60,7 @@ def read_lines(path: str | Path) -> list[str]:
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rb") as f:
-            raw = f.read()
+            raw = f.read().removeprefix(b"\xef\xbb\xbf")  # a BOM is not part of the first line's text
     except (OSError, EOFError) as e:
         raise DataError(f"{path}: cannot read ({e})") from None
     lines = raw.split(b"\n")

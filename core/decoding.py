@@ -139,11 +139,13 @@ def beam_search(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, be
             logp[done] = float("-inf")
             logp[done, PAD] = 0.0
         # The K best continuations of a sentence are among the K best of each of its hypotheses:
-        # picking those first keeps the final top-K over K*K candidates instead of K*V.
-        cand, cand_tok = logp.topk(K, dim=-1)
-        top, idx = (scores.view(-1, 1) + cand).view(B, K * K).topk(K, dim=-1)
-        origin = (idx // K + torch.arange(B, device=src.device).unsqueeze(1) * K).view(-1)
-        tok = cand_tok.view(B, K * K).gather(1, idx).view(-1)
+        # picking those first keeps the final top-K over K*K candidates instead of K*V (or K*V when
+        # the beam is wider than the vocabulary).
+        C = min(K, logp.size(-1))
+        cand, cand_tok = logp.topk(C, dim=-1)
+        top, idx = (scores.view(-1, 1) + cand).view(B, K * C).topk(K, dim=-1)
+        origin = (idx // C + torch.arange(B, device=src.device).unsqueeze(1) * K).view(-1)
+        tok = cand_tok.view(B, K * C).gather(1, idx).view(-1)
         ys = torch.cat([ys[origin], tok.unsqueeze(1)], 1)
         done = done[origin] | (tok == EOS)
         scores = top

@@ -56,8 +56,11 @@ class TrainConfig(Section):
         for name in ("max_steps", "warmup", "patience", "eval_every", "save_every", "threads", "average_last"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name} must not be negative, got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise ValueError(f"train.lr must be positive, got {self.lr}")
+        if not 0 < self.lr < math.inf:
+            raise ValueError(f"train.lr must be a positive finite number, got {self.lr}")
+        if not 0 <= self.clip < math.inf or not 0 <= self.weight_decay < math.inf:
+            raise ValueError(f"train.clip and train.weight_decay must be finite and not negative, got "
+                             f"{self.clip} and {self.weight_decay}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"train.schedule must be {' or '.join(SCHEDULES)}, not {self.schedule!r}")
         if not 0.0 <= self.label_smoothing < 1.0:
@@ -216,7 +219,16 @@ class Trainer:
         self.stop_reason = ""  # set from outside (signal handler) to stop after the current step
 
     # -- checkpoints -------------------------------------------------------------------------
+    def check_weights(self) -> None:
+        """Refuse to evaluate or save weights that hold NaN or infinity: they are never kept."""
+        bad = ckpt.non_finite(self.model)
+        if bad:
+            raise TaskformerError(f"the weights became NaN or infinite ({bad}) by step {self.state['step']}; "
+                                  "nothing was saved from them and the best checkpoint so far is kept "
+                                  "(try a lower train.lr)")
+
     def save(self) -> None:
+        self.check_weights()
         if self.rank == 0:
             ckpt.save_training_state(self.run_dir / "checkpoints", self.state["step"], self.model,
                                      self.optimizer, self.scheduler, self.state, self.cfg.keep_last)
@@ -229,8 +241,13 @@ class Trainer:
         self.state.update(ckpt.load_training_state(path, self.model, self.optimizer, self.scheduler))
         log = self.run_dir / "metrics.jsonl"
         if self.rank == 0 and log.exists():
-            kept = [line for line in log.read_text(encoding="utf-8").splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= self.state["step"]]
+            kept = []
+            for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+                try:
+                    if json.loads(line).get("step", 0) <= self.state["step"]:
+                        kept.append(line)
+                except (ValueError, AttributeError):
+                    pass  # a line the lost process was writing when it died
             ckpt.atomic_write(log, "".join(line + "\n" for line in kept))
         if self.rank == 0:  # weights of evaluations after the checkpoint would join the averages too early
             for step, later in ckpt.evaluated_weights(self.run_dir).items():
@@ -248,6 +265,7 @@ class Trainer:
     # -- the loop ----------------------------------------------------------------------------
     def _evaluate(self) -> None:
         """Evaluate the weights (and with ``average_last``, the average of the last ones) and keep the best."""
+        self.check_weights()
         self.state["evaluated_at"] = self.state["step"]
         improved = self._keep_if_best(self.evaluate())
         if self.cfg.average_last > 1:
@@ -263,6 +281,9 @@ class Trainer:
         score = metrics.get(self.metric)
         if score is None or not math.isfinite(score):
             raise TaskformerError(f"evaluation returned no finite value for the selection metric {self.metric!r}")
+        if not math.isfinite(metrics.get("loss", 0.0)):
+            raise TaskformerError(f"validation loss became {metrics['loss']} at step {self.state['step']}; these "
+                                  "weights are not kept, the best checkpoint so far is (try a lower train.lr)")
         # Ties on the task metric (e.g. 100% exact match) go to the lower validation loss.
         key = (score if self.higher else -score, -metrics.get("loss", 0.0))
         best = self.state["best"]
@@ -333,7 +354,8 @@ class Trainer:
         elif cfg.max_steps and st["step"] >= cfg.max_steps:
             reason = f"reached train.max_steps={cfg.max_steps}"
         elif time_limit is not None and st["elapsed"] >= time_limit:
-            reason = f"time limit of {time_limit / 60:g} min reached"
+            reason = (f"time limit of {time_limit / 60:g} min reached after {st['elapsed']:.0f} s of training and "
+                      "validation (checked after every update and evaluation)")
         if self.world > 1:
             flag = torch.tensor(float(bool(reason)), device=self.device)
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
@@ -394,6 +416,10 @@ class Trainer:
                 if not cfg.eval_every:
                     self._evaluate()
                 self.save()
+                st["elapsed"] = time.monotonic() - started  # the limit counts validation too
+                reason = self._stop_requested(time_limit)
+                if reason and st["epoch"] < cfg.epochs:
+                    raise Stop(reason)
             if st["evaluated_at"] != st["step"]:  # eval_every did not land on the last step
                 self._evaluate()
                 self.save()

@@ -60,6 +60,8 @@ class ModelConfig(Section):
         for name in ("d_model", "n_heads", "d_ff", "max_len", "enc_layers"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"model.{name} must be positive, got {getattr(self, name)}")
+        if self.max_len < 3:
+            raise ValueError(f"model.max_len must be at least 3 (begin, end and one token), got {self.max_len}")
         if self.variant == "encoder-decoder" and self.dec_layers <= 0:
             raise ValueError(f"model.dec_layers must be positive, got {self.dec_layers}")
         if self.d_model % self.n_heads:

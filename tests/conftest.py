@@ -67,3 +67,16 @@ def data_copy(tmp_path):
     import shutil
 
     return lambda name: shutil.copytree(DATA / name, tmp_path / name)
+
+
+# A few seconds of `run copy`: enough for a run directory with every file, not for a good model.
+TINY = ["--quiet", "--set", "data.train_size=40", "--set", "data.val_size=4", "--set", "data.test_size=4",
+        "--set", "train.max_steps=2"]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished tiny copy run (per test module)."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert run_cli("run", "copy", "--out", str(out), *TINY).returncode == 0
+    return out

@@ -131,7 +131,7 @@ def test_optimizer_state_with_code_is_refused_on_resume(small_run, tmp_path, cli
         def __reduce__(self):
             return (print, ("pwned",))
 
-    bad = damaged_copy(small_run, tmp_path / "bad", lambda d: None)
+    bad = damaged_copy(small_run, tmp_path / "bad", lambda d: (d / "result.json").unlink())  # unfinished again
     step = sorted((bad / "checkpoints").glob("step-*"))[-1]
     (step / "optimizer.pt").write_bytes(pickle.dumps(Evil()))
     result = cli("run", "--resume", str(bad))

@@ -5,6 +5,8 @@ code 2; ``taskformer --debug ...`` shows the traceback instead.
 """
 from __future__ import annotations
 
+import math
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -73,7 +75,7 @@ def tasks_cmd() -> None:
 @main.command("run")
 @click.argument("task", required=False)
 @click.option("--data-dir", type=click.Path(file_okay=False), help="Folder with the task's data files.")
-@click.option("--out", type=click.Path(file_okay=False), help="Run directory to create (default runs/TASK/<time>).")
+@click.option("--out", type=click.Path(), help="Run directory to create (default runs/TASK/<time>).")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), help="Training budget in minutes.")
 @click.option("--seed", type=int, help="Random seed (overrides train.seed).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML or JSON config file.")
@@ -85,6 +87,15 @@ def run_cmd(task, data_dir, out, time_limit, seed, config_file, overrides, resum
     """Train TASK, evaluate the best checkpoint on val and test, and print the report."""
     if not task and not resume:
         raise click.UsageError("give a TASK to run, or --resume RUN_DIR")
+    if resume:
+        given = [name for name, value in (("TASK", task), ("--data-dir", data_dir), ("--out", out),
+                                          ("--time-limit", time_limit), ("--seed", seed), ("--config", config_file),
+                                          ("--set", overrides)) if value]
+        if given:
+            raise TaskformerError(f"--resume continues a run with the settings saved in its config.json; "
+                                  f"{', '.join(given)} cannot be given with it")
+    if time_limit is not None and not math.isfinite(time_limit):
+        raise TaskformerError(f"--time-limit must be a finite number of minutes, got {time_limit}")
     if task:
         plugins().task(task)  # unknown names fail here, before any process starts
     options = dict(task_name=task, data_dir=data_dir, out=out, time_limit=time_limit, seed=seed,
@@ -140,13 +151,50 @@ def predict_cmd(run_dir, text, beam) -> None:
     """Run a trained model on TEXT, or on each line of stdin (one output line per input line)."""
     run = runner.load(run_dir)
     config = runner.with_search(run.config, beam)
-    lines = list(text) if text else [line.rstrip("\r\n") for line in sys.stdin]
-    outputs, cut = runner.predict(run, lines, config)
+    cut = 0
+    try:
+        for lines in [list(text)] if text else stdin_batches(config.decode.batch_size):
+            outputs, n = runner.predict(run, lines, config)
+            cut += n
+            for out in outputs:
+                click.echo(str(out).replace("\n", " "))  # click.echo flushes: each batch reaches the pipe at once
+    except BrokenPipeError:  # the reader went away (`| head -1`): stop quietly, like any pipe filter
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python exits
+        sys.exit(141)  # what a shell reports for a filter ended by SIGPIPE
     if cut:
         click.echo(f"warning: {cut} input(s) longer than the model's {run.model.cfg.max_len} positions were truncated",
                    err=True)
-    for out in outputs:
-        click.echo(str(out).replace("\n", " "))
+
+
+def stdin_batches(size: int):
+    """Lines of stdin as they arrive, in batches of at most ``size``.
+
+    Whatever input is already there is decoded without waiting for the end of the stream, so a slow
+    producer sees its outputs as it goes. Undecodable bytes become U+FFFD with a warning naming the
+    line: every input line gets its output line.
+    """
+    pending, number = b"", 0
+    while True:
+        chunk = sys.stdin.buffer.read1(1 << 16)
+        *raw_lines, pending = (pending + chunk).split(b"\n")
+        if not chunk and pending:  # the last line had no newline
+            raw_lines, pending = raw_lines + [pending], b""
+        texts = []
+        for raw in raw_lines:
+            number += 1
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                line = raw.decode("utf-8", errors="replace")
+                click.echo(f"warning: stdin line {number} is not valid UTF-8; its undecodable bytes were replaced "
+                           "by U+FFFD", err=True)
+            if number == 1:
+                line = line.removeprefix("\ufeff")  # a byte-order mark is not input
+            texts.append(line.rstrip("\r"))
+        for start in range(0, len(texts), size):
+            yield texts[start : start + size]
+        if not chunk:
+            return
 
 
 @main.command("export")
@@ -218,6 +266,10 @@ def report_cmd(run_dir) -> None:
               help="The kind of task: text to text, one class per input, or one tag per input word.")
 def new_task_cmd(name, target, variant) -> None:
     """Write a complete, installable plugin package for a new task called NAME."""
+    installed = plugins().tasks.get(name)
+    if installed and installed.plugin != name:  # the scaffold's own package (entry point NAME) is no conflict
+        raise TaskformerError(f"task {name!r} is already installed (plugin {installed.plugin}); a second plugin "
+                              "for it would replace it, so choose another name")
     path = Path(target) if target else Path(scaffold.names(name)["package"])
     for written in scaffold.write(name, path, variant):
         click.echo(f"wrote {written}")

@@ -173,16 +173,19 @@ def render(run, console: Console | None = None) -> None:
 def list_runs(root: Path) -> Table:
     """A table of the finished runs under ``root`` (any depth), newest first."""
     table = simple_table("task", "date", "wall time", "main metric (test)", "path", title=f"runs under {root}")
+    table.columns[-1].overflow = "fold"  # a narrow console (a pipe) wraps a long path instead of cutting it
     rows = []
     for result in Path(root).rglob("result.json"):
         try:
+            if not result.is_file():  # a FIFO would block the read
+                raise ValueError("not a regular file")
             saved = json.loads(result.read_text(encoding="utf-8"))
             metric, info = saved["metric"], saved["info"]
             value = saved["metrics"]["test"].get(metric)
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # not a finished taskformer run
-        rows.append((info.get("date", "").replace("T", " ")[:16], saved["task"], f"{info.get('wall_seconds', 0):,.0f} s",
-                     f"{metric} {fmt(value)}", str(result.parent)))
+            rows.append((info.get("date", "").replace("T", " ")[:16], saved["task"],
+                         f"{info.get('wall_seconds', 0):,.0f} s", f"{metric} {fmt(value)}", str(result.parent)))
+        except (OSError, ValueError, LookupError, TypeError, AttributeError) as e:
+            warnings.warn(f"skipped {result}: not a readable taskformer result ({type(e).__name__}: {e})")
     for date, task, wall, metric, path in sorted(rows, reverse=True):
         table.add_row(task, date, wall, metric, path)
     return table

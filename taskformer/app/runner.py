@@ -8,10 +8,12 @@ what was expected instead of surfacing later as an error deep inside the core.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
+import shutil
 import signal
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -65,9 +67,7 @@ class Run:
     @property
     def history(self) -> list[dict]:
         path = self.dir / "metrics.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return ckpt.read_jsonl(path) if path.exists() else []
 
     @property
     def device(self) -> torch.device:
@@ -84,7 +84,7 @@ def make_config(task: Task, config_file: str | None, overrides: list[str], seed:
         C.merge(cfg, C.read_config_file(config_file), str(config_file))
     C.merge(cfg, C.parse_overrides(overrides), "--set")
     if seed is not None:
-        cfg["train"]["seed"] = seed
+        C.merge(cfg, {"train": {"seed": seed}}, "--seed")
     return C.build(task, cfg)
 
 
@@ -102,13 +102,18 @@ def use_threads(config: RunConfig) -> None:
 def build_model(task: Task, config: RunConfig, vocab_size: int, labels: list[str] | None) -> Transformer:
     mc = replace(config.model, vocab_size=vocab_size, num_classes=len(labels) if labels else 0)
     plugin, head = plugins().first("taskformer_head", task, model_config=mc)
-    if head is None:
-        return Transformer(mc)
     where = f"plugin {plugin!r}: taskformer_head for task {task.name!r}"
-    if not isinstance(head, torch.nn.Module):
+    if head is not None and not isinstance(head, torch.nn.Module):
         raise PluginError(f"{where} must return a torch.nn.Module, got {type(head).__name__}")
-    model = Transformer(mc, head)
-    check_head(model, where)
+    try:
+        model = Transformer(mc) if head is None else Transformer(mc, head)
+    except RuntimeError as e:
+        if "allocate" not in str(e):
+            raise
+        raise TaskformerError(f"config: the model does not fit in memory (model.d_model={mc.d_model}, "
+                              f"model.d_ff={mc.d_ff}, vocabulary {vocab_size}): {str(e).splitlines()[0][:200]}") from None
+    if head is not None:
+        check_head(model, where)
     return model
 
 
@@ -255,7 +260,8 @@ def load_data(task: Task, config: RunConfig, data_dir: str | None) -> TaskData:
         raise PluginError(f"{where} must return a TaskData, got {type(data).__name__}")
     missing = [s for s in SPLITS if not data.splits.get(s)]
     if missing:
-        raise PluginError(f"{where} returned no {', '.join(missing)} split")
+        raise PluginError(f"{where} returned no {', '.join(missing)} split (if a data option or file made it "
+                          "empty, e.g. a size of 0, change that)")
     for split in SPLITS:
         bad = next((i for i, row in enumerate(data.splits[split]) if not (
             isinstance(row, (tuple, list)) and len(row) == 2 and all(isinstance(x, str) for x in row))), None)
@@ -288,21 +294,60 @@ def check_labels(data: TaskData, tagging: bool, where: str) -> None:
 
 
 def default_run_dir(task: str) -> Path:
-    return Path("runs") / task / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    """A new, empty ``runs/TASK/<time>``; runs started in the same second get ``<time>-2``, ``-3``, ...
+    The directory is created here, exclusively, so two processes can never be handed the same one."""
+    stamp = Path("runs") / task / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    make_dir(stamp.parent, exist_ok=True)
+    for n in itertools.count(1):
+        path = stamp if n == 1 else stamp.with_name(f"{stamp.name}-{n}")
+        if make_dir(path, exist_ok=False):
+            return path
 
 
-def new_run_dir(task: str, out: str | None) -> Path:
+def make_dir(path: Path, exist_ok: bool) -> bool:
+    """mkdir -p; False if ``path`` already existed (and ``exist_ok``), an Error line if it cannot be made."""
+    try:
+        path.mkdir(parents=True, exist_ok=exist_ok)
+        return True
+    except FileExistsError:
+        if path.is_dir():
+            return False
+        raise TaskformerError(f"{path}: exists and is not a directory") from None
+    except OSError as e:
+        raise TaskformerError(f"{path}: cannot create the run directory ({e.strerror})") from None
+
+
+STARTED = {"config.json", "tokenizer.json", "metrics.jsonl", "checkpoints"}  # what a run writes before a checkpoint
+
+
+def new_run_dir(task: str, out: str | None, lock: ExitStack) -> Path:
+    """The run directory, created and locked for this process (see :func:`checkpoint.locked`)."""
     path = Path(out) if out else default_run_dir(task)
+    make_dir(path, exist_ok=True)
+    lock.enter_context(ckpt.locked(path))
+    if {p.name for p in path.iterdir()} <= STARTED and not ckpt.latest_training_state(path / "checkpoints"):
+        for name in STARTED:  # a run that failed before its first checkpoint cannot be resumed: start afresh
+            if (path / name).is_dir():
+                shutil.rmtree(path / name)
+            else:
+                (path / name).unlink(missing_ok=True)
     if (path / "config.json").exists():
         raise TaskformerError(f"{path} already holds a run; choose another --out or resume it with --resume {path}")
-    path.mkdir(parents=True, exist_ok=True)
+    if any(path.iterdir()):
+        raise TaskformerError(f"{path} is not empty and holds no taskformer run; --out must name a new or empty "
+                              "folder (nothing in it was changed)")
     return path
 
 
 @contextmanager
 def stop_on_signals(trainer: Trainer):
-    """SIGINT/SIGTERM finish the current step, checkpoint, and end training (instead of losing it)."""
+    """SIGINT/SIGTERM finish the current step, checkpoint, and end training (instead of losing it).
+
+    A second signal stops at once: checkpoints are written atomically, so the last one stays intact.
+    """
     def handler(signum, frame):
+        if trainer.stop_reason:
+            raise KeyboardInterrupt
         trainer.stop_reason = f"interrupted by {signal.Signals(signum).name}"
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -319,21 +364,29 @@ def train(task_name: str, data_dir: str | None = None, out: str | None = None, t
 
     ``on_event`` receives the training events and the progress of every other stage (see core.progress).
     """
-    with progress.listening(on_event):
-        return _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, resume, on_event, shard)
+    with progress.listening(on_event), ExitStack() as lock:  # the run directory stays locked until we return
+        return _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, resume, on_event, shard,
+                      lock)
 
 
-def _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, resume, on_event, shard) -> Run:
+def _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, resume, on_event, shard, lock) -> Run:
     if resume:
         run_dir = Path(resume)
-        saved = ckpt.read_json(run_dir / "config.json")
+        if not run_dir.is_dir():
+            raise TaskformerError(f"{run_dir}: no such run directory")
+        if shard[0] == 0:
+            lock.enter_context(ckpt.locked(run_dir))
+        if (run_dir / "result.json").exists():
+            raise TaskformerError(f"{run_dir} has finished (result.json exists): nothing to resume; "
+                                  "start a new run to train longer")
+        saved = read_run_config(run_dir)
         task = plugins().task(saved["task"])
         config = saved_config(task, saved["config"], str(run_dir / "config.json"))
         data_dir, time_limit = saved.get("data_dir"), saved.get("time_limit")
     else:
         task = plugins().task(task_name)
         config = make_config(task, config_file, list(overrides), seed)
-        run_dir = new_run_dir(task.name, out) if shard[0] == 0 else None
+        run_dir = new_run_dir(task.name, out, lock) if shard[0] == 0 else None
         if shard[1] > 1:  # every rank writes to (or reads) the directory rank 0 chose
             shared = [run_dir]
             torch.distributed.broadcast_object_list(shared, src=0)
@@ -362,7 +415,8 @@ def _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, r
     trainer = Trainer(model, config.train, train_enc, evaluate, (task.metric, task.higher_is_better), run_dir, device,
                       on_event=on_event, shard=shard)
     if resume and not trainer.resume():
-        raise TaskformerError(f"{run_dir}: no checkpoint to resume from (checkpoints/ is empty)")
+        raise TaskformerError(f"{run_dir}: no checkpoint to resume from (checkpoints/ is empty); the run stopped "
+                              f"before its first one, so start it again: taskformer run {task.name} --out {run_dir}")
     with stop_on_signals(trainer):
         state = trainer.fit(time_limit * 60 if time_limit else None)
     if trainer.stop_reason:
@@ -430,16 +484,24 @@ class Interrupted(TaskformerError):
         self.exit_code = 130
 
 
+def read_run_config(run_dir: Path) -> dict:
+    """A run's config.json, checked for the shape taskformer writes before anything is read from it."""
+    saved = ckpt.read_json(run_dir / "config.json")
+    cfg = saved.get("config") if isinstance(saved, dict) else None
+    if not isinstance(cfg, dict) or not isinstance(saved.get("task"), str) or not all(
+            isinstance(v, dict) for v in cfg.values()):
+        raise TaskformerError(f"{run_dir / 'config.json'}: not a taskformer run config")
+    return saved
+
+
 def load(run_dir: str | Path) -> Run:
     """Load a finished (or in-progress) run for eval, predict and report."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise TaskformerError(f"{run_dir}: no such run directory")
     ckpt.refuse_pickles(run_dir)
-    saved = ckpt.read_json(run_dir / "config.json")
-    cfg = saved.get("config") if isinstance(saved, dict) else None
-    if not isinstance(cfg, dict) or "task" not in saved or not all(isinstance(v, dict) for v in cfg.values()):
-        raise TaskformerError(f"{run_dir / 'config.json'}: not a taskformer run config")
+    saved = read_run_config(run_dir)
+    cfg = saved["config"]
     task = plugins().task(saved["task"])
     if str(cfg.get("train", {}).get("bf16")).lower() == "true":
         cfg["train"]["bf16"] = "auto"  # a forced bf16 was for training there; decoding here follows this hardware
@@ -461,7 +523,9 @@ def load(run_dir: str | Path) -> Run:
         saved_result = ckpt.read_json(result)
         run.metrics, run.info = saved_result.get("metrics", {}), saved_result.get("info", {})
     for path in run_dir.glob("outputs-*.jsonl"):
-        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        run.outputs[path.stem.removeprefix("outputs-")] = [row_from_json(r, task.variant == "encoder-only")
-                                                           for r in rows]
+        try:
+            run.outputs[path.stem.removeprefix("outputs-")] = [row_from_json(r, task.variant == "encoder-only")
+                                                               for r in ckpt.read_jsonl(path)]
+        except (LookupError, TypeError, ValueError) as e:
+            raise TaskformerError(f"{path}: not a taskformer outputs file ({type(e).__name__}: {e})") from None
     return run

@@ -1,0 +1,182 @@
+"""Every user error is one `Error:` line naming the key, option or file at fault, exit code 2 -- never an
+"internal error" -- and damaged run files are refused, not half-read."""
+import json
+import os
+import shutil
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from safetensors.torch import load_file, save_file
+
+from conftest import DATA, TINY
+
+
+def one_line_error(result, expected):
+    assert result.exit_code == 2, result.output
+    assert expected in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "internal error" not in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--set", "model.variant=encoder-only"], "model.variant is set by the task"),
+    (["--seed", "100000000000000000000000"], "train.seed is out of range"),
+    (["--set", "train.seed=100000000000000000000000"], "train.seed is out of range"),
+    (["--set", "model.max_len=1"], "model.max_len must be at least 3"),
+    (["--set", "model.d_model=1e20"], "model.d_model expects int"),
+    (["--set", "model.d_model=1099511627776", "--set", "model.n_heads=1"], "does not fit in memory"),
+    (["--set", "train.lr=inf"], "train.lr must be a finite number"),
+    (["--set", "train.lr=nan"], "train.lr must be a finite number"),
+    (["--set", "train.clip=-5"], "train.clip"),
+    (["--set", "decode.max_len_a=nan"], "decode.max_len_a must be a finite number"),
+    (["--time-limit", "nan"], "--time-limit must be a finite number"),
+    (["--time-limit", "inf"], "--time-limit must be a finite number"),
+])
+def test_bad_settings_are_refused_before_training(cli, tmp_path, args, expected):
+    one_line_error(cli("run", "copy", "--out", str(tmp_path / "r"), *TINY, *args), expected)
+    assert not (tmp_path / "r" / "config.json").exists()
+
+
+def test_bad_out_and_config_paths_are_named(cli, tmp_path):
+    (tmp_path / "afile").write_text("x")
+    one_line_error(cli("run", "copy", "--out", str(tmp_path / "afile"), *TINY), "exists and is not a directory")
+    one_line_error(cli("run", "copy", "--out", str(tmp_path / "afile" / "sub"), *TINY),
+                   "cannot create the run directory")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    one_line_error(cli("run", "copy", "--config", str(tmp_path / "list.json")), "list.json: expected sections")
+
+
+def test_new_task_refuses_the_name_of_an_installed_task(cli, tmp_path):
+    one_line_error(cli("new-task", "copy", "--dir", str(tmp_path / "p")), "'copy' is already installed")
+    assert not (tmp_path / "p").exists()
+
+
+def test_a_beam_wider_than_the_vocabulary_still_decodes(finished, cli):
+    result = cli("predict", str(finished), "--beam", "500", "1 2 3")
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.split("\n")) == 2
+
+
+def multi30k(tmp_path, edit):
+    data = tmp_path / "multi30k"
+    shutil.copytree(DATA / "multi30k", data)
+    edit(data)
+    return data
+
+
+def bom(data):
+    for name in ("val.de", "val.en"):
+        (data / name).write_bytes(b"\xef\xbb\xbf" + (data / name).read_bytes())
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda d: shutil.copy(d / "train.en", d / "train.en.gz"), "both train.en and train.en.gz exist"),
+    (lambda d: ((d / "val.de").unlink(), (d / "val.de").mkdir()), "val.de: not a regular file"),
+])
+def test_ambiguous_or_wrong_data_files_are_named(cli, tmp_path, edit, expected):
+    data = multi30k(tmp_path, edit)
+    one_line_error(cli("run", "translate-de-en", "--data-dir", str(data), "--out", str(tmp_path / "r"), "--quiet"),
+                   expected)
+
+
+def test_a_byte_order_mark_is_not_part_of_the_text(tmp_path):
+    import gzip
+
+    from taskformer import read_lines
+    (tmp_path / "a.txt").write_bytes(b"\xef\xbb\xbfEin Hund.\nZwei\n")
+    (tmp_path / "a.txt.gz").write_bytes(gzip.compress(b"\xef\xbb\xbfEin Hund.\n"))
+    assert read_lines(tmp_path / "a.txt") == ["Ein Hund.", "Zwei"]
+    assert read_lines(tmp_path / "a.txt.gz") == ["Ein Hund."]
+
+
+def damaged(finished, tmp_path, edit):
+    bad = tmp_path / "bad"
+    shutil.copytree(finished, bad)
+    edit(bad)
+    return bad
+
+
+def retype_weights(run_dir, change):
+    tensors = load_file(run_dir / "model.safetensors")
+    first = sorted(tensors)[0]
+    tensors[first] = change(tensors[first])
+    save_file(tensors, run_dir / "model.safetensors")
+
+
+def truncate(path):
+    path.write_bytes(path.read_bytes()[:-15])
+
+
+@pytest.mark.parametrize("command, edit, expected", [
+    ("predict", lambda d: retype_weights(d, lambda t: t.long()), "is stored as I64"),
+    ("predict", lambda d: retype_weights(d, lambda t: t > 0), "is stored as BOOL"),
+    ("predict", lambda d: retype_weights(d, lambda t: torch.full_like(t, float("nan"))), "NaN or infinite"),
+    ("predict", lambda d: truncate(d / "outputs-test.jsonl"), "outputs-test.jsonl:"),
+    ("report", lambda d: truncate(d / "metrics.jsonl"), "metrics.jsonl:"),
+])
+def test_damaged_run_files_are_named(finished, tmp_path, cli, command, edit, expected):
+    bad = damaged(finished, tmp_path, edit)
+    one_line_error(cli(command, str(bad), *(["1 2"] if command == "predict" else [])), expected)
+
+
+def test_resume_names_a_damaged_trainer_state(finished, tmp_path, cli):
+    def edit(d):
+        (d / "result.json").unlink()  # unfinished again
+        state = sorted((d / "checkpoints").glob("step-*"))[-1] / "state.json"
+        state.write_text(json.dumps({**json.loads(state.read_text()), "step": "5"}))
+    one_line_error(cli("run", "--resume", str(damaged(finished, tmp_path, edit)), "--quiet"), "state.json: step must be")
+
+
+def test_runs_skips_a_malformed_result_with_a_warning(finished, tmp_path, cli):
+    root = tmp_path / "runs"
+    shutil.copytree(finished, root / "good")
+    (root / "bad").mkdir()
+    (root / "bad" / "result.json").write_text('{"task": "copy", "metric": "x", "info": "no", "metrics": []}')
+    (root / "fifo").mkdir()
+    os.mkfifo(root / "fifo" / "result.json")  # reading it would block forever
+    shutil.copytree(finished, root / ("a-long-folder-name-" * 8) / "run")
+    result = cli("runs", str(root))  # CliRunner's console is not a terminal, as in a pipe
+    assert result.exit_code == 0, result.output
+    assert "good" in result.stdout and "copy" in result.stdout
+    assert "".join(result.stdout.split()).count(str(root / ("a-long-folder-name-" * 8) / "run")) == 1  # not cut
+    assert "skipped" in result.stderr and "bad" in result.stderr and "fifo" in result.stderr
+
+
+def test_run_files_that_are_not_regular_files_are_refused(finished, tmp_path, cli):
+    def edit(d):
+        (d / "config.json").unlink()
+        (d / "config.json").symlink_to("/dev/zero")
+    one_line_error(cli("predict", str(damaged(finished, tmp_path, edit)), "1 2"), "config.json: not a regular file")
+
+
+# The CLI fuzzed: any --set key of the copy task with any value ends in a result or a one-line Error.
+KEYS = ["model.d_model", "model.n_heads", "model.enc_layers", "model.dec_layers", "model.d_ff", "model.dropout",
+        "model.max_len", "model.norm_first", "model.pooling", "model.variant", "train.epochs", "train.lr",
+        "train.warmup", "train.clip", "train.label_smoothing", "train.schedule", "train.accumulate",
+        "train.max_tokens", "train.seed", "train.bf16", "train.eval_every", "decode.strategy", "decode.beam",
+        "decode.max_len_a", "decode.max_len_b", "decode.batch_size", "decode.length_penalty", "data.vocab",
+        "data.length", "no.such", "train.nope"]
+VALUES = st.one_of(st.integers(-3, 40).map(str), st.sampled_from(["nan", "inf", "-inf", "1e30", "-0.5", "0.5", "",
+                                                                  "true", "beam", "x", "1e400", "9" * 30]),
+                   st.text(max_size=12))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(KEYS), VALUES), min_size=1, max_size=3))
+def test_any_set_ends_in_a_result_or_a_one_line_error(cli, tmp_path_factory, pairs):
+    out = tmp_path_factory.mktemp("fuzz") / "r"
+    sets = [a for key, value in pairs for a in ("--set", f"{key}={value}")]
+    result = cli("run", "copy", "--out", str(out), "--quiet", "--set", "data.train_size=8", "--set",
+                 "data.val_size=2", "--set", "data.test_size=2", "--set", "train.max_steps=1", *sets)
+    assert result.exit_code in (0, 2), result.output
+    assert "internal error" not in result.output and "Traceback" not in result.output
+    if result.exit_code == 2:
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_resume_names_a_config_that_is_not_a_run(tmp_path, cli):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "config.json").write_text("[]")
+    one_line_error(cli("run", "--resume", str(tmp_path / "r")), "config.json: not a taskformer run config")

@@ -1,0 +1,139 @@
+"""Run directories nobody can clobber, and training results that are never silently wrong."""
+import datetime as dt
+import json
+import math
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from safetensors.torch import load_file
+
+from conftest import TINY, run_cli
+
+
+def test_runs_never_share_a_default_directory(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    now = dt.datetime.now()
+    taken = [tmp_path / "runs" / "copy" / (now + dt.timedelta(seconds=s)).strftime("%Y%m%d-%H%M%S")
+             for s in range(-1, 120)]  # every name this run could pick by the clock alone is someone else's
+    for d in taken:
+        d.mkdir(parents=True)
+        (d / "mine.txt").write_text("keep")
+    result = cli("run", "copy", *TINY)
+    assert result.exit_code == 0, result.output
+    runs = [d for d in (tmp_path / "runs" / "copy").iterdir() if (d / "result.json").exists()]
+    assert len(runs) == 1 and runs[0] not in taken and re.fullmatch(r"\d{8}-\d{6}-2", runs[0].name)
+    assert all(sorted(p.name for p in d.iterdir()) == ["mine.txt"] for d in taken)
+
+
+def wait_for(path, proc, timeout=300):
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def test_a_run_directory_has_one_writer(tmp_path):
+    out = tmp_path / "run"
+    slow = ["--set", "data.train_size=20000", "--set", "train.epochs=50", "--quiet"]
+    first = subprocess.Popen([sys.executable, "-m", "taskformer", "run", "copy", "--out", str(out), *slow],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(out / "config.json", first)
+        again = run_cli("run", "copy", "--out", str(out), *TINY)
+        resumed = run_cli("run", "--resume", str(out), "--quiet")
+        for second in (again, resumed):
+            assert second.returncode == 2, second.stderr
+            assert "is being written by another taskformer process" in second.stderr
+            assert len(second.stderr.strip().splitlines()) == 1
+        assert first.poll() is None  # the first run goes on, alone
+    finally:
+        first.kill()
+        first.communicate()
+    assert json.loads((out / "config.json").read_text())["config"]["data"]["train_size"] == 20000
+
+
+def test_out_refuses_a_folder_that_is_not_a_run(cli, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.txt").write_text("my notes")
+    result = cli("run", "copy", "--out", str(mine), *TINY)
+    assert result.exit_code == 2
+    assert "not empty and holds no taskformer run" in result.stderr
+    assert sorted(p.name for p in mine.iterdir()) == ["report.txt"]
+    assert (mine / "report.txt").read_text() == "my notes"
+
+
+def test_an_empty_out_folder_is_used(cli, tmp_path):
+    (tmp_path / "empty").mkdir()
+    result = cli("run", "copy", "--out", str(tmp_path / "empty"), *TINY)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "empty" / "result.json").is_file()
+
+
+def test_resume_of_a_finished_run_is_refused_and_changes_nothing(finished, cli):
+    before = (finished / "result.json").read_bytes()
+    result = cli("run", "--resume", str(finished))
+    assert result.exit_code == 2 and "has finished" in result.stderr
+    assert (finished / "result.json").read_bytes() == before
+
+
+@pytest.mark.parametrize("extra", [["copy"], ["--time-limit", "5"], ["--set", "train.epochs=9"], ["--seed", "3"],
+                                   ["--out", "elsewhere"]])
+def test_options_given_with_resume_are_refused_not_ignored(finished, cli, extra):
+    result = cli("run", "--resume", str(finished), *extra)
+    assert result.exit_code == 2
+    assert "cannot be given with it" in result.stderr
+
+
+def test_weights_that_diverge_are_never_kept_and_the_run_can_start_again(cli, tmp_path):
+    # One huge update leaves finite but useless weights whose validation loss is NaN.
+    out = tmp_path / "r"
+    result = cli("run", "copy", "--out", str(out), *TINY, "--set", "train.lr=1e30", "--set", "train.warmup=0",
+                 "--set", "train.clip=0")
+    assert result.exit_code == 2
+    assert "not kept" in result.stderr or "training loss became" in result.stderr
+    assert not (out / "model.safetensors").exists()
+    assert not (out / "result.json").exists()
+    # It failed before its first checkpoint: resume says how to start again, and that works.
+    resumed = cli("run", "--resume", str(out))
+    assert resumed.exit_code == 2 and f"taskformer run copy --out {out}" in resumed.stderr
+    again = cli("run", "copy", "--out", str(out), *TINY)
+    assert again.exit_code == 0, again.output
+    assert "NaN" not in (out / "metrics.jsonl").read_text()  # nothing left from the failed attempt
+
+
+def test_the_time_limit_stops_training_and_the_report_says_what_it_covered(cli, tmp_path):
+    out = tmp_path / "r"
+    result = cli("run", "copy", "--out", str(out), "--time-limit", "0.0001", "--quiet", "--set",
+                 "data.train_size=400", "--set", "data.val_size=4", "--set", "data.test_size=4")
+    assert result.exit_code == 0, result.output
+    info = json.loads((out / "result.json").read_text())["info"]
+    assert info["steps"] == 1
+    assert "time limit of 0.0001 min reached" in info["stopped"] and "training and validation" in info["stopped"]
+    weights = load_file(out / "model.safetensors")
+    assert all(math.isfinite(float(v.abs().max())) for v in weights.values())
+
+
+def test_a_second_interrupt_stops_at_once_and_leaves_the_checkpoints_whole(tmp_path):
+    out = tmp_path / "run"
+    # Epochs of one logged update, then a long validation: once update 2 is logged, it is validating.
+    proc = subprocess.Popen([sys.executable, "-m", "taskformer", "run", "copy", "--out", str(out), "--quiet", "--set",
+                             "data.train_size=50", "--set", "data.val_size=10000", "--set", "train.epochs=50",
+                             "--set", "train.log_every=1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(out / "metrics.jsonl", proc)
+    while '"step": 2}' not in (out / "metrics.jsonl").read_text():
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)  # asks to stop after the validation ...
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)  # ... and this one stops now
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == "Error: interrupted"  # not "checkpoint saved": it did not wait
+    assert list((out / "checkpoints").glob("step-*")) and not list((out / "checkpoints").glob(".tmp-*"))
+    assert load_file(sorted((out / "checkpoints").glob("step-*"))[-1] / "model.safetensors")
