@@ -82,7 +82,7 @@ class Search(DecodeConfig):
         for name in ("tone_final", "tone_opposition"):
             if getattr(self, name) not in TONE_MODES:
                 raise ValueError(f"decode.{name} must be off, soft or hard, not {getattr(self, name)!r}")
-        if not 0 < self.tone_penalty < float("inf"):
+        if not self.tone_penalty > 0:  # inf and nan are refused for every float setting
             raise ValueError(f"decode.tone_penalty must be a positive number, got {self.tone_penalty}")
 
 

@@ -294,8 +294,8 @@ def test_rules_off_reproduce_the_form_only_outputs(folder):
     ("decode.tone_opposition=HARD", "decode.tone_opposition must be off, soft or hard"),
     ("decode.tone_penalty=0", "decode.tone_penalty must be a positive number"),
     ("decode.tone_penalty=-1", "decode.tone_penalty must be a positive number"),
-    ("decode.tone_penalty=inf", "decode.tone_penalty must be a positive number"),
-    ("decode.tone_penalty=nan", "decode.tone_penalty must be a positive number"),
+    ("decode.tone_penalty=inf", "decode.tone_penalty must be a finite number"),
+    ("decode.tone_penalty=nan", "decode.tone_penalty must be a finite number"),
     ("decode.tone_penalty=big", "decode.tone_penalty expects float"),
 ])
 def test_bad_tone_options_are_one_line_errors(cli, folder, tmp_path, setting, message):
