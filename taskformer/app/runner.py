@@ -30,7 +30,7 @@ from ..core.data import TaskData, encode, encode_sources, encode_words, pad
 from ..core.decoding import Label
 from ..core.engine import Trainer, autocast, evaluate_loss
 from ..core.errors import TaskformerError
-from ..core.model import BOS, UNK, Transformer
+from ..core.model import BOS, UNK, Ensemble, Transformer
 from ..core.tokenize import check_specials
 from ..plugins.hookspecs import Task
 from ..plugins.manager import PluginError, plugins
@@ -99,22 +99,26 @@ def use_threads(config: RunConfig) -> None:
         torch.set_num_threads(config.train.threads)
 
 
-def build_model(task: Task, config: RunConfig, vocab_size: int, labels: list[str] | None) -> Transformer:
+def build_model(task: Task, config: RunConfig, vocab_size: int, labels: list[str] | None) -> Transformer | Ensemble:
     mc = replace(config.model, vocab_size=vocab_size, num_classes=len(labels) if labels else 0)
-    plugin, head = plugins().first("taskformer_head", task, model_config=mc)
-    where = f"plugin {plugin!r}: taskformer_head for task {task.name!r}"
-    if head is not None and not isinstance(head, torch.nn.Module):
-        raise PluginError(f"{where} must return a torch.nn.Module, got {type(head).__name__}")
-    try:
+
+    def network() -> Transformer:  # each ensemble member asks the plugin for a head of its own
+        plugin, head = plugins().first("taskformer_head", task, model_config=mc)
+        where = f"plugin {plugin!r}: taskformer_head for task {task.name!r}"
+        if head is not None and not isinstance(head, torch.nn.Module):
+            raise PluginError(f"{where} must return a torch.nn.Module, got {type(head).__name__}")
         model = Transformer(mc) if head is None else Transformer(mc, head)
+        if head is not None:
+            check_head(model, where)
+        return model
+
+    try:
+        return network() if mc.members == 1 else Ensemble([network() for _ in range(mc.members)])
     except RuntimeError as e:
         if "allocate" not in str(e):
             raise
         raise TaskformerError(f"config: the model does not fit in memory (model.d_model={mc.d_model}, "
                               f"model.d_ff={mc.d_ff}, vocabulary {vocab_size}): {str(e).splitlines()[0][:200]}") from None
-    if head is not None:
-        check_head(model, where)
-    return model
 
 
 @torch.no_grad()
