@@ -15,10 +15,13 @@ Weights are safetensors (a plain tensor container: loading it cannot run code). 
 goes through ``torch.save`` and is read back with ``weights_only=True``, which refuses pickled
 objects other than tensors and plain containers. Every file is written to a temporary name in the
 same directory and renamed into place, so a crash mid-write leaves the previous file intact.
+A run's weights carry a stamp in their metadata (task, run id, tokenizer hash) that must match the
+record in its config.json: files from different runs are never mixed (:func:`check_stamp`).
 """
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -55,6 +58,21 @@ def locked(run_dir: Path):
                               "wait for it to end or choose another --out") from None
     try:
         yield
+    finally:
+        os.close(fd)
+
+
+def is_locked(run_dir: Path) -> bool:
+    """Whether a process holds ``run_dir``'s lock (see :func:`locked`): the run is in progress."""
+    try:
+        fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released by the close below
+        return False
+    except BlockingIOError:
+        return True
     finally:
         os.close(fd)
 
@@ -110,19 +128,21 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
-def save_weights(model: torch.nn.Module | dict[str, torch.Tensor], path: Path) -> None:
+def save_weights(model: torch.nn.Module | dict[str, torch.Tensor], path: Path,
+                 stamp: dict[str, str] | None = None) -> None:
     """Atomically save weights; tied matrices are stored once (safetensors refuses aliases).
 
     A dict of tensors read from such files (e.g. :func:`average_weights`) is saved as it is.
+    ``stamp`` goes into the file's metadata (see :func:`check_stamp`).
     """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
         if isinstance(model, torch.nn.Module):
-            save_model(model, tmp)
+            save_model(model, tmp, metadata=stamp)
         else:
-            save_file(model, tmp)
+            save_file(model, tmp, metadata=stamp)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
@@ -156,6 +176,42 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
     bad = non_finite(model)
     if bad:
         raise TaskformerError(f"{path}: tensor {bad} holds NaN or infinite values; refusing broken weights")
+
+
+def sha256(path: Path) -> str:
+    """The SHA-256 of a regular file, read in blocks (a FIFO or device is refused, not read)."""
+    path = Path(path)
+    if not path.is_file():
+        raise TaskformerError(f"{path}: {'not a regular file' if path.exists() else 'not found'} "
+                              "(is this a taskformer run directory?)")
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_stamp(path: Path, expected: dict[str, str], config: Path) -> None:
+    """Refuse weights whose metadata stamp (task, run id, tokenizer hash, written with them) is not
+    the one ``config`` records: weights of another task, another run or another tokenizer would
+    load without a complaint when their shapes agree, and predict nonsense."""
+    path = Path(path)
+    try:
+        with safe_open(path, "pt") as f:
+            stamp = f.metadata() or {}
+    except (SafetensorError, OSError) as e:
+        raise TaskformerError(f"{path}: corrupt or unreadable weights ({str(e).splitlines()[0]})") from None
+    if not stamp.get("run"):
+        raise TaskformerError(f"{path}: the weights carry no run record, but {config} has one; they do not "
+                              "come from this run")
+    if stamp.get("task") != expected["task"]:
+        raise TaskformerError(f"{path}: weights of task {stamp.get('task')!r}, but {config} names task "
+                              f"{expected['task']!r}; the weights and config.json come from different runs")
+    if stamp["run"] != expected["run"]:
+        raise TaskformerError(f"{path}: weights of another run (run id {stamp['run'][:12]}, {config} records "
+                              f"{expected['run'][:12]}); a run directory must hold its own weights")
+    if stamp.get("tokenizer_sha256") != expected["tokenizer_sha256"]:
+        raise TaskformerError(f"{path}: weights trained with another tokenizer than the one {config} records")
 
 
 def non_finite(model: torch.nn.Module) -> str | None:
@@ -232,14 +288,15 @@ def refuse_pickles(run_dir: Path) -> None:
                                   "taskformer stores weights only as safetensors")
 
 
-def save_training_state(ckpt_root: Path, step: int, model, optimizer, scheduler, state: dict, keep: int) -> Path:
+def save_training_state(ckpt_root: Path, step: int, model, optimizer, scheduler, state: dict, keep: int,
+                        stamp: dict[str, str] | None = None) -> Path:
     """Write ``checkpoints/step-N`` through a temporary directory, then prune to the newest ``keep``."""
     ckpt_root = Path(ckpt_root)
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"step-{step:09d}"
     tmp = Path(tempfile.mkdtemp(dir=ckpt_root, prefix=".tmp-"))
     try:
-        save_model(model, tmp / WEIGHTS)
+        save_model(model, tmp / WEIGHTS, metadata=stamp)
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                     "torch_rng": torch.get_rng_state()}, tmp / "optimizer.pt")
         (tmp / "state.json").write_text(json.dumps(state), encoding="utf-8")

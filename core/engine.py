@@ -193,12 +193,16 @@ class Trainer:
     (also appended to ``metrics.jsonl``) so the caller can drive a progress display. With
     ``average_last`` the weights of each evaluation are kept as well, and the average of the last
     ones competes for the best like any checkpoint (section 6.1 of the paper averages the last 5).
+    ``stamp`` goes into the metadata of the best weights and every checkpoint (the runner binds
+    them to the run's task and tokenizer that way).
     """
 
     def __init__(self, model: Transformer, cfg: TrainConfig, train: Encoded, evaluate: Callable[[], dict],
                  select: tuple[str, bool], run_dir: Path, device: torch.device,
-                 on_event: Callable[[dict], None] = lambda e: None, shard: tuple[int, int] = (0, 1)):
+                 on_event: Callable[[dict], None] = lambda e: None, shard: tuple[int, int] = (0, 1),
+                 stamp: dict[str, str] | None = None):
         self.model, self.cfg, self.train_data, self.evaluate = model, cfg, train, evaluate
+        self.stamp = stamp
         self.metric, self.higher = select
         self.run_dir, self.device, self.on_event = Path(run_dir), device, on_event
         self.rank, self.world = shard
@@ -217,6 +221,7 @@ class Trainer:
         self.state = {"step": 0, "epoch": 0, "batch": 0, "best": None, "best_step": 0, "best_weights": [],
                       "stale": 0, "elapsed": 0.0, "tokens": 0, "stopped": "", "evaluated_at": -1}
         self.stop_reason = ""  # set from outside (signal handler) to stop after the current step
+        self.validating = False  # inside an evaluation: a signal handler may abandon it (nothing is saved then)
 
     # -- checkpoints -------------------------------------------------------------------------
     def check_weights(self) -> None:
@@ -231,7 +236,7 @@ class Trainer:
         self.check_weights()
         if self.rank == 0:
             ckpt.save_training_state(self.run_dir / "checkpoints", self.state["step"], self.model,
-                                     self.optimizer, self.scheduler, self.state, self.cfg.keep_last)
+                                     self.optimizer, self.scheduler, self.state, self.cfg.keep_last, self.stamp)
 
     def resume(self) -> bool:
         """Continue from the newest checkpoint; events logged after it (by the lost process) are dropped."""
@@ -267,9 +272,13 @@ class Trainer:
         """Evaluate the weights (and with ``average_last``, the average of the last ones) and keep the best."""
         self.check_weights()
         self.state["evaluated_at"] = self.state["step"]
-        improved = self._keep_if_best(self.evaluate())
-        if self.cfg.average_last > 1:
-            improved = self._evaluate_average() or improved
+        self.validating = True
+        try:
+            improved = self._keep_if_best(self.evaluate())
+            if self.cfg.average_last > 1:
+                improved = self._evaluate_average() or improved
+        finally:
+            self.validating = False
         self.state["stale"] = 0 if improved else self.state["stale"] + 1
         self.net.train()
         if self.cfg.patience and self.state["stale"] >= self.cfg.patience:
@@ -292,7 +301,7 @@ class Trainer:
             self.state.update(best=list(key), best_step=self.state["step"],
                               best_weights=averaged or [self.state["step"]])
             if self.rank == 0:
-                ckpt.save_weights(self.model, self.run_dir / ckpt.WEIGHTS)
+                ckpt.save_weights(self.model, self.run_dir / ckpt.WEIGHTS, self.stamp)
         self.log(event="eval", split="val", epoch=self.state["epoch"], improved=improved,
                  **({"averaged": averaged} if averaged else {}), **metrics)
         return improved

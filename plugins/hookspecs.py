@@ -84,14 +84,20 @@ def taskformer_tasks():
 
 
 @hookspec(firstresult=True)
-def taskformer_data(task, config, data_dir):
+def taskformer_data(task, config, data_dir, splits, tokenizer):
     """The task's data pipeline: load the splits and train the tokenizer.
 
     ``config`` is the run's :class:`taskformer.RunConfig`: the task's options are ``config.data``
     (an instance of its ``data_options``), the seed is ``config.train.seed``. ``data_dir`` is the
     ``--data-dir`` path or ``None``. Return a :class:`taskformer.TaskData` with ``train``, ``val``
     and ``test`` splits of ``(source, target)`` strings and a tokenizer trained on the train split
-    only. A classifier's target is one of ``labels``; a tagger's is one of ``labels`` per
+    only. ``splits`` names the splits the caller needs: all three to train, only the scored ones
+    when ``taskformer eval`` scores a saved run. ``tokenizer`` is the run's saved tokenizer when a
+    saved run is evaluated or resumed (``None`` for a new run): it replaces the one you return, so
+    return it instead of training one; a hook that also reads only ``splits`` lets ``eval`` work
+    without the train files. Returning more splits than asked is fine (a synthetic task may
+    generate all of them, as the same seed must give the same rows); hooks that do not name these
+    two arguments keep working. A classifier's target is one of ``labels``; a tagger's is one of ``labels`` per
     whitespace-separated word of the source, joined by spaces (``("anna lives in paris", "title
     lower lower title")``). Put the most common tag first: it is what a word beyond ``max_len``
     gets. ``subword``, ``characters`` and ``symbols`` build tokenizers that reserve the special ids

@@ -60,9 +60,9 @@ def taskformer_tasks():
     return [TASK]
 
 
-def _local_splits(data_dir: Path) -> dict[str, list[tuple[str, str]]]:
-    return {split: read_parallel(find_file(data_dir, f"{stem}.de"), find_file(data_dir, f"{stem}.en"))
-            for split, stem in FILES.items()}
+def _local_splits(data_dir: Path, splits) -> dict[str, list[tuple[str, str]]]:
+    return {split: read_parallel(find_file(data_dir, f"{FILES[split]}.de"), find_file(data_dir, f"{FILES[split]}.en"))
+            for split in splits}
 
 
 def _hub_splits() -> dict[str, list[tuple[str, str]]]:
@@ -79,16 +79,17 @@ def _hub_splits() -> dict[str, list[tuple[str, str]]]:
 
 
 @hookimpl
-def taskformer_data(config, data_dir):
+def taskformer_data(config, data_dir, splits, tokenizer):
     opts = config.data
-    splits = _local_splits(data_dir) if data_dir else _hub_splits()
-    train = splits["train"]
-    if 0 < opts.max_train < len(train):  # a seeded subsample, for quick runs
-        keep = random.Random(config.train.seed).sample(range(len(train)), opts.max_train)
-        splits["train"] = [train[i] for i in sorted(keep)]
-    texts = [side for pair in splits["train"] for side in pair]
+    pairs = _local_splits(data_dir, splits) if data_dir else _hub_splits()
+    if tokenizer is None:  # a new run: subsample the train split and learn the vocabulary from it
+        train = pairs["train"]
+        if 0 < opts.max_train < len(train):  # a seeded subsample, for quick runs
+            keep = random.Random(config.train.seed).sample(range(len(train)), opts.max_train)
+            pairs["train"] = [train[i] for i in sorted(keep)]
+        tokenizer = subword([side for pair in pairs["train"] for side in pair], opts.vocab_size, kind=opts.tokenizer)
     source = str(data_dir) if data_dir else f"hub: {HUB}"
-    return TaskData(tokenizer=subword(texts, opts.vocab_size, kind=opts.tokenizer), splits=splits,
+    return TaskData(tokenizer=tokenizer, splits=pairs,
                     notes={"data source": source, "tokenizer": f"joint de+en {opts.tokenizer}, train split only"})
 
 

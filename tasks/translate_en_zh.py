@@ -63,21 +63,22 @@ def taskformer_tasks():
     return [TASK]
 
 
-def read_splits(data_dir) -> dict[str, list[tuple[str, str]]]:
+def read_splits(data_dir, splits) -> dict[str, list[tuple[str, str]]]:
     if data_dir is None:
         raise DataError(WHERE)
-    return {split: read_tsv(find_file(data_dir, name)) for split, name in FILES.items()}
+    return {split: read_tsv(find_file(data_dir, FILES[split])) for split in splits}
 
 
 @hookimpl
-def taskformer_data(config, data_dir):
+def taskformer_data(config, data_dir, splits, tokenizer):
     opts = config.data
-    splits = read_splits(data_dir)
-    texts = [side for pair in splits["train"] for side in pair]
+    pairs = read_splits(data_dir, splits)
     isolate = CJK if opts.chinese == "characters" else None
-    tokenizer = subword(texts, opts.vocab_size, normalization="NFC", isolate=isolate)
+    if tokenizer is None:  # a new run learns its vocabulary from the train split
+        texts = [side for pair in pairs["train"] for side in pair]
+        tokenizer = subword(texts, opts.vocab_size, normalization="NFC", isolate=isolate)
     kind = "Chinese characters + English BPE" if isolate else "joint en+zh BPE"
-    return TaskData(tokenizer=tokenizer, splits=splits,
+    return TaskData(tokenizer=tokenizer, splits=pairs,
                     notes={"data source": str(data_dir), "tokenizer": f"{kind}, train split only"})
 
 

@@ -5,6 +5,7 @@ code 2; ``taskformer --debug ...`` shows the traceback instead.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -242,11 +243,20 @@ def export_cmd(run_dir, out_dir, target, quantization, force, overwrite) -> None
 
 @main.command("runs")
 @click.argument("root", default="runs", type=click.Path(file_okay=False))
-def runs_cmd(root) -> None:
-    """List past runs under ROOT (default ./runs): task, date, wall time, main metric, path."""
+@click.option("--json", "as_json", is_flag=True, help="One JSON list of the runs (path, task, status, date, "
+                                                        "wall_seconds, metric, metrics) instead of a table.")
+def runs_cmd(root, as_json) -> None:
+    """List past and unfinished runs under ROOT (default ./runs): task, status, date, wall time, main metric, path."""
     if not Path(root).is_dir():
         raise TaskformerError(f"{root}: no such directory")
-    Console().print(report.list_runs(Path(root)))
+    runs = report.find_runs(Path(root))
+    if as_json:
+        click.echo(json.dumps(runs, indent=2, ensure_ascii=False))
+        return
+    console = Console()
+    if not console.is_terminal:  # a pipe or a file: as wide as the table needs, so no path is cut or wrapped
+        console = Console(width=1 << 16)
+    console.print(report.list_runs(runs, Path(root)))
 
 
 @main.command("report")

@@ -6,6 +6,7 @@ ones from the built-in plugin :mod:`taskformer.plugins.builtin.report_sections`,
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import html
 import json
 import re
@@ -24,6 +25,7 @@ from rich.text import Text
 from ..core import checkpoint
 from ..core.checkpoint import atomic_write
 from ..core.data import encode_sources
+from ..core.errors import TaskformerError
 from ..core.model import BOS, EOS
 from ..core.tokenize import CJK
 from ..plugins.manager import PluginError, plugins
@@ -170,24 +172,43 @@ def render(run, console: Console | None = None) -> None:
     atomic_write(run.dir / "report.html", page.replace("</body>", _figures_html(run) + "\n</body>"))
 
 
-def list_runs(root: Path) -> Table:
-    """A table of the finished runs under ``root`` (any depth), newest first."""
-    table = simple_table("task", "date", "wall time", "main metric (test)", "path", title=f"runs under {root}")
-    table.columns[-1].overflow = "fold"  # a narrow console (a pipe) wraps a long path instead of cutting it
-    rows = []
-    for result in Path(root).rglob("result.json"):
+def find_runs(root: Path) -> list[dict]:
+    """Every run under ``root`` (any depth), newest first: ``finished`` (it has result.json),
+    ``running`` (a process holds its lock) or ``unfinished`` (stopped before the end: resume it).
+    A run whose files cannot be read is skipped with a warning naming the file."""
+    runs = []
+    for folder in sorted({p.parent for name in ("result.json", "config.json") for p in Path(root).rglob(name)}):
+        path = folder / ("result.json" if (folder / "result.json").exists() else "config.json")
         try:
-            if not result.is_file():  # a FIFO would block the read
-                raise ValueError("not a regular file")
-            saved = json.loads(result.read_text(encoding="utf-8"))
+            saved = checkpoint.read_json(path)
+            if path.name == "config.json":
+                if not (isinstance(saved, dict) and isinstance(saved.get("task"), str) and "config" in saved):
+                    continue  # another tool's config.json (a CTranslate2 export, say): not a run
+                started = dt.datetime.fromtimestamp(path.stat().st_mtime).isoformat(timespec="seconds")
+                runs.append({"path": str(folder), "task": saved["task"],
+                             "status": "running" if checkpoint.is_locked(folder) else "unfinished",
+                             "date": started, "wall_seconds": None, "metric": None, "metrics": {}})
+                continue
             metric, info = saved["metric"], saved["info"]
-            value = saved["metrics"]["test"].get(metric)
-            rows.append((info.get("date", "").replace("T", " ")[:16], saved["task"],
-                         f"{info.get('wall_seconds', 0):,.0f} s", f"{metric} {fmt(value)}", str(result.parent)))
-        except (OSError, ValueError, LookupError, TypeError, AttributeError) as e:
-            warnings.warn(f"skipped {result}: not a readable taskformer result ({type(e).__name__}: {e})")
-    for date, task, wall, metric, path in sorted(rows, reverse=True):
-        table.add_row(task, date, wall, metric, path)
+            saved["metrics"]["test"].get(metric)  # a result without a test score is malformed
+            runs.append({"path": str(folder), "task": saved["task"], "status": "finished",
+                         "date": info.get("date", ""), "wall_seconds": info.get("wall_seconds"), "metric": metric,
+                         "metrics": saved["metrics"]})
+        except (TaskformerError, OSError, ValueError, LookupError, TypeError, AttributeError) as e:
+            warnings.warn(f"skipped {path}: not a readable taskformer {path.stem} ({type(e).__name__}: {e})")
+    return sorted(runs, key=lambda r: (r["date"], r["path"]), reverse=True)
+
+
+def list_runs(runs: list[dict], root: Path) -> Table:
+    """The runs of :func:`find_runs` as a table."""
+    table = simple_table("task", "status", "date", "wall time", "main metric (test)", "path",
+                         title=f"runs under {root}")
+    table.columns[-1].overflow = "fold"  # a narrow terminal wraps a long path instead of cutting it
+    for run in runs:
+        metric = run["metric"]
+        table.add_row(run["task"], run["status"], run["date"].replace("T", " ")[:16],
+                      f"{run['wall_seconds'] or 0:,.0f} s" if run["status"] == "finished" else "-",
+                      f"{metric} {fmt(run['metrics']['test'].get(metric))}" if metric else "-", run["path"])
     return table
 
 

@@ -13,6 +13,8 @@ import json
 import shutil
 import signal
 import time
+import uuid
+import warnings
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -221,7 +223,7 @@ def evaluate_saved(run: Run, splits, data_dir: str | Path | None = None) -> dict
         raise TaskformerError(f"unknown split {unknown[0]!r}: evaluate val or test")
     if data_dir is None:
         data_dir = ckpt.read_json(run.dir / "config.json").get("data_dir")
-    data = load_data(run.task, run.config, data_dir)
+    data = load_data(run.task, run.config, data_dir, splits, run.tokenizer)  # the splits scored, nothing more
     return {s: evaluate_split(run, data.splits[s], name=f"decoding {s}")[0] for s in splits}
 
 
@@ -255,18 +257,26 @@ def evaluate_split(run: Run, pairs: list[tuple[str, str]], config: RunConfig | N
     return score(run.task, pairs, hyps), [(s, h, r) for (s, r), h in zip(pairs, hyps)]
 
 
-def load_data(task: Task, config: RunConfig, data_dir: str | None) -> TaskData:
-    """The task's data, checked: a wrong answer is an error naming the plugin and what was expected."""
-    plugin, data = plugins().first("taskformer_data", task, config=config,
+def load_data(task: Task, config: RunConfig, data_dir: str | None, splits=SPLITS,
+              tokenizer: Tokenizer | None = None) -> TaskData:
+    """The task's data, checked: a wrong answer is an error naming the plugin and what was expected.
+
+    ``splits`` are the ones the caller uses (the hook may read only those); a saved run's
+    ``tokenizer`` is handed to the hook and replaces whatever tokenizer it returns, so a saved run
+    is always encoded the way it was trained.
+    """
+    plugin, data = plugins().first("taskformer_data", task, config=config, splits=tuple(splits), tokenizer=tokenizer,
                                    data_dir=Path(data_dir) if data_dir else None)
     where = f"plugin {plugin or task.plugin!r}: taskformer_data for task {task.name!r}"
     if not isinstance(data, TaskData):
         raise PluginError(f"{where} must return a TaskData, got {type(data).__name__}")
-    missing = [s for s in SPLITS if not data.splits.get(s)]
+    missing = [s for s in splits if not data.splits.get(s)]
     if missing:
         raise PluginError(f"{where} returned no {', '.join(missing)} split (if a data option or file made it "
                           "empty, e.g. a size of 0, change that)")
-    for split in SPLITS:
+    if tokenizer is not None:
+        data.tokenizer = tokenizer
+    for split in splits:
         bad = next((i for i, row in enumerate(data.splits[split]) if not (
             isinstance(row, (tuple, list)) and len(row) == 2 and all(isinstance(x, str) for x in row))), None)
         if bad is not None:
@@ -277,16 +287,16 @@ def load_data(task: Task, config: RunConfig, data_dir: str | None) -> TaskData:
     except ValueError as e:
         raise PluginError(f"{where}: {e} (see 'Bring your own tokenizer' in docs/plugins.md)") from None
     if task.variant != "encoder-decoder":
-        check_labels(data, task.variant == "tagging", where)
+        check_labels(data, task.variant == "tagging", where, splits)
     return data
 
 
-def check_labels(data: TaskData, tagging: bool, where: str) -> None:
+def check_labels(data: TaskData, tagging: bool, where: str, splits=SPLITS) -> None:
     """Every target of a classifier is one of ``labels``; a tagger's is one of them per source word."""
     if not data.labels:
         raise PluginError(f"{where} must give the {'tag' if tagging else 'class'} names in TaskData.labels")
     known = set(data.labels)
-    for split in SPLITS:
+    for split in splits:
         for i, (source, target) in enumerate(data.splits[split]):
             tags = target.split() if tagging else [target]
             bad = next((t for t in tags if t not in known), None)
@@ -344,15 +354,20 @@ def new_run_dir(task: str, out: str | None, lock: ExitStack) -> Path:
 
 
 @contextmanager
-def stop_on_signals(trainer: Trainer):
+def stop_on_signals(trainer: Trainer, task: str):
     """SIGINT/SIGTERM finish the current step, checkpoint, and end training (instead of losing it).
 
-    A second signal stops at once: checkpoints are written atomically, so the last one stays intact.
+    During a validation, which can take long, the first signal drops it where it is (parallel
+    decoding workers finish the batch they hold) and saves nothing: the run resumes from its last
+    checkpoint, redoing the updates since, exactly as after a kill. A second signal stops at once:
+    checkpoints are written atomically, so the last one stays intact.
     """
     def handler(signum, frame):
         if trainer.stop_reason:
             raise KeyboardInterrupt
         trainer.stop_reason = f"interrupted by {signal.Signals(signum).name}"
+        if trainer.validating:
+            raise Interrupted(trainer.run_dir, f"{trainer.stop_reason} during validation", task, saved=False)
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
@@ -387,9 +402,11 @@ def _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, r
         task = plugins().task(saved["task"])
         config = saved_config(task, saved["config"], str(run_dir / "config.json"))
         data_dir, time_limit = saved.get("data_dir"), saved.get("time_limit")
+        stamp, tokenizer = bound_files(run_dir, saved), read_tokenizer(run_dir)
     else:
         task = plugins().task(task_name)
         config = make_config(task, config_file, list(overrides), seed)
+        stamp, tokenizer = None, None
         run_dir = new_run_dir(task.name, out, lock) if shard[0] == 0 else None
         if shard[1] > 1:  # every rank writes to (or reads) the directory rank 0 chose
             shared = [run_dir]
@@ -398,15 +415,17 @@ def _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, r
     started = time.monotonic()
     use_threads(config)
     with progress.stage("loading data and training the tokenizer"):
-        data = load_data(task, config, data_dir)
+        data = load_data(task, config, data_dir, tokenizer=tokenizer)
     device = pick_device()
     torch.manual_seed(config.train.seed)
     model = build_model(task, config, data.tokenizer.get_vocab_size(), data.labels).to(device)
     if not resume and shard[0] == 0:
         data.tokenizer.save(str(run_dir / "tokenizer.json"))
+        binding = {"run": uuid.uuid4().hex, "tokenizer_sha256": ckpt.sha256(run_dir / "tokenizer.json")}
+        stamp = {"task": task.name, **binding}
         ckpt.write_json(run_dir / "config.json", {"task": task.name, "labels": data.labels,
                                                    "config": config.to_dict(), "data_dir": data_dir,
-                                                   "time_limit": time_limit})
+                                                   "time_limit": time_limit, "binding": binding})
     with progress.stage("encoding the train and val splits"):
         train_enc, val_enc = (encode(data, s, config.model.max_len, task.variant) for s in ("train", "val"))
     run = Run(run_dir, task, config, data.tokenizer, data.labels, model)
@@ -417,17 +436,20 @@ def _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, r
         return {"loss": evaluate_loss(model, val_enc, config.train, device), **metrics}
 
     trainer = Trainer(model, config.train, train_enc, evaluate, (task.metric, task.higher_is_better), run_dir, device,
-                      on_event=on_event, shard=shard)
+                      on_event=on_event, shard=shard, stamp=stamp)
+    latest = ckpt.latest_training_state(run_dir / "checkpoints") if resume else None
+    if latest and stamp:
+        ckpt.check_stamp(latest / ckpt.WEIGHTS, stamp, run_dir / "config.json")
     if resume and not trainer.resume():
         raise TaskformerError(f"{run_dir}: no checkpoint to resume from (checkpoints/ is empty); the run stopped "
                               f"before its first one, so start it again: taskformer run {task.name} --out {run_dir}")
-    with stop_on_signals(trainer):
+    with stop_on_signals(trainer, task.name):
         state = trainer.fit(time_limit * 60 if time_limit else None)
     if trainer.stop_reason:
         raise Interrupted(run_dir, trainer.stop_reason)
     if shard[0] != 0:
         return run  # rank 0 alone evaluates the best checkpoint and reports
-    ckpt.load_weights(model, run_dir / ckpt.WEIGHTS)
+    load_run_weights(model, run_dir, stamp)
     for split in ("val", "test"):
         run.metrics[split], run.outputs[split] = evaluate_split(run, data.splits[split], name=f"decoding {split}")
     bf16, why = precision.choose(config.train.bf16, device)
@@ -456,7 +478,8 @@ def _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, r
             json.dumps(row_json(row), ensure_ascii=False) + "\n" for row in rows))
     samples = {split: [row_json(row) for row in rows] for split, rows in run.samples.items()}
     ckpt.write_json(run_dir / "result.json", {"task": task.name, "metric": task.metric, "metrics": run.metrics,
-                                               "samples": samples, "info": run.info})
+                                               "samples": samples, "info": run.info,
+                                               "weights_sha256": ckpt.sha256(run_dir / ckpt.WEIGHTS)})
     return run
 
 
@@ -480,10 +503,19 @@ def row_from_json(row: dict, classify: bool) -> tuple[str, Prediction, str]:
 
 
 class Interrupted(TaskformerError):
-    """Training was stopped by a signal after a checkpoint was written."""
+    """Training was stopped by a signal after a checkpoint was written, or (``saved=False``) in the
+    middle of a validation, which is dropped: the last checkpoint, if any, is where a resume starts."""
 
-    def __init__(self, run_dir: Path, why: str):
-        super().__init__(f"training {why}; checkpoint saved. Resume with: taskformer run --resume {run_dir}")
+    def __init__(self, run_dir: Path, why: str, task: str = "", saved: bool = True):
+        last = ckpt.latest_training_state(Path(run_dir) / "checkpoints")
+        if saved:
+            how = f"checkpoint saved. Resume with: taskformer run --resume {run_dir}"
+        elif last:
+            how = (f"the validation was dropped, the last checkpoint ({last.name}) is kept. Resume with: "
+                   f"taskformer run --resume {run_dir}")
+        else:
+            how = f"no checkpoint was written yet. Start it again with: taskformer run {task} --out {run_dir}"
+        super().__init__(f"training {why}; {how}")
         self.run_dir = run_dir
         self.exit_code = 130
 
@@ -496,6 +528,47 @@ def read_run_config(run_dir: Path) -> dict:
             isinstance(v, dict) for v in cfg.values()):
         raise TaskformerError(f"{run_dir / 'config.json'}: not a taskformer run config")
     return saved
+
+
+def bound_files(run_dir: Path, saved: dict) -> dict[str, str] | None:
+    """The stamp the run's weights must carry (its task, run id and tokenizer hash, from config.json),
+    after checking that tokenizer.json is the one the run was trained with. Runs written before
+    runs were bound have no record: they load with a warning, unchecked (``None``)."""
+    binding = saved.get("binding")
+    if binding is None:
+        warnings.warn(f"{run_dir} was written before taskformer recorded which task, tokenizer and weights "
+                      "belong together; they are loaded without that check")
+        return None
+    if not isinstance(binding, dict) or not all(isinstance(binding.get(k), str) for k in ("run", "tokenizer_sha256")):
+        raise TaskformerError(f"{run_dir / 'config.json'}: damaged 'binding' record (expected a run id and the "
+                              "tokenizer's SHA-256)")
+    path = run_dir / "tokenizer.json"
+    if ckpt.sha256(path) != binding["tokenizer_sha256"]:
+        raise TaskformerError(f"{path}: not the tokenizer this run was trained with (its SHA-256 differs from the "
+                              "one config.json records); put the run's own tokenizer.json back")
+    return {"task": saved["task"], "run": binding["run"], "tokenizer_sha256": binding["tokenizer_sha256"]}
+
+
+def read_tokenizer(run_dir: Path) -> Tokenizer:
+    """A run's tokenizer.json, with the special ids the core relies on."""
+    path = run_dir / "tokenizer.json"
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as e:
+        raise TaskformerError(f"{run_dir}: unreadable run ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    try:
+        check_specials(tokenizer)
+    except ValueError as e:
+        raise TaskformerError(f"{path}: {e}; this is not the tokenizer the model was trained with") from None
+    return tokenizer
+
+
+def load_run_weights(model: Transformer, run_dir: Path, stamp: dict[str, str] | None) -> None:
+    """The run's model.safetensors into ``model``, refused if its stamp is not this run's (checked
+    after the weights themselves, so that a damaged file is named as such)."""
+    ckpt.load_weights(model, run_dir / ckpt.WEIGHTS)
+    if stamp:
+        ckpt.check_stamp(run_dir / ckpt.WEIGHTS, stamp, run_dir / "config.json")
 
 
 def load(run_dir: str | Path) -> Run:
@@ -514,18 +587,19 @@ def load(run_dir: str | Path) -> Run:
                               f"but task {task.name!r} is {task.variant}")
     config = saved_config(task, cfg, str(run_dir / "config.json"))
     use_threads(config)
-    try:
-        tokenizer = Tokenizer.from_file(str(run_dir / "tokenizer.json"))
-    except Exception as e:
-        raise TaskformerError(f"{run_dir}: unreadable run ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    stamp = bound_files(run_dir, saved)
+    tokenizer = read_tokenizer(run_dir)
     model = build_model(task, config, tokenizer.get_vocab_size(), saved.get("labels")).to(pick_device())
-    ckpt.load_weights(model, run_dir / ckpt.WEIGHTS)
+    load_run_weights(model, run_dir, stamp)
     model.eval()
-    run = Run(run_dir, task, config, tokenizer, saved.get("labels"), model)
     result = run_dir / "result.json"
-    if result.exists():
-        saved_result = ckpt.read_json(result)
-        run.metrics, run.info = saved_result.get("metrics", {}), saved_result.get("info", {})
+    saved_result = ckpt.read_json(result) if result.exists() else {}
+    finished_with = saved_result.get("weights_sha256")
+    if finished_with and ckpt.sha256(run_dir / ckpt.WEIGHTS) != finished_with:
+        raise TaskformerError(f"{run_dir / ckpt.WEIGHTS}: not the weights this run finished with (their SHA-256 "
+                              "differs from the one result.json records)")
+    run = Run(run_dir, task, config, tokenizer, saved.get("labels"), model)
+    run.metrics, run.info = saved_result.get("metrics", {}), saved_result.get("info", {})
     for path in run_dir.glob("outputs-*.jsonl"):
         try:
             run.outputs[path.stem.removeprefix("outputs-")] = [row_from_json(r, task.variant == "encoder-only")
