@@ -1,0 +1,65 @@
+"""Decode one trained couplet run under every setting of the tone rules (平仄) and print their scores.
+
+This is how the couplet's default rules are chosen: on the validation split of one checkpoint, keep
+the setting with final-tone rate >= 99% and opposition rate >= 90% and the best char BLEU. The data
+is read once; each setting then costs one decoding pass (``taskformer eval RUN --set ...`` gives the
+same figures, one setting per call).
+
+    python bench/couplet_tones.py RUN_DIR [--split val] [--penalties 1 2 4]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+
+import taskformer
+from taskformer.app import runner
+
+
+def settings(penalties: list[float]):
+    """(final, opposition, penalty) triples; the penalty only matters where a rule is soft."""
+    yield "off", "off", None
+    for final in ("off", "soft", "hard"):
+        for opposition in ("off", "soft", "hard"):
+            if "soft" in (final, opposition):
+                for p in penalties:
+                    yield final, opposition, p
+            elif (final, opposition) != ("off", "off"):
+                yield final, opposition, None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_dir")
+    ap.add_argument("--split", default="val", choices=["val", "test"])
+    ap.add_argument("--penalties", type=float, nargs="+", default=[1.0, 2.0, 4.0])
+    ap.add_argument("--json", help="also write the rows to this file")
+    args = ap.parse_args()
+
+    run = taskformer.load(args.run_dir)._run
+    data_dir = json.loads((run.dir / "config.json").read_text())["data_dir"]
+    pairs = runner.load_data(run.task, run.config, data_dir, [args.split], run.tokenizer).splits[args.split]
+    print(f"{args.run_dir}: {args.split}, {len(pairs)} pairs")
+    print(f"{'final':>5} {'opp.':>5} {'pen.':>5} | {'BLEU':>6} {'final%':>7} {'opp.%':>6} {'len%':>6} {'punct%':>6} "
+          f"{'dist-2':>6} {'s':>5}")
+    rows = []
+    for final, opposition, penalty in settings(args.penalties):
+        decode = replace(run.config.decode, tone_final=final, tone_opposition=opposition,
+                         tone_penalty=penalty or run.config.decode.tone_penalty)
+        decode.validate()
+        started = time.perf_counter()
+        metrics, _ = runner.evaluate_split(run, pairs, replace(run.config, decode=decode))
+        seconds = time.perf_counter() - started
+        rows.append({"tone_final": final, "tone_opposition": opposition, "tone_penalty": penalty, **metrics})
+        print(f"{final:>5} {opposition:>5} {penalty or '':>5} | {metrics['bleu']:6.2f} {metrics['final_tone']:7.2f} "
+              f"{metrics['opposition']:6.2f} {metrics['length_match']:6.2f} {metrics['punct_match']:6.2f} "
+              f"{metrics['distinct_2']:6.2f} {seconds:5.0f}", flush=True)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
