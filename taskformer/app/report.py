@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import re
 import sys
 import warnings
@@ -24,6 +23,7 @@ from rich.text import Text
 from ..core import checkpoint
 from ..core.checkpoint import atomic_write
 from ..core.data import encode_sources
+from ..core.errors import TaskformerError
 from ..core.model import BOS, EOS
 from ..core.tokenize import CJK
 from ..plugins.manager import PluginError, plugins
@@ -147,7 +147,7 @@ def _figures_html(run) -> str:
     """Every PNG in the run directory, embedded (the HTML stays one self-contained file)."""
     parts = []
     for png in sorted(run.dir.glob("*.png"), key=lambda p: (p.name != "training.png", p.name)):
-        data = base64.b64encode(png.read_bytes()).decode("ascii")
+        data = base64.b64encode(checkpoint.read_bytes(png)).decode("ascii")
         parts.append(f'<figure><img alt="{html.escape(png.stem)}" src="data:image/png;base64,{data}">'
                      f"<figcaption>{html.escape(png.name)}</figcaption></figure>")
     if not parts:
@@ -177,14 +177,12 @@ def list_runs(root: Path) -> Table:
     rows = []
     for result in Path(root).rglob("result.json"):
         try:
-            if not result.is_file():  # a FIFO would block the read
-                raise ValueError("not a regular file")
-            saved = json.loads(result.read_text(encoding="utf-8"))
+            saved = checkpoint.read_json(result)  # a regular file of bounded size: a FIFO would block
             metric, info = saved["metric"], saved["info"]
             value = saved["metrics"]["test"].get(metric)
             rows.append((info.get("date", "").replace("T", " ")[:16], saved["task"],
                          f"{info.get('wall_seconds', 0):,.0f} s", f"{metric} {fmt(value)}", str(result.parent)))
-        except (OSError, ValueError, LookupError, TypeError, AttributeError) as e:
+        except (TaskformerError, ValueError, LookupError, TypeError, AttributeError) as e:
             warnings.warn(f"skipped {result}: not a readable taskformer result ({type(e).__name__}: {e})")
     for date, task, wall, metric, path in sorted(rows, reverse=True):
         table.add_row(task, date, wall, metric, path)
