@@ -20,11 +20,13 @@ record in its config.json: files from different runs are never mixed (:func:`che
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -97,13 +99,31 @@ def write_json(path: Path, obj) -> None:
     atomic_write(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
 
-def read_json(path: Path) -> dict:
-    if Path(path).exists() and not Path(path).is_file():  # a FIFO or /dev/zero would block or never end
-        raise TaskformerError(f"{path}: not a regular file (is this a taskformer run directory?)")
+MAX_RUN_FILE = 1 << 30  # bytes; far more than any file taskformer writes into a run directory
+
+
+def read_bytes(path: Path, limit: int = MAX_RUN_FILE) -> bytes:
+    """A run file's contents, read only from a regular file of at most ``limit`` bytes: a FIFO would
+    block, a link to /dev/zero never end, and a huge file fill the memory."""
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise TaskformerError(f"{path}: not a regular file (is this a taskformer run directory?)")
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)  # bounded even if the file grows after the stat
     except FileNotFoundError:
         raise TaskformerError(f"{path}: not found (is this a taskformer run directory?)") from None
+    except OSError as e:
+        raise TaskformerError(f"{path}: cannot read ({e.strerror})") from None
+    if max(info.st_size, len(data)) > limit:
+        raise TaskformerError(f"{path}: {max(info.st_size, len(data)):,} bytes, more than the {limit:,} a run "
+                              "file may have; this is not a file taskformer wrote")
+    return data
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(read_bytes(path))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise TaskformerError(f"{path}: not valid JSON ({e})") from None
 
@@ -111,8 +131,8 @@ def read_json(path: Path) -> dict:
 def read_jsonl(path: Path) -> list[dict]:
     """One JSON object per line (metrics.jsonl, outputs-*.jsonl); a damaged line is named, file and line."""
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
+        lines = read_bytes(path).decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
         raise TaskformerError(f"{path}: cannot read ({e})") from None
     rows = []
     for number, line in enumerate(lines, 1):
@@ -333,3 +353,26 @@ def load_training_state(path: Path, model, optimizer, scheduler) -> dict:
         raise TaskformerError(f"{path / 'state.json'}: {bad or 'elapsed'} must be a non-negative number, "
                               f"got {state.get(bad or 'elapsed')!r}; the checkpoint is damaged")
     return state
+
+
+@contextmanager
+def disk_space(run_dir: Path, needed: int):
+    """Report a full disk while writing ``run_dir`` as such, with what a checkpoint needs.
+
+    Each writer says it its own way: Python raises ENOSPC, safetensors "No space left on device (os
+    error 28)", and torch only that its file ended short ("unexpected pos N vs M"). Every write is
+    atomic, so the files and checkpoints written before are intact.
+    """
+    try:
+        yield
+    except (OSError, RuntimeError, SafetensorError) as e:
+        if getattr(e, "errno", None) not in (errno.ENOSPC, errno.EDQUOT) and not any(
+                sign in str(e) for sign in ("No space left on device", "Disk quota exceeded", "unexpected pos")):
+            raise
+        mount = Path(run_dir).resolve()
+        while mount.parent != mount and mount.parent.stat().st_dev == mount.stat().st_dev:
+            mount = mount.parent
+        then = (f"resume with: taskformer run --resume {run_dir}" if latest_training_state(Path(run_dir) / "checkpoints")
+                else f"start the run again with --out {run_dir}")
+        raise TaskformerError(f"no space left on {mount} (needed about {needed / 1e6:,.1f} MB for a checkpoint of "
+                              f"{run_dir}); free some space, then {then}") from None

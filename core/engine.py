@@ -247,7 +247,7 @@ class Trainer:
         log = self.run_dir / "metrics.jsonl"
         if self.rank == 0 and log.exists():
             kept = []
-            for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+            for line in ckpt.read_bytes(log).decode("utf-8", errors="replace").splitlines():
                 try:
                     if json.loads(line).get("step", 0) <= self.state["step"]:
                         kept.append(line)

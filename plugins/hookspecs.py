@@ -42,7 +42,10 @@ class Task:
     which way); a tagging task may pick the core's ``token_accuracy``.
     ``data_options`` is a dataclass of the task's ``data`` section: one field per option, each with
     a default (``--set data.KEY=VALUE`` changes it; unknown keys and wrong types are refused before
-    any work starts), and a ``validate()`` that raises ``ValueError`` for a bad value.
+    any work starts), and a ``validate()`` that raises ``ValueError`` for a bad value. Options that
+    make the data themselves (not read from files) may also state its size with ``footprint()``,
+    returning ``{"vocab_size": ..., "tokens": ...}`` (the vocabulary and the tokens of every split,
+    roughly): a size that cannot fit in the machine's memory is then refused before the data is made.
     ``decode_options``, a subclass of :class:`taskformer.DecodeConfig`, adds search options of the
     task's own to the ``decode`` section. ``defaults`` overlays the core's defaults for the sections
     ``model``, ``train``, ``decode`` (and ``data``); a plugin without ``data_options`` declares its

@@ -28,6 +28,11 @@ class Options:
             if getattr(self, name) < 1:
                 raise ValueError(f"data.{name} must be at least 1, got {getattr(self, name)}")
 
+    def footprint(self) -> dict[str, int]:
+        """The size of the data these options make, checked against free memory before it is made."""
+        examples = self.train_size + self.val_size + self.test_size
+        return {"vocab_size": self.vocab, "tokens": 2 * self.length * examples}  # source and target
+
 
 TASK = Task(
     name="copy",

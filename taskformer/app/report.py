@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import html
-import json
 import re
 import sys
 import warnings
@@ -149,7 +148,7 @@ def _figures_html(run) -> str:
     """Every PNG in the run directory, embedded (the HTML stays one self-contained file)."""
     parts = []
     for png in sorted(run.dir.glob("*.png"), key=lambda p: (p.name != "training.png", p.name)):
-        data = base64.b64encode(png.read_bytes()).decode("ascii")
+        data = base64.b64encode(checkpoint.read_bytes(png)).decode("ascii")
         parts.append(f'<figure><img alt="{html.escape(png.stem)}" src="data:image/png;base64,{data}">'
                      f"<figcaption>{html.escape(png.name)}</figcaption></figure>")
     if not parts:

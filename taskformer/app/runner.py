@@ -10,6 +10,8 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import json
+import math
+import os
 import shutil
 import signal
 import time
@@ -101,8 +103,63 @@ def use_threads(config: RunConfig) -> None:
         torch.set_num_threads(config.train.threads)
 
 
-def build_model(task: Task, config: RunConfig, vocab_size: int, labels: list[str] | None) -> Transformer | Ensemble:
+BYTES_PER_PARAMETER = 16  # to train in fp32: the weight, its gradient and Adam's two moments (4 to load it)
+BYTES_PER_TOKEN = 150  # a token of data in memory: its text, its id and the lists holding them (~120 on copy)
+BYTES_PER_ENTRY = 200  # a vocabulary entry: its string here and in the tokenizer (~190 on copy)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory a new run can use: Linux's MemAvailable (it counts the caches the kernel can
+    drop), else the free pages POSIX reports; None where neither is known."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_memory(task: Task, config: RunConfig, vocab_size: int, num_classes: int = 0, tokens: int = 0,
+                 training: bool = True) -> None:
+    """Refuse a model and data that cannot fit in the memory available, before any of it is made,
+    instead of letting the kernel kill the run minutes later.
+
+    Parameters are counted on torch's meta device (shapes without storage). ``tokens`` is data still
+    to be made: a task that makes its data from its options states its size with the options'
+    ``footprint()``. The settings raised above the task's defaults are named, as one of them is
+    nearly always at fault.
+    """
+    available = available_memory()
+    if available is None:
+        return
+    try:
+        with torch.device("meta"):
+            params = config.model.members * Transformer(
+                replace(config.model, vocab_size=vocab_size, num_classes=num_classes)).num_parameters()
+    except RuntimeError:  # sizes whose product overflows 64 bits: torch cannot even describe the tensors
+        params = math.inf
+    model = params * (BYTES_PER_PARAMETER if training else 4)
+    data = tokens * BYTES_PER_TOKEN + (vocab_size * BYTES_PER_ENTRY if tokens else 0)
+    if model + data <= available:
+        return
+    defaults, settings = C.defaults(task), config.to_dict()
+    raised = [f"{s}.{k}={v}" for s in ("model", "data") for k, v in settings[s].items()
+              if type(v) in (int, float) and type(defaults[s].get(k)) in (int, float) and v > defaults[s][k]]
+    gib = 2**30
+    need = (f"about {(model + data) / gib:,.1f} GiB ({params:,} parameters {'to train' if training else 'to load'}: "
+            f"{model / gib:,.1f} GiB{f'; its data: {data / gib:,.1f} GiB' if data else ''})"
+            if math.isfinite(params) else "more than 64-bit sizes can count")
+    raise TaskformerError(f"config: this run does not fit in memory: it needs {need}, but {available / gib:,.1f} GiB "
+                          f"is available; lower {', '.join(raised) or 'the model or data sizes'}")
+
+
+def build_model(task: Task, config: RunConfig, vocab_size: int, labels: list[str] | None,
+                training: bool = False) -> Transformer | Ensemble:
     mc = replace(config.model, vocab_size=vocab_size, num_classes=len(labels) if labels else 0)
+    check_memory(task, config, vocab_size, mc.num_classes, training=training)
 
     def network() -> Transformer:  # each ensemble member asks the plugin for a head of its own
         plugin, head = plugins().first("taskformer_head", task, model_config=mc)
@@ -334,17 +391,30 @@ def make_dir(path: Path, exist_ok: bool) -> bool:
 STARTED = {"config.json", "tokenizer.json", "metrics.jsonl", "checkpoints"}  # what a run writes before a checkpoint
 
 
+def failed_before_checkpoint(path: Path) -> list[Path] | None:
+    """What a run that stopped before its first checkpoint left in ``path`` (it cannot be resumed, so
+    a new run may replace it), or None if ``path`` holds anything else. That is :data:`STARTED`, the
+    best weights of its first evaluation beside its config.json, and temporary files of writes that
+    were cut short."""
+    ours = STARTED | ({ckpt.WEIGHTS} if (path / "config.json").is_file() else set())
+    temporary = tuple(f".{name}." for name in ours)  # atomic_write's names: .NAME.<random>.tmp
+    entries = list(path.iterdir())
+    left = [p for p in entries if p.name in ours or (p.name.startswith(temporary) and p.name.endswith(".tmp"))]
+    if len(left) < len(entries) or ckpt.latest_training_state(path / "checkpoints"):
+        return None
+    return left
+
+
 def new_run_dir(task: str, out: str | None, lock: ExitStack) -> Path:
     """The run directory, created and locked for this process (see :func:`checkpoint.locked`)."""
     path = Path(out) if out else default_run_dir(task)
     make_dir(path, exist_ok=True)
     lock.enter_context(ckpt.locked(path))
-    if {p.name for p in path.iterdir()} <= STARTED and not ckpt.latest_training_state(path / "checkpoints"):
-        for name in STARTED:  # a run that failed before its first checkpoint cannot be resumed: start afresh
-            if (path / name).is_dir():
-                shutil.rmtree(path / name)
-            else:
-                (path / name).unlink(missing_ok=True)
+    for left in failed_before_checkpoint(path) or []:  # start afresh
+        if left.is_dir() and not left.is_symlink():
+            shutil.rmtree(left)
+        else:
+            left.unlink()
     if (path / "config.json").exists():
         raise TaskformerError(f"{path} already holds a run; choose another --out or resume it with --resume {path}")
     if any(path.iterdir()):
@@ -407,6 +477,9 @@ def _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, r
         task = plugins().task(task_name)
         config = make_config(task, config_file, list(overrides), seed)
         stamp, tokenizer = None, None
+        footprint = getattr(config.data, "footprint", None)  # data made from options: can it be made here?
+        if footprint:
+            check_memory(task, config, **footprint())
         run_dir = new_run_dir(task.name, out, lock) if shard[0] == 0 else None
         if shard[1] > 1:  # every rank writes to (or reads) the directory rank 0 chose
             shared = [run_dir]
@@ -418,7 +491,7 @@ def _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, r
         data = load_data(task, config, data_dir, tokenizer=tokenizer)
     device = pick_device()
     torch.manual_seed(config.train.seed)
-    model = build_model(task, config, data.tokenizer.get_vocab_size(), data.labels).to(device)
+    model = build_model(task, config, data.tokenizer.get_vocab_size(), data.labels, training=True).to(device)
     if not resume and shard[0] == 0:
         data.tokenizer.save(str(run_dir / "tokenizer.json"))
         binding = {"run": uuid.uuid4().hex, "tokenizer_sha256": ckpt.sha256(run_dir / "tokenizer.json")}
@@ -443,7 +516,8 @@ def _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, r
     if resume and not trainer.resume():
         raise TaskformerError(f"{run_dir}: no checkpoint to resume from (checkpoints/ is empty); the run stopped "
                               f"before its first one, so start it again: taskformer run {task.name} --out {run_dir}")
-    with stop_on_signals(trainer, task.name):
+    checkpoint_bytes = 3 * sum(p.numel() * p.element_size() for p in model.parameters())  # weights, Adam's 2 moments
+    with stop_on_signals(trainer, task.name), ckpt.disk_space(run_dir, checkpoint_bytes):
         state = trainer.fit(time_limit * 60 if time_limit else None)
     if trainer.stop_reason:
         raise Interrupted(run_dir, trainer.stop_reason)
@@ -553,7 +627,9 @@ def read_tokenizer(run_dir: Path) -> Tokenizer:
     """A run's tokenizer.json, with the special ids the core relies on."""
     path = run_dir / "tokenizer.json"
     try:
-        tokenizer = Tokenizer.from_file(str(path))
+        tokenizer = Tokenizer.from_str(ckpt.read_bytes(path).decode("utf-8"))  # bounded, regular files only
+    except TaskformerError:
+        raise
     except Exception as e:
         raise TaskformerError(f"{run_dir}: unreadable run ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
     try:
