@@ -165,8 +165,10 @@ def batch_loss(model: Transformer, src: torch.Tensor, tgt: torch.Tensor, smoothi
         gold, logits, skip = tgt[:, 1:], model(src, tgt[:, :-1]), PAD
     else:
         gold, logits, skip = tgt, model(src), IGNORE
+    members = logits.size(0) if logits.dim() == gold.dim() + 2 else 1  # an Ensemble in training: (K, ...)
+    gold = gold.expand(members, *gold.shape) if members > 1 else gold
     loss = SmoothedCrossEntropy.apply(logits.flatten(0, -2), gold.reshape(-1), smoothing, skip)
-    return loss, count
+    return loss / members, count
 
 
 @torch.no_grad()

@@ -396,10 +396,11 @@ class Ensemble(nn.Module):
     """``members`` independently initialised encoder-only networks whose predictions are averaged.
 
     With little data, the errors of separately initialised networks are partly independent, so their
-    average beats each of them (AG_News from 4,750 rows, docs/results.md). The output is the mean of
-    the members' log-probabilities, a valid set of logits: cross-entropy on it is the mean of the
-    members' own losses plus ``log Z`` (Z <= 1, the normaliser of their geometric mean), which only
-    rewards members for disagreeing about wrong classes -- so one optimiser trains them all at once.
+    average beats each of them (AG_News from 4,750 rows, docs/results.md). Each member learns from
+    its own loss, as if alone (they share only the batches): in training the output stacks the
+    members' log-probabilities ``(K, ...)`` and the loss averages over them. Trained on the loss of
+    their average instead, the members co-adapt and the ensemble gained nothing over one network.
+    In evaluation the output is the mean of the members' log-probabilities, a valid set of logits.
     """
 
     decoder = None
@@ -410,6 +411,7 @@ class Ensemble(nn.Module):
         self.cfg = members[0].cfg
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor | None = None) -> torch.Tensor:
-        return torch.stack([torch.log_softmax(m(src).float(), dim=-1) for m in self.members]).mean(0)
+        logp = torch.stack([torch.log_softmax(m(src).float(), dim=-1) for m in self.members])
+        return logp if self.training else logp.mean(0)
 
     num_parameters = Transformer.num_parameters

@@ -8,6 +8,7 @@ what was expected instead of surfacing later as an error deep inside the core.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import itertools
 import json
 import math
@@ -617,7 +618,7 @@ def bound_files(run_dir: Path, saved: dict) -> dict[str, str] | None:
         raise TaskformerError(f"{run_dir / 'config.json'}: damaged 'binding' record (expected a run id and the "
                               "tokenizer's SHA-256)")
     path = run_dir / "tokenizer.json"
-    if ckpt.sha256(path) != binding["tokenizer_sha256"]:
+    if hashlib.sha256(ckpt.read_bytes(path)).hexdigest() != binding["tokenizer_sha256"]:  # bounded read
         raise TaskformerError(f"{path}: not the tokenizer this run was trained with (its SHA-256 differs from the "
                               "one config.json records); put the run's own tokenizer.json back")
     return {"task": saved["task"], "run": binding["run"], "tokenizer_sha256": binding["tokenizer_sha256"]}
