@@ -6,6 +6,7 @@ is read once; each setting then costs one decoding pass (``taskformer eval RUN -
 same figures, one setting per call).
 
     python bench/couplet_tones.py RUN_DIR [--split val] [--penalties 1 2 4]
+    python bench/couplet_tones.py RUN_DIR --split test --samples 20   # rules off vs the run's, side by side
 """
 from __future__ import annotations
 
@@ -36,12 +37,23 @@ def main() -> None:
     ap.add_argument("--split", default="val", choices=["val", "test"])
     ap.add_argument("--penalties", type=float, nargs="+", default=[1.0, 2.0, 4.0])
     ap.add_argument("--json", help="also write the rows to this file")
+    ap.add_argument("--samples", type=int, default=0,
+                    help="instead of the grid: N pairs spread over the split, decoded with the rules off and as the run decodes")
     args = ap.parse_args()
 
     run = taskformer.load(args.run_dir)._run
     data_dir = json.loads((run.dir / "config.json").read_text())["data_dir"]
     pairs = runner.load_data(run.task, run.config, data_dir, [args.split], run.tokenizer).splits[args.split]
     print(f"{args.run_dir}: {args.split}, {len(pairs)} pairs")
+    if args.samples:
+        chosen = runner.spread(pairs, args.samples)
+        off = replace(run.config, decode=replace(run.config.decode, tone_final="off", tone_opposition="off"))
+        plain, _ = runner.predict(run, [s for s, _ in chosen], off)
+        ruled, _ = runner.predict(run, [s for s, _ in chosen], run.config)
+        print("| first line | reference | tone rules off | tone rules on (the run's) |\n| --- | --- | --- | --- |")
+        for (source, reference), a, b in zip(chosen, plain, ruled):
+            print(f"| {source} | {reference} | {a} | {b} |")
+        return
     print(f"{'final':>5} {'opp.':>5} {'pen.':>5} | {'BLEU':>6} {'final%':>7} {'opp.%':>6} {'len%':>6} {'punct%':>6} "
           f"{'dist-2':>6} {'s':>5}")
     rows = []
