@@ -345,7 +345,8 @@ def run_case(case: Case, work: Path, timeout: float) -> dict:
         outcome, note = "misnamed", f"does not name {case.says.format(**fill)!r}"
     elif outcome == case.expect and case.check and (problem := case.check(d, out, err)):
         outcome, note = "wrong", problem
-    message = next((line for line in err.splitlines() if line.startswith("Error:")), err.strip()[-200:])
+    lines = err.strip().splitlines()
+    message = next((line for line in lines if line.startswith("Error:")), " | ".join(lines[-3:]))
     return {"case": case.name, "expect": case.expect, "outcome": outcome, "as_expected": outcome == case.expect,
             "exit": [r[1] for r in results], "seconds": round(seconds, 1), "message": message, "note": note,
             "command": command[2] if shell else " ".join(command[2:])}
@@ -362,7 +363,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write every case's outcome here")
     parser.add_argument("--timeout", type=float, default=120, help="seconds per case (default 120)")
-    parser.add_argument("--only", nargs="+", action="extend", default=[], help="run only cases whose name contains one of these")
+    parser.add_argument("--only", nargs="+", action="extend", default=[],
+                        help="run only cases whose name contains one of these")
     parser.add_argument("--keep", type=Path, help="work in this new folder and keep it (default: a temp folder)")
     args = parser.parse_args()
     cases = [c for c in CASES if not args.only or any(s in c.name for s in args.only)]

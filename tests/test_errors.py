@@ -54,7 +54,8 @@ def test_a_config_file_that_is_not_a_regular_file_is_refused_not_read(tmp_path, 
     result = run_cli("run", "copy", "--out", str(tmp_path / "r"), *TINY, "--config", str(tmp_path / "c.toml"),
                      timeout=120)
     assert result.returncode == 2, result.stderr
-    assert result.stderr.strip() == f"Error: {tmp_path / 'c.toml'}: not a regular file; --config expects a TOML or JSON file"
+    expected = f"Error: {tmp_path / 'c.toml'}: not a regular file; --config expects a TOML or JSON file"
+    assert result.stderr.strip() == expected
     assert not (tmp_path / "r").exists()
 
 
