@@ -333,8 +333,8 @@ def run_case(case: Case, work: Path, timeout: float) -> dict:
     seconds = time.monotonic() - start
     outcomes = sorted(r[0] for r in results)
     if case.twice and case.expect == "error":  # one writer wins, the other is refused
-        outcome = "error" if outcomes == ["error", "ok"] else "wrong" if outcomes == ["ok", "ok"] else \
-            next(o for o in outcomes if o not in ("ok", "error"))
+        outcome = "error" if outcomes == ["error", "ok"] else \
+            next((o for o in outcomes if o not in ("ok", "error")), "wrong")  # both wrote, or both were refused
     else:
         outcome = next((o for o in outcomes if o != case.expect), case.expect)
     _, code, out, err = next((r for r in results if r[0] == outcome), results[-1])
