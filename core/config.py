@@ -13,6 +13,8 @@ import copy
 import difflib
 import json
 import math
+import os
+import stat
 import tomllib
 from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from pathlib import Path
@@ -152,6 +154,8 @@ def parse_overrides(items: list[str]) -> dict:
 def read_config_file(path: str | Path) -> dict:
     path = Path(path)
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the read, /dev/zero never end it
+            raise TaskformerError(f"{path}: not a regular file; --config expects a TOML or JSON file")
         text = path.read_text(encoding="utf-8-sig")
         loaded = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except FileNotFoundError:

@@ -294,7 +294,7 @@ class Trainer:
             raise TaskformerError(f"evaluation returned no finite value for the selection metric {self.metric!r}")
         if not math.isfinite(metrics.get("loss", 0.0)):
             raise TaskformerError(f"validation loss became {metrics['loss']} at step {self.state['step']}; these "
-                                  "weights are not kept, the best checkpoint so far is (try a lower train.lr)")
+                                  "weights are not kept, the best checkpoint so far is kept (try a lower train.lr)")
         # Ties on the task metric (e.g. 100% exact match) go to the lower validation loss.
         key = (score if self.higher else -score, -metrics.get("loss", 0.0))
         best = self.state["best"]

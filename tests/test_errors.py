@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
-from conftest import DATA, TINY
+from conftest import DATA, TINY, run_cli
 
 
 def one_line_error(result, expected):
@@ -46,6 +46,22 @@ def test_bad_out_and_config_paths_are_named(cli, tmp_path):
                    "cannot create the run directory")
     (tmp_path / "list.json").write_text("[1, 2]")
     one_line_error(cli("run", "copy", "--config", str(tmp_path / "list.json")), "list.json: expected sections")
+
+
+@pytest.mark.parametrize("make", [os.mkfifo, lambda path: path.symlink_to("/dev/zero")])
+def test_a_config_file_that_is_not_a_regular_file_is_refused_not_read(tmp_path, make):
+    make(tmp_path / "c.toml")  # a FIFO blocked the read, /dev/zero never ended it: a subprocess, so a regression fails
+    result = run_cli("run", "copy", "--out", str(tmp_path / "r"), *TINY, "--config", str(tmp_path / "c.toml"),
+                     timeout=120)
+    assert result.returncode == 2, result.stderr
+    expected = f"Error: {tmp_path / 'c.toml'}: not a regular file; --config expects a TOML or JSON file"
+    assert result.stderr.strip() == expected
+    assert not (tmp_path / "r").exists()
+
+
+def test_eval_names_a_setting_it_cannot_change(finished, cli):
+    one_line_error(cli("eval", str(finished), "--set", "train.lr=1", "--set", "decode.beam=2"),
+                   "eval --set changes decoding only, not train.lr:")
 
 
 def test_new_task_refuses_the_name_of_an_installed_task(cli, tmp_path):

@@ -97,6 +97,7 @@ def test_weights_that_diverge_are_never_kept_and_the_run_can_start_again(cli, tm
                  "--set", "train.clip=0")
     assert result.exit_code == 2
     assert "not kept" in result.stderr or "training loss became" in result.stderr
+    assert "the best checkpoint so far is kept" in result.stderr  # every way it stops says what is left
     assert not (out / "model.safetensors").exists()
     assert not (out / "result.json").exists()
     # It failed before its first checkpoint: resume says how to start again, and that works.

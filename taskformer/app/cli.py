@@ -128,8 +128,8 @@ def eval_cmd(run_dir, split, data_dir, overrides, average) -> None:
     """Re-evaluate a saved run's best checkpoint, or the average of its last checkpoints."""
     run = runner.load(run_dir)
     updates = C.parse_overrides(list(overrides))
-    if set(updates) - {"decode"}:
-        raise TaskformerError("eval --set changes decoding only: use decode.KEY=VALUE")
+    if other := sorted(f"{section}.{key}" for section in set(updates) - {"decode"} for key in updates[section]):
+        raise TaskformerError(f"eval --set changes decoding only, not {', '.join(other)}: use decode.KEY=VALUE")
     run.config = C.build(run.task, C.merge(run.config.to_dict(), updates, "--set"))
     weights = runner.use_average(run, average) if average else run.info.get("kept_weights", "best")
     with report.ProgressDisplay() as display, progress.listening(display):
