@@ -82,11 +82,11 @@ def _hub_splits() -> dict[str, list[tuple[str, str]]]:
 def taskformer_data(config, data_dir, splits, tokenizer):
     opts = config.data
     pairs = _local_splits(data_dir, splits) if data_dir else _hub_splits()
-    if tokenizer is None:  # a new run: subsample the train split and learn the vocabulary from it
-        train = pairs["train"]
-        if 0 < opts.max_train < len(train):  # a seeded subsample, for quick runs
-            keep = random.Random(config.train.seed).sample(range(len(train)), opts.max_train)
-            pairs["train"] = [train[i] for i in sorted(keep)]
+    train = pairs.get("train", [])
+    if 0 < opts.max_train < len(train):  # a seeded subsample, for quick runs (the same on resume)
+        keep = random.Random(config.train.seed).sample(range(len(train)), opts.max_train)
+        pairs["train"] = [train[i] for i in sorted(keep)]
+    if tokenizer is None:  # a new run learns its vocabulary from the train split
         tokenizer = subword([side for pair in pairs["train"] for side in pair], opts.vocab_size, kind=opts.tokenizer)
     source = str(data_dir) if data_dir else f"hub: {HUB}"
     return TaskData(tokenizer=tokenizer, splits=pairs,

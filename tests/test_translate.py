@@ -52,6 +52,16 @@ def test_max_train_subsamples_train_only(data_dir):
     assert data.splits["val"] == full.splits["val"] and data.splits["test"] == full.splits["test"]
 
 
+def test_a_resumed_run_gets_the_same_train_subsample(data_dir):
+    # --resume hands the hook the saved tokenizer; the subsample must not depend on that
+    from taskformer.app.runner import load_data, make_config
+    task = plugins().task("translate-de-en")
+    config = make_config(task, None, ["data.max_train=25"], None)
+    fresh = load_data(task, config, data_dir / "multi30k")
+    resumed = load_data(task, config, data_dir / "multi30k", tokenizer=fresh.tokenizer)
+    assert len(resumed.splits["train"]) == 25 and resumed.splits["train"] == fresh.splits["train"]
+
+
 def test_tokenizer_is_joint_and_decodes_to_natural_text(data_dir):
     data = load(data_dir / "multi30k", "data.vocab_size=200")
     tok = data.tokenizer
