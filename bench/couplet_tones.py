@@ -15,8 +15,8 @@ import json
 import time
 from dataclasses import replace
 
-import taskformer
 from taskformer.app import runner
+from taskformer.core.checkpoint import read_json
 
 
 def settings(penalties: list[float]):
@@ -41,8 +41,8 @@ def main() -> None:
                     help="instead of the grid: N pairs spread over the split, decoded with the rules off and as the run decodes")
     args = ap.parse_args()
 
-    run = taskformer.load(args.run_dir)._run
-    data_dir = json.loads((run.dir / "config.json").read_text())["data_dir"]
+    run = runner.load(args.run_dir)
+    data_dir = read_json(run.dir / "config.json").get("data_dir")
     pairs = runner.load_data(run.task, run.config, data_dir, [args.split], run.tokenizer).splits[args.split]
     print(f"{args.run_dir}: {args.split}, {len(pairs)} pairs")
     if args.samples:
