@@ -26,7 +26,7 @@ class Options:
     """The ``data`` options: the size of the joint de+en vocabulary and its kind, and how many train
     pairs to use (0: all)."""
 
-    vocab_size: int = 8000
+    vocab_size: int = 10000
     tokenizer: str = "bpe"
     max_train: int = 0
 
@@ -44,11 +44,14 @@ TASK = Task(
     metric="bleu",
     higher_is_better=True,
     defaults={
-        # Sized for a 2-core CPU: captions are short (about 14 subwords), so a small model trains
-        # many epochs within an hour. Precision is the core's auto choice: bf16 where it is native.
-        "model": {"d_model": 256, "n_heads": 8, "enc_layers": 3, "dec_layers": 3, "d_ff": 1024,
+        # The small recipe of Wu et al. (2021) for these 29k pairs, with what an hour on a 2-core CPU
+        # changes chosen on val (docs/results.md): d128, 4+4 layers, FFN 256, 4 heads, a joint vocabulary
+        # of 10k, lr 5e-3, the last 10 evaluated weights averaged; dropout 0.1 and 1,000 warm-up steps
+        # instead of 0.3 and 2,000, since an hour is about 2,500 updates, not 8,000.
+        "model": {"d_model": 128, "n_heads": 4, "enc_layers": 4, "dec_layers": 4, "d_ff": 256,
                   "dropout": 0.1, "max_len": 128, "tie_embeddings": True},
-        "train": {"epochs": 40, "max_tokens": 4096, "lr": 1e-3, "warmup": 400, "label_smoothing": 0.1},
+        "train": {"epochs": 40, "max_tokens": 4096, "lr": 5e-3, "warmup": 1000, "label_smoothing": 0.1,
+                  "average_last": 10},
         "decode": {"strategy": "beam", "beam": 5, "length_penalty": 1.0, "eval_strategy": "greedy"},
     },
     data_options=Options,
