@@ -21,7 +21,7 @@ TINY = ["--set", "train.bf16=false",
         "--set", "model.d_model=32", "--set", "model.n_heads=2", "--set", "model.enc_layers=1",
         "--set", "model.d_ff=64", "--set", "model.dropout=0.1", "--set", "train.epochs=12",
         "--set", "train.max_tokens=400", "--set", "train.lr=3e-3", "--set", "train.warmup=10",
-        "--set", "data.vocab_size=300", "--quiet"]
+        "--set", "data.vocab_size=300", "--set", "model.members=1", "--quiet"]
 
 
 def task():

@@ -152,7 +152,7 @@ TINY_MODEL = ["--set", "model.d_model=16", "--set", "model.n_heads=2", "--set", 
               "--set", "model.dec_layers=1", "--set", "model.d_ff=32", "--set", "train.epochs=1", "--quiet"]
 TASK_RUNS = {
     "translate-de-en": ["--data-dir", "multi30k", "--set", "data.vocab_size=200"],
-    "agnews": ["--data-dir", "ag_news", "--set", "data.vocab_size=300"],
+    "agnews": ["--data-dir", "ag_news", "--set", "data.vocab_size=300", "--set", "model.members=2"],
     "couplet": ["--data-dir", "couplets", "--set", "data.val_size=6"],
     "translate-en-zh": ["--data-dir", "en-cn", "--set", "data.vocab_size=200"],
 }
