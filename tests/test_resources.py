@@ -127,3 +127,29 @@ def test_a_weights_file_alone_is_the_users_not_a_failed_run(cli, tmp_path):
     (out / "model.safetensors").write_bytes(b"my weights")
     one_line_error(cli("run", "copy", "--out", str(out), *TINY), "holds no taskformer run")
     assert (out / "model.safetensors").read_bytes() == b"my weights"
+
+
+BIG_TENSOR_FAULTS = """
+import resource, sys, torch
+from taskformer.app.runner import keep_freed_memory
+if sys.argv[1] == "keep":
+    assert keep_freed_memory()
+def faults():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    x = torch.ones(2**24)  # 64 MB, above any threshold glibc would serve from its heap by itself
+    del x
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+faults()
+print(faults())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or os.confstr("CS_GNU_LIBC_VERSION") is None,
+                    reason="glibc's malloc only")
+def test_a_training_process_reuses_freed_memory_instead_of_faulting_it_in_again():
+    def second_allocation_faults(mode):
+        done = subprocess.run([sys.executable, "-c", BIG_TENSOR_FAULTS, mode], capture_output=True,
+                              text=True, timeout=120, check=True)
+        return int(done.stdout)
+    assert second_allocation_faults("default") > 8000  # 16,384 pages mapped afresh
+    assert second_allocation_faults("keep") < 1000
