@@ -74,6 +74,16 @@ TINY = ["--quiet", "--set", "data.train_size=40", "--set", "data.val_size=4", "-
         "--set", "train.max_steps=2"]
 
 
+@pytest.fixture(scope="session")
+def default_copy_run(tmp_path_factory):
+    """``(run dir, click Result)`` of one full default ``taskformer run copy`` (about 30 s), shared by
+    the test modules that need a trained model; they read it and must not change it."""
+    out = tmp_path_factory.mktemp("default") / "copy"
+    result = CliRunner().invoke(main, ["run", "copy", "--out", str(out), "--quiet"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return out, result
+
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """A finished tiny copy run (per test module)."""

@@ -3,22 +3,10 @@ import json
 import re
 
 import pytest
-from click.testing import CliRunner
-
-from taskformer.app.cli import main
 
 
-@pytest.fixture(scope="module")
-def copy_run(tmp_path_factory):
-    """One full default `taskformer run copy`, shared by the tests below."""
-    out = tmp_path_factory.mktemp("runs") / "copy"
-    result = CliRunner().invoke(main, ["run", "copy", "--out", str(out), "--quiet"], catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return out, result
-
-
-def test_copy_task_reaches_full_exact_match(copy_run):
-    out, result = copy_run
+def test_copy_task_reaches_full_exact_match(default_copy_run):
+    out, result = default_copy_run
     saved = json.loads((out / "result.json").read_text())
     assert saved["metrics"]["test"]["exact_match"] == 100.0
     assert saved["metrics"]["test"]["token_accuracy"] == 100.0
@@ -26,8 +14,8 @@ def test_copy_task_reaches_full_exact_match(copy_run):
     assert "exact_match" in result.stdout and "taskformer report" in result.stdout
 
 
-def test_run_directory_holds_weights_config_tokenizer_metrics_and_reports(copy_run):
-    out, _ = copy_run
+def test_run_directory_holds_weights_config_tokenizer_metrics_and_reports(default_copy_run):
+    out, _ = default_copy_run
     for name in ("model.safetensors", "config.json", "tokenizer.json", "metrics.jsonl", "report.txt", "report.html"):
         assert (out / name).is_file(), name
     events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -35,38 +23,38 @@ def test_run_directory_holds_weights_config_tokenizer_metrics_and_reports(copy_r
     assert "Test samples" in (out / "report.txt").read_text()
 
 
-def test_predict_prints_the_copy(copy_run, cli):
-    out, _ = copy_run
+def test_predict_prints_the_copy(default_copy_run, cli):
+    out, _ = default_copy_run
     result = cli("predict", str(out), "1 4 7 2 9 3 5 8 2 6")
     assert result.exit_code == 0
     assert result.stdout == "1 4 7 2 9 3 5 8 2 6\n"
 
 
-def test_predict_from_stdin_keeps_one_line_per_input(copy_run, cli):
-    out, _ = copy_run
+def test_predict_from_stdin_keeps_one_line_per_input(default_copy_run, cli):
+    out, _ = default_copy_run
     lines = ["3 1 4 1 5 9 2 6 5 3", "", "10 9 8 7 6 5 4 3 2 1", "   ", "2 7 1 8 2 8 1 8 2 8"]
     result = cli("predict", str(out), input="\n".join(lines) + "\n")
     assert result.exit_code == 0
     assert result.stdout.split("\n")[:-1] == [lines[0], "", lines[2], "", lines[4]]
 
 
-def test_predict_truncates_overlong_input_with_a_warning(copy_run, cli):
-    out, _ = copy_run
+def test_predict_truncates_overlong_input_with_a_warning(default_copy_run, cli):
+    out, _ = default_copy_run
     result = cli("predict", str(out), " ".join(["5"] * 500))
     assert result.exit_code == 0
     assert "truncated" in result.stderr
     assert len(result.stdout.splitlines()) == 1
 
 
-def test_eval_reevaluates_a_saved_run(copy_run, cli):
-    out, _ = copy_run
+def test_eval_reevaluates_a_saved_run(default_copy_run, cli):
+    out, _ = default_copy_run
     result = cli("eval", str(out), "--split", "test", "--set", "decode.strategy=beam")
     assert result.exit_code == 0, result.output
     assert "100" in result.stdout and "test" in result.stdout
 
 
-def test_eval_decodes_the_same_with_one_or_several_workers(copy_run, cli):
-    out, _ = copy_run
+def test_eval_decodes_the_same_with_one_or_several_workers(default_copy_run, cli):
+    out, _ = default_copy_run
     one = cli("eval", str(out), "--split", "test", "--set", "decode.workers=1")
     three = cli("eval", str(out), "--split", "test", "--set", "decode.workers=3")
     assert one.exit_code == 0 and three.exit_code == 0, one.output + three.output
@@ -74,8 +62,8 @@ def test_eval_decodes_the_same_with_one_or_several_workers(copy_run, cli):
     assert one.stdout == three.stdout
 
 
-def test_out_refuses_a_directory_that_holds_a_run(copy_run, cli):
-    out, _ = copy_run
+def test_out_refuses_a_directory_that_holds_a_run(default_copy_run, cli):
+    out, _ = default_copy_run
     result = cli("run", "copy", "--out", str(out))
     assert result.exit_code == 2
     assert "already holds a run" in result.stderr
@@ -120,9 +108,9 @@ def test_config_file_is_validated(cli, tmp_path):
     assert "not a valid TOML" in cli("run", "copy", "--config", str(broken)).stderr
 
 
-def test_corrupt_checkpoint_is_refused_by_predict(copy_run, cli, tmp_path):
+def test_corrupt_checkpoint_is_refused_by_predict(default_copy_run, cli, tmp_path):
     import shutil
-    out, _ = copy_run
+    out, _ = default_copy_run
     bad = tmp_path / "bad-run"
     shutil.copytree(out, bad, ignore=shutil.ignore_patterns("checkpoints"))
     weights = bad / "model.safetensors"
