@@ -92,9 +92,10 @@ TASK = Task(
     metric="bleu",
     higher_is_better=True,
     defaults={
-        # Sized for a shared 2-core CPU: in short runs d_model=128 reached the same loss per step
-        # as 256 at 1.45x the speed. bf16 stays off: with the current CPU attention kernel it
-        # gives no speed-up (and is slower when the cores are oversubscribed).
+        # Sized for a 2-core CPU: in short runs d_model=128 reached the same loss per step as 256
+        # at 1.45x the speed; on both cores, 2+2 layers beat 3+3 and d192 3+3 at equal time
+        # (docs/results.md, "Model size on both cores"). bf16 stays off: with the current CPU
+        # attention kernel it gives no speed-up (and is slower when the cores are oversubscribed).
         "model": {"d_model": 128, "n_heads": 4, "enc_layers": 2, "dec_layers": 2, "d_ff": 512,
                   "dropout": 0.0, "max_len": 64, "tie_embeddings": True},
         "train": {"epochs": 10, "max_tokens": 1500, "lr": 2e-3, "warmup": 200, "label_smoothing": 0.1,

@@ -18,8 +18,11 @@ def run_dir(tmp_path_factory):
 
 
 def predict(run_dir, *args):
+    """`predict` in a child that takes Ctrl-C as a terminal's foreground job does, also when pytest runs
+    in the background (a shell starts background jobs with SIGINT ignored, and children inherit that)."""
     return subprocess.Popen([sys.executable, "-m", "taskformer", "predict", str(run_dir), *args],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def test_undecodable_input_is_replaced_with_a_warning_and_every_line_gets_an_output(run_dir, cli):

@@ -119,10 +119,11 @@ def keep_freed_memory() -> bool:
 
     torch's CPU tensors come from malloc, and glibc maps a large block (above 32 MB at most; the logits
     of a 4k-token batch over a 10k vocabulary are 160 MB) fresh from the kernel and unmaps it on free,
-    so every step pays a page fault per 4 kB it touches: about 80k faults an update in the
-    translate-de-en hour. Serving large blocks from the heap and never trimming it keeps those pages mapped; a step
-    is about 10% faster (docs/benchmarks.md) for a peak memory within a few percent. Other C libraries
-    and systems are left as they are (PyTorch's tuning guide suggests jemalloc or tcmalloc there).
+    so every update paid a page fault per 4 kB it touched: 86k faults an update of translate-de-en.
+    Serving large blocks from the heap and never trimming it keeps those pages mapped: 1.15x the
+    updates per hour for 5% more peak memory (bench/allocator.py, docs/benchmarks.md). Other C
+    libraries and systems are left as they are (PyTorch's CPU tuning guide suggests jemalloc or
+    tcmalloc there).
     """
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
         return False
