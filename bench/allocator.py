@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import platform
 import resource
 import statistics
 import subprocess
@@ -25,6 +24,7 @@ import sys
 import time
 
 import torch
+from encn_tutorial_recipe import cpu_model  # bench/ is on the path when a script here runs
 
 from taskformer.app.runner import keep_freed_memory
 from taskformer.core import config as C
@@ -83,11 +83,7 @@ def main() -> None:
                                   "--max-tokens", str(args.max_tokens)], capture_output=True, text=True, check=True)
             runs[mode].append(json.loads(out.stdout))
     medians = {mode: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for mode, rs in runs.items()}
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        cpu = platform.machine()
-    print(f"{cpu}, {torch.backends.cpu.get_cpu_capability()}, "
+    print(f"{cpu_model()}, {torch.backends.cpu.get_cpu_capability()}, "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}, {dt.datetime.now():%Y-%m-%d %H:%M}")
     print(f"{args.rounds} rounds x {args.steps} updates of {args.max_tokens} target tokens; medians")
     print(f"{'':10} {'s/update':>9} {'faults/update':>14} {'peak RSS MiB':>13}")
