@@ -22,13 +22,14 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 from encn_tutorial_recipe import cpu_model  # bench/ is on the path when a script here runs
 
 from taskformer.app.runner import keep_freed_memory
 from taskformer.core import config as C
-from taskformer.core.engine import batch_loss
+from taskformer.core.engine import TrainConfig, Trainer
 from taskformer.core.model import ModelConfig, Transformer
 from taskformer.plugins.manager import plugins
 
@@ -40,20 +41,18 @@ def child(keep: bool, steps: int, max_tokens: int) -> dict:
         sys.exit("keep_freed_memory() is not available here (glibc on Linux only)")
     shape = C.defaults(plugins().task("translate-de-en"))["model"]
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(**{**shape, "vocab_size": VOCAB}))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    model = Transformer(ModelConfig(**{**shape, "vocab_size": VOCAB})).train()
+    trainer = Trainer(model, TrainConfig(bf16=False, lr=1e-4, warmup=0), train=None, evaluate=dict,
+                      select=("loss", False), run_dir=Path("."), device=torch.device("cpu"))
     lengths = torch.Generator().manual_seed(0)
 
-    def update() -> None:
+    def update() -> None:  # the engine's own update: label-smoothed loss, clipping, AdamW, schedule
         length = int(torch.randint(8, 40, (), generator=lengths))
         rows = max_tokens // length
         src, tgt = torch.randint(4, VOCAB, (rows, length)), torch.randint(4, VOCAB, (rows, length + 1))
-        loss, count = batch_loss(model, src, tgt, 0.1)
-        (loss / count).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        trainer._step([(src, tgt)])
 
-    for _ in range(2):  # warm-up: kernel selection, Adam's state
+    for _ in range(2):  # warm-up: kernel selection, AdamW's state
         update()
     faults, start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
     for _ in range(steps):

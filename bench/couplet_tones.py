@@ -1,11 +1,12 @@
 """Decode one trained couplet run under every setting of the tone rules (平仄) and print their scores.
 
 This is how the couplet's default rules are chosen: on the validation split of one checkpoint, keep
-the setting with final-tone rate >= 99% and opposition rate >= 90% and the best char BLEU. The data
-is read once; each setting then costs one decoding pass (``taskformer eval RUN --set ...`` gives the
-same figures, one setting per call).
+the setting with final-tone rate >= 99% and opposition rate >= 90% and the best char BLEU. The first
+row scores the human second lines as if they were outputs: how often the references keep each rule.
+The data is read once; each setting then costs one decoding pass (``taskformer eval RUN --set ...``
+gives the same figures, one setting per call).
 
-    python bench/couplet_tones.py RUN_DIR [--split val] [--penalties 1 2 4]
+    python bench/couplet_tones.py RUN_DIR [--split val] [--penalties 1 2 4] [--finals hard] [--beam 8]
     python bench/couplet_tones.py RUN_DIR --split test --samples 20   # rules off vs the run's, side by side
 """
 from __future__ import annotations
@@ -19,10 +20,10 @@ from taskformer.app import runner
 from taskformer.core.checkpoint import read_json
 
 
-def settings(penalties: list[float]):
+def settings(penalties: list[float], finals=("off", "soft", "hard")):
     """(final, opposition, penalty) triples; the penalty only matters where a rule is soft."""
     yield "off", "off", None
-    for final in ("off", "soft", "hard"):
+    for final in finals:
         for opposition in ("off", "soft", "hard"):
             if "soft" in (final, opposition):
                 for p in penalties:
@@ -36,12 +37,17 @@ def main() -> None:
     ap.add_argument("run_dir")
     ap.add_argument("--split", default="val", choices=["val", "test"])
     ap.add_argument("--penalties", type=float, nargs="+", default=[1.0, 2.0, 4.0])
+    ap.add_argument("--finals", nargs="+", default=["off", "soft", "hard"], choices=["off", "soft", "hard"],
+                    help="the final-tone settings to try (all three unless given)")
+    ap.add_argument("--beam", type=int, help="decode with this beam size instead of the run's")
     ap.add_argument("--json", help="also write the rows to this file")
     ap.add_argument("--samples", type=int, default=0,
                     help="instead of the grid: N pairs spread over the split, decoded with the rules off and as the run decodes")
     args = ap.parse_args()
 
     run = runner.load(args.run_dir)
+    if args.beam:
+        run.config = runner.with_search(run.config, beam=args.beam)
     data_dir = read_json(run.dir / "config.json").get("data_dir")
     pairs = runner.load_data(run.task, run.config, data_dir, [args.split], run.tokenizer).splits[args.split]
     print(f"{args.run_dir}: {args.split}, {len(pairs)} pairs")
@@ -56,8 +62,10 @@ def main() -> None:
         return
     print(f"{'final':>5} {'opp.':>5} {'pen.':>5} | {'BLEU':>6} {'final%':>7} {'opp.%':>6} {'len%':>6} {'punct%':>6} "
           f"{'dist-2':>6} {'s':>5}")
-    rows = []
-    for final, opposition, penalty in settings(args.penalties):
+    refs = runner.score(run.task, pairs, [r for _, r in pairs])  # the human second lines, scored as outputs
+    print(f"  the references themselves | {'':>6} {refs['final_tone']:7.2f} {refs['opposition']:6.2f}")
+    rows = [{"references": True, **refs}]
+    for final, opposition, penalty in settings(args.penalties, args.finals):
         decode = replace(run.config.decode, tone_final=final, tone_opposition=opposition,
                          tone_penalty=penalty or run.config.decode.tone_penalty)
         decode.validate()
