@@ -18,13 +18,14 @@ from dataclasses import replace
 
 from taskformer.app import runner
 from taskformer.core.checkpoint import read_json
+from taskformer.tasks.couplet import TONE_MODES
 
 
-def settings(penalties: list[float], finals=("off", "soft", "hard")):
+def settings(penalties: list[float], finals=TONE_MODES):
     """(final, opposition, penalty) triples; the penalty only matters where a rule is soft."""
     yield "off", "off", None
     for final in finals:
-        for opposition in ("off", "soft", "hard"):
+        for opposition in TONE_MODES:
             if "soft" in (final, opposition):
                 for p in penalties:
                     yield final, opposition, p
@@ -37,7 +38,7 @@ def main() -> None:
     ap.add_argument("run_dir")
     ap.add_argument("--split", default="val", choices=["val", "test"])
     ap.add_argument("--penalties", type=float, nargs="+", default=[1.0, 2.0, 4.0])
-    ap.add_argument("--finals", nargs="+", default=["off", "soft", "hard"], choices=["off", "soft", "hard"],
+    ap.add_argument("--finals", nargs="+", default=list(TONE_MODES), choices=TONE_MODES,
                     help="the final-tone settings to try (all three unless given)")
     ap.add_argument("--beam", type=int, help="decode with this beam size instead of the run's")
     ap.add_argument("--json", help="also write the rows to this file")
