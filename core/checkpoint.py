@@ -352,6 +352,11 @@ def load_training_state(path: Path, model, optimizer, scheduler) -> dict:
     if bad or not isinstance(state.get("elapsed"), (int, float)):
         raise TaskformerError(f"{path / 'state.json'}: {bad or 'elapsed'} must be a non-negative number, "
                               f"got {state.get(bad or 'elapsed')!r}; the checkpoint is damaged")
+    cooldown = state.setdefault("cooldown", [])  # checkpoints from before train.cooldown lack it
+    if not (cooldown == [] or (isinstance(cooldown, list) and len(cooldown) == 2 and all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in cooldown) and cooldown[1] > 0)):
+        raise TaskformerError(f"{path / 'state.json'}: cooldown must be [] or [first step, updates], got {cooldown!r}; "
+                              "the checkpoint is damaged")
     return state
 
 

@@ -1,10 +1,11 @@
 """The one training engine: every task trains through :class:`Trainer`, which knows no task.
 
-What it does, in the paper's terms: Adam(W) with the warm-up schedule of section 5.3,
-label-smoothed cross-entropy (section 5.4) that ignores padding, gradient clipping, and batches
-of roughly equal *token* counts built from length buckets. It evaluates through a callback the
-task layer supplies, keeps the best weights by the task's metric, and writes resumable
-checkpoints. On CPU a seeded run is deterministic, including after ``--resume``.
+What it does, in the paper's terms: Adam(W) with the warm-up schedule of section 5.3 (optionally
+ending in a linear cool-down to zero, ``train.cooldown``), label-smoothed cross-entropy (section
+5.4) that ignores padding, gradient clipping, and batches of roughly equal *token* counts built
+from length buckets. It evaluates through a callback the task layer supplies, keeps the best
+weights by the task's metric, and writes resumable checkpoints. On CPU a seeded run is
+deterministic, including after ``--resume``.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ class TrainConfig(Section):
     lr: float = 1e-3
     warmup: int = 400
     schedule: str = "inverse_sqrt"  # after warm-up: the paper's 1/sqrt(step) decay, or "linear" to zero at the last step
+    cooldown: float = 0.0  # the last fraction of the budget (time limit or planned updates) falls linearly to zero; 0: off
     label_smoothing: float = 0.1
     clip: float = 1.0
     weight_decay: float = 0.0
@@ -61,6 +63,8 @@ class TrainConfig(Section):
         if not 0 <= self.clip < math.inf or not 0 <= self.weight_decay < math.inf:
             raise ValueError(f"train.clip and train.weight_decay must be finite and not negative, got "
                              f"{self.clip} and {self.weight_decay}")
+        if not 0.0 <= self.cooldown < 1.0:
+            raise ValueError(f"train.cooldown must be a fraction in [0, 1), got {self.cooldown}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"train.schedule must be {' or '.join(SCHEDULES)}, not {self.schedule!r}")
         if not 0.0 <= self.label_smoothing < 1.0:
@@ -142,12 +146,18 @@ class SmoothedCrossEntropy(torch.autograd.Function):
         eps, vocab = ctx.eps, logits.size(1)
         out = torch.empty_like(logits)
         row_scale = (grad * keep).unsqueeze(1)
+        # fp32 logits: each chunk is computed in place in the gradient's rows (a temporary and its copy
+        # took as long as the rest of the pass); bf16 ones go through an fp32 chunk, rounded once.
+        in_place = out.dtype == torch.float32
         with torch.autocast(logits.device.type, enabled=False):
             for rows in SmoothedCrossEntropy._chunks(*logits.shape):
                 # d loss / d logits = softmax - (1 - eps) * onehot(gold) - eps / vocab
-                p = (logits[rows].float() - lse[rows, None]).exp_().sub_(eps / vocab)
+                p = torch.sub(logits[rows].float(), lse[rows, None], out=out[rows] if in_place else None)
+                p.exp_().sub_(eps / vocab)
                 p.scatter_add_(1, gold[rows], torch.full_like(p[:, :1], eps - 1))
-                out[rows] = p.mul_(row_scale[rows])
+                p.mul_(row_scale[rows])
+                if not in_place:
+                    out[rows] = p
         return out, None, None, None
 
 
@@ -217,11 +227,11 @@ class Trainer:
             [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9, fused=True)  # fused: one kernel per step, CPU and GPU
         self.total_steps = cfg.max_steps  # the planned number of updates, known once fit() sees the data
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_factor(s + 1, cfg.warmup, cfg.schedule, self.total_steps))
-        # best_weights: the steps whose weights (one, or several averaged) are model.safetensors
+        # best_weights: the steps whose weights (one, or several averaged) are model.safetensors;
+        # cooldown: [first step, number of updates] of the final decay once it has begun
         self.state = {"step": 0, "epoch": 0, "batch": 0, "best": None, "best_step": 0, "best_weights": [],
-                      "stale": 0, "elapsed": 0.0, "tokens": 0, "stopped": "", "evaluated_at": -1}
+                      "stale": 0, "elapsed": 0.0, "tokens": 0, "stopped": "", "evaluated_at": -1, "cooldown": []}
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: self.lr_factor(s + 1))
         self.stop_reason = ""  # set from outside (signal handler) to stop after the current step
         self.validating = False  # inside an evaluation: a signal handler may abandon it (nothing is saved then)
 
@@ -268,6 +278,45 @@ class Trainer:
             with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
                 f.write(json.dumps(event) + "\n")
         self.on_event(event)
+
+    # -- the learning rate -------------------------------------------------------------------
+    def lr_factor(self, step: int) -> float:
+        """``lr_factor`` of the schedule; once the cool-down ``[start, length]`` has begun, the factor of
+        update ``start`` falling linearly over the next ``length`` updates (the last at 1 / (length + 1))."""
+        cfg, fall = self.cfg, 1.0
+        if self.state["cooldown"] and step > self.state["cooldown"][0]:
+            start, length = self.state["cooldown"]
+            step, fall = start, max(start + length - step + 1, 0) / (length + 1)
+        return lr_factor(step, cfg.warmup, cfg.schedule, self.total_steps) * fall
+
+    def _start_cooldown(self, time_limit: float | None) -> None:
+        """Begin the final decay (``train.cooldown``) once that fraction of the budget is left.
+
+        A short run ends at a still-high learning rate, where the weights wander around a minimum
+        (hence the gain of averaging them); letting the rate fall to zero over the last part of the
+        run settles them (the warm-up, stable, decay schedule of Hu et al., 2024, "MiniCPM", and
+        Hägele et al., 2024). With a time limit the number of decay updates is the pace so far times
+        the time left, fixed when the decay begins and saved with the run, so a resumed run continues
+        it exactly; the run then stops when the rate reaches zero or the time runs out.
+        """
+        cfg, st = self.cfg, self.state
+        if not cfg.cooldown or st["cooldown"]:
+            return
+        left = []
+        if self.total_steps and st["step"] >= (1 - cfg.cooldown) * self.total_steps:
+            left.append(self.total_steps - st["step"])
+        if time_limit and st["elapsed"] >= (1 - cfg.cooldown) * time_limit:
+            left.append(round(st["step"] * (time_limit - st["elapsed"]) / max(st["elapsed"], 1e-9)))
+            if self.total_steps:
+                left.append(self.total_steps - st["step"])
+        # The next update's rate is already set: the decay runs over the updates after it.
+        length = torch.tensor(float(max(min(left) - 1, 1) if left else 0))
+        if self.world > 1:  # every rank must decay alike: rank 0's clock decides
+            torch.distributed.broadcast(length, src=0)
+        if length.item():
+            st["cooldown"] = [st["step"] + 1, int(length.item())]
+            self.log(event="cooldown", after=st["step"] + 1, updates=int(length.item()),
+                     lr=self.scheduler.get_last_lr()[0])
 
     # -- the loop ----------------------------------------------------------------------------
     def _evaluate(self) -> None:
@@ -364,6 +413,8 @@ class Trainer:
             reason = self.stop_reason
         elif cfg.max_steps and st["step"] >= cfg.max_steps:
             reason = f"reached train.max_steps={cfg.max_steps}"
+        elif st["cooldown"] and st["step"] >= sum(st["cooldown"]):
+            reason = f"the cool-down brought the learning rate to zero ({st['cooldown'][1]} updates after step {st['cooldown'][0]})"
         elif time_limit is not None and st["elapsed"] >= time_limit:
             reason = (f"time limit of {time_limit / 60:g} min reached after {st['elapsed']:.0f} s of training and "
                       "validation (checked after every update and evaluation)")
@@ -419,6 +470,7 @@ class Trainer:
                         self.save()
                     elif cfg.save_every and st["step"] % cfg.save_every == 0:
                         self.save()
+                    self._start_cooldown(time_limit)
                     reason = self._stop_requested(time_limit)
                     if reason:
                         raise Stop(reason)

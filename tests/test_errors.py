@@ -170,7 +170,7 @@ def test_run_files_that_are_not_regular_files_are_refused(finished, tmp_path, cl
 # The CLI fuzzed: any --set key of the copy task with any value ends in a result or a one-line Error.
 KEYS = ["model.d_model", "model.n_heads", "model.enc_layers", "model.dec_layers", "model.d_ff", "model.dropout",
         "model.max_len", "model.norm_first", "model.pooling", "model.variant", "train.epochs", "train.lr",
-        "train.warmup", "train.clip", "train.label_smoothing", "train.schedule", "train.accumulate",
+        "train.warmup", "train.clip", "train.label_smoothing", "train.schedule", "train.cooldown", "train.accumulate",
         "train.max_tokens", "train.seed", "train.bf16", "train.eval_every", "decode.strategy", "decode.beam",
         "decode.max_len_a", "decode.max_len_b", "decode.batch_size", "decode.length_penalty", "data.vocab",
         "data.length", "no.such", "train.nope"]

@@ -270,6 +270,9 @@ class ProgressDisplay:
                 self.train_bar = self.progress.add_task(epoch, total=1.0, completed=e["progress"], info=info)
             else:
                 self.progress.update(self.train_bar, description=epoch, completed=e["progress"], info=info)
+        elif kind == "cooldown":
+            self._say(f"cool-down: after step {e['after']:,} the learning rate ({e['lr']:.2e}) falls linearly "
+                      f"to zero over {e['updates']:,} updates")
         elif kind == "eval":
             keys = [k for k in e if k not in ("event", "split", "step", "epoch", "epochs", "improved", "averaged")]
             which = f" ({checkpoint.weights_name(e['averaged'])})" if "averaged" in e else ""
