@@ -33,6 +33,12 @@ def settings(penalties: list[float], finals=TONE_MODES):
                 yield final, opposition, None
 
 
+def positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {text!r}")
+    return int(text)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dir")
@@ -40,7 +46,7 @@ def main() -> None:
     ap.add_argument("--penalties", type=float, nargs="+", default=[1.0, 2.0, 4.0])
     ap.add_argument("--finals", nargs="+", default=list(TONE_MODES), choices=TONE_MODES,
                     help="the final-tone settings to try (all three unless given)")
-    ap.add_argument("--beam", type=int, help="decode with this beam size instead of the run's")
+    ap.add_argument("--beam", type=positive, help="decode with this beam size instead of the run's")
     ap.add_argument("--json", help="also write the rows to this file")
     ap.add_argument("--samples", type=int, default=0,
                     help="instead of the grid: N pairs spread over the split, decoded with the rules off and as the run decodes")
