@@ -231,7 +231,7 @@ class Trainer:
         # cooldown: [first step, number of updates] of the final decay once it has begun
         self.state = {"step": 0, "epoch": 0, "batch": 0, "best": None, "best_step": 0, "best_weights": [],
                       "stale": 0, "elapsed": 0.0, "tokens": 0, "stopped": "", "evaluated_at": -1, "cooldown": []}
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: self.lr_factor(s + 1))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: self._rate_factor(s + 1))
         self.stop_reason = ""  # set from outside (signal handler) to stop after the current step
         self.validating = False  # inside an evaluation: a signal handler may abandon it (nothing is saved then)
 
@@ -280,7 +280,7 @@ class Trainer:
         self.on_event(event)
 
     # -- the learning rate -------------------------------------------------------------------
-    def lr_factor(self, step: int) -> float:
+    def _rate_factor(self, step: int) -> float:
         """``lr_factor`` of the schedule; once the cool-down ``[start, length]`` has begun, the factor of
         update ``start`` falling linearly over the next ``length`` updates (the last at 1 / (length + 1))."""
         cfg, fall = self.cfg, 1.0
@@ -302,15 +302,13 @@ class Trainer:
         cfg, st = self.cfg, self.state
         if not cfg.cooldown or st["cooldown"]:
             return
-        left = []
-        if self.total_steps and st["step"] >= (1 - cfg.cooldown) * self.total_steps:
-            left.append(self.total_steps - st["step"])
-        if time_limit and st["elapsed"] >= (1 - cfg.cooldown) * time_limit:
+        by_steps = bool(self.total_steps) and st["step"] >= (1 - cfg.cooldown) * self.total_steps
+        by_time = bool(time_limit) and st["elapsed"] >= (1 - cfg.cooldown) * time_limit
+        left = [self.total_steps - st["step"]] if self.total_steps else []  # the updates left, by each budget
+        if by_time:
             left.append(round(st["step"] * (time_limit - st["elapsed"]) / max(st["elapsed"], 1e-9)))
-            if self.total_steps:
-                left.append(self.total_steps - st["step"])
         # The next update's rate is already set: the decay runs over the updates after it.
-        length = torch.tensor(float(max(min(left) - 1, 1) if left else 0))
+        length = torch.tensor(float(max(min(left) - 1, 1) if by_steps or by_time else 0))
         if self.world > 1:  # every rank must decay alike: rank 0's clock decides
             torch.distributed.broadcast(length, src=0)
         if length.item():
