@@ -336,6 +336,11 @@ def latest_training_state(ckpt_root: Path) -> Path | None:
     return steps[-1] if steps else None
 
 
+def _count(value) -> bool:
+    """A JSON count: a non-negative integer (``True`` is an int to Python, not to us)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def load_training_state(path: Path, model, optimizer, scheduler) -> dict:
     """Restore model, optimizer, schedule and RNG from ``checkpoints/step-N``; returns the trainer state."""
     load_weights(model, path / WEIGHTS)
@@ -347,14 +352,13 @@ def load_training_state(path: Path, model, optimizer, scheduler) -> dict:
     scheduler.load_state_dict(blob["scheduler"])
     torch.set_rng_state(blob["torch_rng"])
     state = read_json(path / "state.json")
-    bad = next((k for k in ("step", "epoch", "batch", "tokens", "best_step", "stale")
-                if not isinstance(state.get(k), int) or isinstance(state.get(k), bool) or state[k] < 0), None)
+    bad = next((k for k in ("step", "epoch", "batch", "tokens", "best_step", "stale") if not _count(state.get(k))), None)
     if bad or not isinstance(state.get("elapsed"), (int, float)):
         raise TaskformerError(f"{path / 'state.json'}: {bad or 'elapsed'} must be a non-negative number, "
                               f"got {state.get(bad or 'elapsed')!r}; the checkpoint is damaged")
     cooldown = state.setdefault("cooldown", [])  # checkpoints from before train.cooldown lack it
-    if not (cooldown == [] or (isinstance(cooldown, list) and len(cooldown) == 2 and all(
-            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in cooldown) and cooldown[1] > 0)):
+    if not (cooldown == [] or (isinstance(cooldown, list) and len(cooldown) == 2
+                               and all(map(_count, cooldown)) and cooldown[1] > 0)):
         raise TaskformerError(f"{path / 'state.json'}: cooldown must be [] or [first step, updates], got {cooldown!r}; "
                               "the checkpoint is damaged")
     return state

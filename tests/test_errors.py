@@ -137,12 +137,20 @@ def test_damaged_run_files_are_named(finished, tmp_path, cli, command, edit, exp
     one_line_error(cli(command, str(bad), *(["1 2"] if command == "predict" else [])), expected)
 
 
-def test_resume_names_a_damaged_trainer_state(finished, tmp_path, cli):
+@pytest.mark.parametrize("key, value, expected", [
+    ("step", "5", "state.json: step must be"),
+    ("step", True, "state.json: step must be"),
+    ("cooldown", [3, 0], "state.json: cooldown must be"),
+    ("cooldown", [3, -2], "state.json: cooldown must be"),
+    ("cooldown", [True, 4], "state.json: cooldown must be"),
+    ("cooldown", 7, "state.json: cooldown must be"),
+])
+def test_resume_names_a_damaged_trainer_state(finished, tmp_path, cli, key, value, expected):
     def edit(d):
         (d / "result.json").unlink()  # unfinished again
         state = sorted((d / "checkpoints").glob("step-*"))[-1] / "state.json"
-        state.write_text(json.dumps({**json.loads(state.read_text()), "step": "5"}))
-    one_line_error(cli("run", "--resume", str(damaged(finished, tmp_path, edit)), "--quiet"), "state.json: step must be")
+        state.write_text(json.dumps({**json.loads(state.read_text()), key: value}))
+    one_line_error(cli("run", "--resume", str(damaged(finished, tmp_path, edit)), "--quiet"), expected)
 
 
 def test_runs_skips_a_malformed_result_with_a_warning(finished, tmp_path, cli):
