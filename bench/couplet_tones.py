@@ -8,6 +8,11 @@ gives the same figures, one setting per call).
 
     python bench/couplet_tones.py RUN_DIR [--split val] [--penalties 1 2 4] [--finals hard] [--beam 8]
     python bench/couplet_tones.py RUN_DIR --split test --samples 20   # rules off vs the run's, side by side
+    python bench/couplet_tones.py RUN_DIR --split test --paired 1000  # is the BLEU gap larger than chance?
+
+``--paired N`` decodes the whole split with the rules off and as the run decodes, and compares their
+char BLEU by sacrebleu's paired bootstrap (N resamples of the pairs): a gap well inside the 95%
+intervals, or a p-value far above 0.05, is one that another set of couplets may reverse.
 """
 from __future__ import annotations
 
@@ -15,6 +20,9 @@ import argparse
 import json
 import time
 from dataclasses import replace
+
+from sacrebleu.metrics import BLEU
+from sacrebleu.significance import PairedTest
 
 from taskformer.app import runner
 from taskformer.core.checkpoint import read_json
@@ -50,6 +58,8 @@ def main() -> None:
     ap.add_argument("--json", help="also write the rows to this file")
     ap.add_argument("--samples", type=int, default=0,
                     help="instead of the grid: N pairs spread over the split, decoded with the rules off and as the run decodes")
+    ap.add_argument("--paired", type=positive, default=0, metavar="N",
+                    help="instead of the grid: the rules off against the run's, with a paired bootstrap of N resamples")
     args = ap.parse_args()
 
     run = runner.load(args.run_dir)
@@ -58,9 +68,12 @@ def main() -> None:
     data_dir = read_json(run.dir / "config.json").get("data_dir")
     pairs = runner.load_data(run.task, run.config, data_dir, [args.split], run.tokenizer).splits[args.split]
     print(f"{args.run_dir}: {args.split}, {len(pairs)} pairs")
+    off = replace(run.config, decode=replace(run.config.decode, tone_final="off", tone_opposition="off"))
+    if args.paired:
+        paired(run, pairs, {"tone rules off": off, "the run's decoding": run.config}, args.paired)
+        return
     if args.samples:
         chosen = runner.spread(pairs, args.samples)
-        off = replace(run.config, decode=replace(run.config.decode, tone_final="off", tone_opposition="off"))
         plain, _ = runner.predict(run, [s for s, _ in chosen], off)
         ruled, _ = runner.predict(run, [s for s, _ in chosen], run.config)
         print("| first line | reference | tone rules off | tone rules on (the run's) |\n| --- | --- | --- | --- |")
@@ -86,6 +99,25 @@ def main() -> None:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(rows, f, indent=1)
+
+
+def paired(run, pairs, configs: dict, resamples: int) -> None:
+    """Decode ``pairs`` under each of ``configs`` (the first is the baseline) and bootstrap their BLEU gap."""
+    outputs = {}
+    for name, config in configs.items():
+        metrics, rows = runner.evaluate_split(run, pairs, config)
+        outputs[name] = [hyp for _, hyp, _ in rows]
+        print(f"{name:>20}: char BLEU {metrics['bleu']:.3f}, final tone {metrics['final_tone']:.2f}%, "
+              f"opposition {metrics['opposition']:.2f}%, distinct-2 {metrics['distinct_2']:.2f}", flush=True)
+    test = PairedTest(list(outputs.items()), {"BLEU": BLEU(tokenize="char")}, [[r for _, r in pairs]],
+                      test_type="bs", n_samples=resamples)
+    _, scores = test()
+    base, *others = scores["BLEU"]
+    print(f"paired bootstrap, {resamples} resamples (95% intervals of each system's mean):")
+    print(f"{next(iter(configs)):>20}: {base.mean:.3f} ± {base.ci:.3f}")
+    for name, result in zip(list(configs)[1:], others):
+        print(f"{name:>20}: {result.mean:.3f} ± {result.ci:.3f}; gap {result.score - base.score:+.3f}, "
+              f"p = {result.p_value:.3f}")
 
 
 if __name__ == "__main__":
