@@ -1,4 +1,4 @@
-"""Checkpoint averaging: the mean itself, `train.average_last` in a run, `eval --average`, resume and DDP."""
+"""Checkpoint averaging: the mean itself, `train.average_last` in a run, `eval --average`, resume (DDP: tests/test_cooldown.py)."""
 import json
 import shutil
 
@@ -187,21 +187,6 @@ def test_resume_with_averaging_is_exact(tmp_path):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
     ra, rb = (json.loads((d / "result.json").read_text()) for d in (full, crashed))
     assert ra["metrics"] == rb["metrics"] and ra["info"]["kept_weights"] == rb["info"]["kept_weights"]
-
-
-def test_two_processes_average_like_one(tmp_path):
-    cpu = {"CUDA_VISIBLE_DEVICES": ""}
-    two, one = tmp_path / "two", tmp_path / "one"
-    ddp = run_cli("run", "copy", "--nproc", "2", "--out", str(two), *TINY, env=cpu)
-    assert ddp.returncode == 0, ddp.stderr
-    single = run_cli("run", "copy", "--set", "train.accumulate=2", "--out", str(one), *TINY, env=cpu)
-    assert single.returncode == 0, single.stderr
-    assert [e.get("averaged") for e in events(two)] == [e.get("averaged") for e in events(one)]
-    assert list(ckpt.evaluated_weights(two)) == list(ckpt.evaluated_weights(one))
-    # The training weights after the last average was evaluated are those of training, as with one process.
-    a, b = (load_file(sorted((d / "checkpoints").glob("step-*"))[-1] / "model.safetensors") for d in (two, one))
-    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-4
-    assert (two / "result.json").is_file() and "kept_weights" in json.loads((two / "result.json").read_text())["info"]
 
 
 def test_a_negative_average_last_is_refused(cli, tmp_path):

@@ -1,10 +1,13 @@
-"""`train.cooldown`: the learning rate falls linearly to zero over the last part of the budget."""
+"""`train.cooldown`: the learning rate falls linearly to zero over the last part of the budget (and, with DDP,
+the averaging of `train.average_last` too: one two-process run checks both)."""
 import json
 import shutil
 
 import pytest
+from safetensors.torch import load_file
 
 from conftest import run_cli
+from taskformer.core import checkpoint as ckpt
 
 SMALL = ["--quiet", "--set", "data.train_size=600", "--set", "data.val_size=20", "--set", "data.test_size=20",
          "--set", "train.log_every=1", "--set", "train.warmup=5"]
@@ -79,13 +82,21 @@ def test_a_cooldown_that_is_not_a_fraction_is_a_one_line_error(cli, tmp_path):
     assert "train.cooldown must be a fraction in [0, 1)" in result.stderr and len(result.stderr.splitlines()) == 1
 
 
-def test_two_processes_cool_down_like_one(tmp_path):
+def test_two_processes_average_and_cool_down_like_one(tmp_path):
+    """One DDP run checks both features that keep state across ranks (it is the slowest kind of test)."""
     cpu = {"CUDA_VISIBLE_DEVICES": ""}
     two, one = tmp_path / "two", tmp_path / "one"
-    options = [*SMALL, "--set", "train.max_steps=12", "--set", "train.cooldown=0.5"]
+    options = [*SMALL, "--set", "train.epochs=3", "--set", "train.average_last=2", "--set", "train.cooldown=0.5"]
     ddp = run_cli("run", "copy", "--nproc", "2", "--out", str(two), *options, env=cpu)
     assert ddp.returncode == 0, ddp.stderr
     single = run_cli("run", "copy", "--set", "train.accumulate=2", "--out", str(one), *options, env=cpu)
     assert single.returncode == 0, single.stderr
     assert events(two, "cooldown") == events(one, "cooldown") and len(events(one, "cooldown")) == 1
     assert rates(two) == pytest.approx(rates(one))
+    averaged = [e.get("averaged") for e in events(one, "eval")]
+    assert [e.get("averaged") for e in events(two, "eval")] == averaged and any(averaged)
+    assert list(ckpt.evaluated_weights(two)) == list(ckpt.evaluated_weights(one))
+    # The training weights after the last average was evaluated are those of training, as with one process.
+    a, b = (load_file(sorted((d / "checkpoints").glob("step-*"))[-1] / "model.safetensors") for d in (two, one))
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-4
+    assert "kept_weights" in json.loads((two / "result.json").read_text())["info"]
