@@ -139,17 +139,19 @@ def faults():
     x = torch.ones(2**24)  # 64 MB, above any threshold glibc would serve from its heap by itself
     del x
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-faults()
-print(faults())
+print(*[faults() for _ in range(6)])
 """
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or os.confstr("CS_GNU_LIBC_VERSION") is None,
                     reason="glibc's malloc only")
 def test_a_training_process_reuses_freed_memory_instead_of_faulting_it_in_again():
-    def second_allocation_faults(mode):
+    def fresh_allocations(mode):
+        """How many of five 64 MB allocations after the first had all their 16,384 pages mapped afresh."""
         done = subprocess.run([sys.executable, "-c", BIG_TENSOR_FAULTS, mode], capture_output=True,
                               text=True, timeout=120, check=True)
-        return int(done.stdout)
-    assert second_allocation_faults("default") > 8000  # 16,384 pages mapped afresh
-    assert second_allocation_faults("keep") < 1000
+        return sum(int(n) > 8000 for n in done.stdout.split()[1:])
+    assert fresh_allocations("default") == 5  # unmapped on free, mapped again every time
+    # Kept: reused. In some runs (the process's memory layout varies from run to run) the second or third
+    # allocation does not fit the freed block and the heap grows once more; after that every one reuses.
+    assert fresh_allocations("keep") <= 1
