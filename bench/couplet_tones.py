@@ -112,10 +112,10 @@ def paired(run, pairs, configs: dict, resamples: int) -> None:
     test = PairedTest(list(outputs.items()), {"BLEU": BLEU(tokenize="char")}, [[r for _, r in pairs]],
                       test_type="bs", n_samples=resamples)
     _, scores = test()
-    base, *others = scores["BLEU"]
+    (first, *names), (base, *others) = outputs, scores["BLEU"]
     print(f"paired bootstrap, {resamples} resamples (95% intervals of each system's mean):")
-    print(f"{next(iter(configs)):>20}: {base.mean:.3f} ± {base.ci:.3f}")
-    for name, result in zip(list(configs)[1:], others):
+    print(f"{first:>20}: {base.mean:.3f} ± {base.ci:.3f}")
+    for name, result in zip(names, others):
         print(f"{name:>20}: {result.mean:.3f} ± {result.ci:.3f}; gap {result.score - base.score:+.3f}, "
               f"p = {result.p_value:.3f}")
 

@@ -68,9 +68,8 @@ class Search(DecodeConfig):
     the final rule hard (it cost no BLEU), opposition soft with penalty 1, beam 8. On the val pairs
     of three checkpoints this setting scored on average 0.001 char BLEU below the rules off (−0.04 to
     +0.04) while keeping 93% of the positions (the model alone: 88%, the human references: 83%);
-    hard opposition scored 0.09 below. Beam 8 gained 0.04
-    BLEU over 4 with and without the rules, at twice the decoding time. Hard opposition is there for
-    whoever wants the guarantee.
+    hard opposition scored 0.09 below. Beam 8 gained 0.04 BLEU over 4 with and without the rules,
+    at twice the decoding time. Hard opposition is there for whoever wants the guarantee.
     """
 
     constrained: bool = True
