@@ -24,6 +24,7 @@ from .decoding import DecodeConfig
 from .engine import TrainConfig
 from .errors import TaskformerError
 from .model import ModelConfig, Section
+from .options import check
 
 
 @dataclass
@@ -81,8 +82,10 @@ def build(task, cfg: dict) -> RunConfig:
     """Turn a merged config dict into dataclasses and validate every section."""
     try:
         config = RunConfig(**{name: kind(**cfg[name]) for name, kind in section_types(task).items()})
-        for section in (config.model, config.train, config.decode, config.data):
-            if hasattr(section, "validate"):
+        for name in ("model", "train", "decode", "data"):
+            section = getattr(config, name)
+            check(name, section)  # each field's range, from its metadata
+            if hasattr(section, "validate"):  # what no single field can say
                 section.validate()
     except ValueError as e:
         raise TaskformerError(f"config: {e}") from None

@@ -18,6 +18,7 @@ from typing import Callable, Iterable, Iterator, NamedTuple, TypeVar
 import torch
 
 from .model import BOS, EOS, PAD, Section, Transformer
+from .options import check, option
 
 Constraint = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
 Item, Result = TypeVar("Item"), TypeVar("Result")
@@ -237,20 +238,19 @@ def decode_workers(workers: int, device: torch.device, batches: int) -> int:
 class DecodeConfig(Section):
     """How sequence tasks search; ``max_len_a * source_length + max_len_b`` bounds each output."""
 
-    strategy: str = "beam"  # or "greedy"
-    beam: int = 5
-    length_penalty: float = 1.0
-    max_len_a: float = 1.2
-    max_len_b: int = 10
-    batch_size: int = 128  # sentences per decoding batch
-    workers: int = 0  # batches decoded at once (CPU threads); 0: one per torch thread on CPU, one on GPUs
-    eval_strategy: str = "greedy"  # cheaper search for the per-epoch validation score
+    strategy: str = option("beam", "Search for test outputs and predict.", choices=STRATEGIES, variants=SEARCHED)
+    beam: int = option(5, "Beam size (1 is greedy).", at_least=1, variants=SEARCHED)
+    length_penalty: float = option(1.0, "Finished beams are ranked by score / ((5 + length) / 6) ** length_penalty "
+                                   "(Wu et al., 2016); 0: by score alone.", variants=SEARCHED)
+    max_len_a: float = option(1.2, "Output length limit: max_len_a * source length + max_len_b tokens.",
+                              variants=SEARCHED)
+    max_len_b: int = option(10, "See max_len_a.", variants=SEARCHED)
+    batch_size: int = option(128, "Inputs per decoding batch.", at_least=1)
+    workers: int = option(0, "Batches decoded at once (CPU threads); 0: one per torch thread on CPU, one on GPUs.",
+                          at_least=0)
+    eval_strategy: str = option("greedy", "Cheaper search for the per-evaluation validation score.",
+                                choices=STRATEGIES, variants=SEARCHED)
 
     def validate(self) -> None:
-        for name in ("strategy", "eval_strategy"):
-            if getattr(self, name) not in ("beam", "greedy"):
-                raise ValueError(f"decode.{name} must be beam or greedy, not {getattr(self, name)!r}")
-        if self.beam < 1 or self.batch_size < 1:
-            raise ValueError("decode.beam and decode.batch_size must be at least 1")
-        if self.workers < 0:
-            raise ValueError(f"decode.workers must not be negative, got {self.workers}")
+        """Refuse values outside each field's range (its metadata); a task's subclass adds its own checks."""
+        check("decode", self)

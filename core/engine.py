@@ -24,55 +24,49 @@ from . import precision
 from .data import IGNORE, Encoded, collate, token_batches
 from .errors import TaskformerError
 from .model import PAD, Section, Transformer
+from .options import check, option
+
+
+SCHEDULES = ("inverse_sqrt", "linear")
 
 
 @dataclass
 class TrainConfig(Section):
     """Optimisation settings. ``lr`` is the peak rate, reached after ``warmup`` steps."""
 
-    epochs: int = 20
-    max_steps: int = 0  # 0: no step limit
-    max_tokens: int = 4096  # padded tokens per batch (source or target, whichever is longer)
-    lr: float = 1e-3
-    warmup: int = 400
-    schedule: str = "inverse_sqrt"  # after warm-up: the paper's 1/sqrt(step) decay, or "linear" to zero at the last step
-    cooldown: float = 0.0  # the last fraction of the budget (time limit or planned updates) falls linearly to zero; 0: off
-    label_smoothing: float = 0.1
-    clip: float = 1.0
-    weight_decay: float = 0.0
-    bf16: str = "auto"  # auto: bf16 where the hardware runs it natively (core.precision), else fp32; or true/false
-    seed: int = 0
-    patience: int = 0  # stop after this many evaluations without improvement; 0: never
-    eval_every: int = 0  # steps between evaluations; 0: once per epoch
-    accumulate: int = 1  # batches whose gradients are summed into one update
-    save_every: int = 0  # steps between resumable checkpoints; 0: at each evaluation only
-    keep_last: int = 2  # resumable checkpoints kept in checkpoints/
-    average_last: int = 0  # also evaluate the mean of the last N evaluated weights (kept as any checkpoint); 0, 1: off
-    log_every: int = 20
-    threads: int = 0  # torch's intra-op threads for training and decoding; 0: torch's choice (see docs/plugins.md)
+    epochs: int = option(20, "Passes over the training data (an upper bound when another budget ends first).",
+                         at_least=1)
+    max_steps: int = option(0, "Stop after this many updates; 0: no limit. The budget that gives the same run on "
+                            "a busy machine, where a --time-limit gives fewer updates.", at_least=0)
+    max_tokens: int = option(4096, "Padded tokens per batch (source or target, whichever is longer).", at_least=1)
+    lr: float = option(1e-3, "Peak learning rate, reached after warmup updates.", above=0.0)
+    warmup: int = option(400, "Updates of linear warm-up.", at_least=0)
+    schedule: str = option("inverse_sqrt", "After warm-up: the paper's 1/sqrt(step) decay, or linear to zero at "
+                           "the last update.", choices=SCHEDULES)
+    cooldown: float = option(0.0, "The last fraction of the budget (time limit or planned updates), over which the "
+                             "rate falls linearly to zero; 0: off.", at_least=0.0, below=1.0)
+    label_smoothing: float = option(0.1, "Share of the target probability spread over the other tokens.",
+                                    at_least=0.0, below=1.0)
+    clip: float = option(1.0, "Gradient norm clipping; 0: off.", at_least=0.0)
+    weight_decay: float = option(0.0, "AdamW weight decay.", at_least=0.0)
+    bf16: str = option("auto", "auto: bf16 where the hardware runs it natively (else fp32); true or false force it.")
+    seed: int = option(0, "Random seed of initialisation, batches and synthetic data.")
+    patience: int = option(0, "Stop after this many evaluations without improvement; 0: never.", at_least=0)
+    eval_every: int = option(0, "Updates between evaluations; 0: once per epoch.", at_least=0)
+    accumulate: int = option(1, "Batches whose gradients are summed into one update.", at_least=1)
+    save_every: int = option(0, "Updates between resumable checkpoints; 0: at each evaluation only.", at_least=0)
+    keep_last: int = option(2, "Resumable checkpoints kept in checkpoints/.", at_least=1)
+    average_last: int = option(0, "Also evaluate the mean of the last N evaluated weights (kept if best); 0, 1: off.",
+                               at_least=0)
+    log_every: int = option(20, "Updates between training log lines.", at_least=1)
+    threads: int = option(0, "torch's intra-op threads for training and decoding; 0: torch's choice (on a busy "
+                          "2-core machine one can be much faster than two).", at_least=0)
 
     def validate(self) -> None:
-        for name in ("epochs", "max_tokens", "keep_last", "log_every", "accumulate"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"train.{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("max_steps", "warmup", "patience", "eval_every", "save_every", "threads", "average_last"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"train.{name} must not be negative, got {getattr(self, name)}")
-        if not 0 < self.lr < math.inf:
-            raise ValueError(f"train.lr must be a positive finite number, got {self.lr}")
-        if not 0 <= self.clip < math.inf or not 0 <= self.weight_decay < math.inf:
-            raise ValueError(f"train.clip and train.weight_decay must be finite and not negative, got "
-                             f"{self.clip} and {self.weight_decay}")
-        if not 0.0 <= self.cooldown < 1.0:
-            raise ValueError(f"train.cooldown must be a fraction in [0, 1), got {self.cooldown}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"train.schedule must be {' or '.join(SCHEDULES)}, not {self.schedule!r}")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        """Refuse values outside each field's range (its metadata) and a bf16 setting that is not one."""
+        check("train", self)
         precision.normalize(self.bf16)
 
-
-SCHEDULES = ("inverse_sqrt", "linear")
 
 
 def lr_factor(step: int, warmup: int, schedule: str = "inverse_sqrt", total: int = 0) -> float:

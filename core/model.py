@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .options import check, option
+
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 VARIANTS = ("encoder-decoder", "encoder-only", "tagging")
 
@@ -38,46 +40,36 @@ class Section:
 class ModelConfig(Section):
     """Hyper-parameters of the network; ``vocab_size``/``num_classes`` (classes or tags) are filled in from the data."""
 
-    variant: str = "encoder-decoder"
-    vocab_size: int = 0
-    num_classes: int = 0
-    d_model: int = 256
-    n_heads: int = 8
-    enc_layers: int = 3
-    dec_layers: int = 3
-    d_ff: int = 1024
-    dropout: float = 0.1
-    attn_dropout: float = 0.0
-    max_len: int = 256
-    norm_first: bool = True  # pre-norm trains stably without a long warm-up; False gives the paper's post-norm
-    tie_embeddings: bool = True  # source, target and output projection share one matrix (joint vocabulary)
-    pooling: str = "mean"  # encoder-only heads: "mean" over real tokens, "first" token, or "max"
-    members: int = 1  # encoder-only and tagging: > 1 trains that many networks as one ensemble (see Ensemble)
+    variant: str = option("encoder-decoder", "The network; set by the task, not by --set.", choices=VARIANTS)
+    vocab_size: int = option(0, "Token vocabulary size; filled in from the task's tokenizer.", at_least=0)
+    num_classes: int = option(0, "Classes or tags; filled in from the task's labels.", at_least=0)
+    d_model: int = option(256, "Width of every layer (the embedding size).", above=0)
+    n_heads: int = option(8, "Attention heads per layer; must divide d_model.", above=0)
+    enc_layers: int = option(3, "Encoder layers.", above=0)
+    dec_layers: int = option(3, "Decoder layers.", at_least=0, variants=("encoder-decoder",))
+    d_ff: int = option(1024, "Inner width of each feed-forward block.", above=0)
+    dropout: float = option(0.1, "Dropout on embeddings, sub-layer outputs and heads.", at_least=0.0, below=1.0)
+    attn_dropout: float = option(0.0, "Dropout on attention weights.", at_least=0.0, below=1.0)
+    max_len: int = option(256, "Longest sequence in tokens, with begin and end; longer inputs are cut.", at_least=3)
+    norm_first: bool = option(True, "Pre-norm (trains stably without a long warm-up); false: the paper's post-norm.")
+    tie_embeddings: bool = option(True, "Source, target and output projection share one matrix (joint vocabulary).")
+    pooling: str = option("mean", "How an encoder-only head pools the encoder states: over real tokens, the "
+                          "first token, or the maximum.", choices=("mean", "first", "max"), variants=("encoder-only",))
+    members: int = option(1, "Networks trained as one ensemble whose log-probabilities are averaged.", at_least=1,
+                          variants=("encoder-only", "tagging"))
 
     def validate(self) -> None:
-        """Reject impossible shapes before any work starts (raises ValueError with the reason)."""
-        if self.variant not in VARIANTS:
-            raise ValueError(f"model.variant must be one of {', '.join(VARIANTS)}, not {self.variant!r}")
-        for name in ("d_model", "n_heads", "d_ff", "max_len", "enc_layers"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"model.{name} must be positive, got {getattr(self, name)}")
-        if self.max_len < 3:
-            raise ValueError(f"model.max_len must be at least 3 (begin, end and one token), got {self.max_len}")
+        """Reject impossible combinations (raises ValueError); each field's own range is in its metadata."""
+        check("model", self)
         if self.variant == "encoder-decoder" and self.dec_layers <= 0:
             raise ValueError(f"model.dec_layers must be positive, got {self.dec_layers}")
         if self.d_model % self.n_heads:
             raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
         if self.d_model % 2:
             raise ValueError(f"model.d_model must be even for sinusoidal positions, got {self.d_model}")
-        if not 0.0 <= self.dropout < 1.0 or not 0.0 <= self.attn_dropout < 1.0:
-            raise ValueError("model.dropout and model.attn_dropout must be in [0, 1)")
-        if self.members < 1:
-            raise ValueError(f"model.members must be 1 or more, got {self.members}")
         if self.members > 1 and self.variant == "encoder-decoder":
             raise ValueError("model.members > 1 (an ensemble) is for encoder-only and tagging models; "
                              "an encoder-decoder's search would need every member at every step")
-        if self.pooling not in ("mean", "first", "max"):
-            raise ValueError(f"model.pooling must be mean, first or max, not {self.pooling!r}")
 
 
 

@@ -21,6 +21,7 @@ from taskformer.core.metrics import translation_metrics
 from taskformer.core.model import BOS, EOS, PAD, UNK, ClassificationHead, Generator, ModelConfig, TaggingHead
 from taskformer.core.progress import stage, track
 from taskformer.core.tokenize import CJK, SPECIALS, characters, subword, symbols
+from taskformer.core.options import option
 from taskformer.plugins.hookspecs import Task, hookimpl
 from taskformer.app.runner import Run  # noqa: E402 -- after the core: the application builds on it
 from taskformer.app.report import cross_attention  # noqa: E402
@@ -30,6 +31,6 @@ __all__ = [
     "BOS", "CJK", "EOS", "PAD", "SPECIALS", "UNK", "ClassificationHead", "Constraint", "DataError", "DecodeConfig",
     "Generator", "Label", "Model", "ModelConfig", "Run", "RunConfig", "TaggingHead", "Task", "TaskData",
     "TaskformerError", "beam_search", "best_labels", "best_tags", "characters", "classify", "cross_attention",
-    "encode_sources", "encode_words", "find_file", "greedy", "hookimpl", "load", "max_lengths", "read_lines",
+    "encode_sources", "encode_words", "find_file", "greedy", "hookimpl", "load", "max_lengths", "option", "read_lines",
     "read_parallel", "read_tsv", "search", "stage", "subword", "symbols", "track", "translation_metrics",
 ]

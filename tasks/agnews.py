@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 from tokenizers import normalizers
 
-from taskformer import DataError, Task, TaskData, find_file, hookimpl, read_lines, subword
+from taskformer import DataError, Task, TaskData, find_file, hookimpl, option, read_lines, subword
 
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]  # class indices 1..4 of the release
 
@@ -31,21 +31,14 @@ class Options:
     augmentation (``augment`` extra copies of train, each word dropped at rate ``word_drop``) and
     the hub copy read when no ``--data-dir`` is given."""
 
-    val_fraction: float = 0.05
-    tokenizer: str = "wordpiece"
-    vocab_size: int = 8000
-    lowercase: bool = True
-    augment: int = 1
-    word_drop: float = 0.1
-    hub: str = "fancyzhx/ag_news"
-
-    def validate(self) -> None:
-        if not 0.0 < self.val_fraction < 1.0:
-            raise ValueError(f"data.val_fraction must be between 0 and 1, got {self.val_fraction}")
-        if self.augment < 0 or not 0.0 <= self.word_drop < 1.0:
-            raise ValueError("data.augment must be 0 or more and data.word_drop in [0, 1)")
-        if self.tokenizer not in ("wordpiece", "bpe"):
-            raise ValueError(f"data.tokenizer must be wordpiece or bpe, not {self.tokenizer!r}")
+    val_fraction: float = option(0.05, "Share of train carved out (seeded) as the validation split.",
+                                 above=0.0, below=1.0)
+    tokenizer: str = option("wordpiece", "Subword tokenizer kind.", choices=("wordpiece", "bpe"))
+    vocab_size: int = option(8000, "Tokenizer vocabulary size.", at_least=100)
+    lowercase: bool = option(True, "Lower-case the text before tokenizing.")
+    augment: int = option(1, "Extra copies of train with words dropped at rate word_drop.", at_least=0)
+    word_drop: float = option(0.1, "Rate at which each word of an augmented copy is dropped.", at_least=0.0, below=1.0)
+    hub: str = option("fancyzhx/ag_news", "Hugging Face dataset read when no --data-dir is given.")
 
 TASK = Task(
     name="agnews",

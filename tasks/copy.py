@@ -8,25 +8,18 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from taskformer import Task, TaskData, hookimpl, symbols
+from taskformer import Task, TaskData, hookimpl, option, symbols
 
 
 @dataclass
 class Options:
     """The ``data`` options; ``vocab`` counts padding like the classic setup: symbols are 1 .. vocab-1."""
 
-    vocab: int = 11
-    length: int = 10
-    train_size: int = 20000
-    val_size: int = 500
-    test_size: int = 1000
-
-    def validate(self) -> None:
-        if self.vocab < 3 or self.length < 1:
-            raise ValueError("data.vocab must be at least 3 and data.length at least 1")
-        for name in ("train_size", "val_size", "test_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"data.{name} must be at least 1, got {getattr(self, name)}")
+    vocab: int = option(11, "Symbols, counting padding: the sequences use 1 .. vocab-1.", at_least=3)
+    length: int = option(10, "Symbols per sequence.", at_least=1)
+    train_size: int = option(20000, "Training sequences.", at_least=1)
+    val_size: int = option(500, "Validation sequences.", at_least=1)
+    test_size: int = option(1000, "Test sequences.", at_least=1)
 
     def footprint(self) -> dict[str, int]:
         """The size of the data these options make, checked against free memory before it is made."""

@@ -35,7 +35,7 @@ from pypinyin import Style, lazy_pinyin
 from rich.table import Table
 
 from taskformer import (EOS, PAD, SPECIALS, DataError, DecodeConfig, Task, TaskData, TaskformerError, characters,
-                        find_file, hookimpl, read_parallel, search)
+                        find_file, hookimpl, option, read_parallel, search)
 
 
 @dataclass
@@ -44,13 +44,10 @@ class Options:
     in an hour on one core; 300k seen 5 times did as well, docs/results.md); ``val_size`` pairs are carved from the full train set first,
     seeded by ``train.seed``; characters seen fewer than ``min_char_freq`` times become [UNK]."""
 
-    max_train: int = 0
-    val_size: int = 1000
-    min_char_freq: int = 2
-
-    def validate(self) -> None:
-        if self.max_train < 0 or self.val_size < 1 or self.min_char_freq < 1:
-            raise ValueError("data.max_train must be >= 0, data.val_size and data.min_char_freq >= 1")
+    max_train: int = option(0, "Pairs used for training; 0: all.", at_least=0)
+    val_size: int = option(1000, "Validation pairs carved from the full train set first, seeded by train.seed.",
+                           at_least=1)
+    min_char_freq: int = option(2, "Characters seen fewer times become [UNK].", at_least=1)
 
 
 TONE_MODES = ("off", "soft", "hard")
@@ -72,19 +69,13 @@ class Search(DecodeConfig):
     at twice the decoding time. Hard opposition is there for whoever wants the guarantee.
     """
 
-    constrained: bool = True
-    no_repeat: bool = True
-    tone_final: str = "hard"
-    tone_opposition: str = "soft"
-    tone_penalty: float = 1.0
-
-    def validate(self) -> None:
-        super().validate()
-        for name in ("tone_final", "tone_opposition"):
-            if getattr(self, name) not in TONE_MODES:
-                raise ValueError(f"decode.{name} must be off, soft or hard, not {getattr(self, name)!r}")
-        if not self.tone_penalty > 0:  # inf and nan are refused for every float setting
-            raise ValueError(f"decode.tone_penalty must be a positive number, got {self.tone_penalty}")
+    constrained: bool = option(True, "Enforce the form (length, punctuation) inside the search; false turns the "
+                               "tone rules off too.")
+    no_repeat: bool = option(True, "Ban the first line's character at the same position.")
+    tone_final: str = option("hard", "The rule on the last character's tone.", choices=TONE_MODES)
+    tone_opposition: str = option("soft", "The rule that tones oppose the first line's.", choices=TONE_MODES)
+    tone_penalty: float = option(1.0, "Subtracted from the log-probability of a character that breaks a soft rule.",
+                                 above=0.0)
 
 
 TASK = Task(

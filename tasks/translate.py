@@ -14,8 +14,8 @@ from pathlib import Path
 
 import sacrebleu
 
-from taskformer import (DataError, Task, TaskData, cross_attention, find_file, hookimpl, read_parallel, subword,
-                        translation_metrics)
+from taskformer import (DataError, Task, TaskData, cross_attention, find_file, hookimpl, option, read_parallel,
+                        subword, translation_metrics)
 
 FILES = {"train": "train", "val": "val", "test": "test_2016_flickr"}  # split -> file stem of the release
 HUB = "bentrevett/multi30k"
@@ -26,15 +26,9 @@ class Options:
     """The ``data`` options: the size of the joint de+en vocabulary and its kind, and how many train
     pairs to use (0: all)."""
 
-    vocab_size: int = 10000
-    tokenizer: str = "bpe"
-    max_train: int = 0
-
-    def validate(self) -> None:
-        if self.max_train < 0 or self.vocab_size < 100:
-            raise ValueError("data.max_train must be >= 0 and data.vocab_size >= 100")
-        if self.tokenizer not in ("bpe", "unigram", "wordpiece"):
-            raise ValueError(f"data.tokenizer must be bpe, unigram or wordpiece, not {self.tokenizer!r}")
+    vocab_size: int = option(10000, "Size of the joint source+target vocabulary.", at_least=100)
+    tokenizer: str = option("bpe", "Subword tokenizer kind.", choices=("bpe", "unigram", "wordpiece"))
+    max_train: int = option(0, "Train pairs used; 0: all.", at_least=0)
 
 
 TASK = Task(

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from taskformer import (CJK, DataError, Task, TaskData, cross_attention, find_file, hookimpl, read_tsv, subword,
-                        translation_metrics)
+from taskformer import (CJK, DataError, Task, TaskData, cross_attention, find_file, hookimpl, option, read_tsv,
+                        subword, translation_metrics)
 
 FILES = {"train": "train.txt", "val": "dev.txt", "test": "test.txt"}
 WHERE = ("translate-en-zh needs --data-dir DIR with train.txt, dev.txt and test.txt (plain or .gz), one "
@@ -33,13 +33,9 @@ class Options:
     """The ``data`` options: the size of the joint en+zh vocabulary, and whether Chinese is split
     into ``characters`` (default) or left to BPE as ``subword`` pieces."""
 
-    vocab_size: int = 8000
-    chinese: str = "characters"
-
-    def validate(self) -> None:
-        if self.vocab_size < 100 or self.chinese not in ("characters", "subword"):
-            raise ValueError(f"data.vocab_size must be >= 100 and data.chinese characters or subword, "
-                             f"not {self.vocab_size} and {self.chinese!r}")
+    vocab_size: int = option(8000, "Size of the joint en+zh vocabulary.", at_least=100)
+    chinese: str = option("characters", "Split Chinese into characters, or leave it to BPE as subword pieces.",
+                          choices=("characters", "subword"))
 
 
 TASK = Task(

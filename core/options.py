@@ -1,0 +1,95 @@
+"""Config options that describe themselves: a dataclass field with its help text and allowed range.
+
+Every option of the ``model``, ``train``, ``decode`` and ``data`` sections is made by
+:func:`option`, so the text of ``taskformer config``, the CLI's help and ``docs/config.md`` and the
+range checks that refuse a bad value all come from one place: the field's metadata.
+
+    @dataclass
+    class Options:
+        length: int = option(8, "Digits per sequence.", at_least=1)
+        tokenizer: str = option("bpe", "Tokenizer kind.", choices=("bpe", "wordpiece"))
+"""
+from __future__ import annotations
+
+from dataclasses import MISSING, Field, field, fields
+from typing import Any
+
+
+def option(default: Any, help: str, *, at_least: float | None = None, above: float | None = None,
+           below: float | None = None, at_most: float | None = None, choices: tuple | None = None,
+           variants: tuple[str, ...] | None = None) -> Any:
+    """A dataclass field with a default, its ``help`` and the values it accepts.
+
+    ``at_least``/``above`` bound it from below (inclusive/exclusive), ``at_most``/``below`` from above;
+    ``choices`` lists the accepted values. ``variants`` names the model variants the option applies
+    to (``None``: all): ``taskformer config`` leaves the others out.
+    """
+    meta = {"help": help, "at_least": at_least, "above": above, "below": below, "at_most": at_most,
+            "choices": choices, "variants": variants}
+    return field(default=default, metadata={k: v for k, v in meta.items() if v is not None})
+
+
+def _either(values) -> str:
+    words = [str(v) for v in values]
+    return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0]
+
+
+def allowed(f: Field) -> str:
+    """The values ``f`` accepts, in words: ``at least 1``, ``[0, 1)``, ``beam or greedy``; ``""`` if any."""
+    m = f.metadata
+    if "choices" in m:
+        return _either(m["choices"])
+    low = ("[", f"{m['at_least']:g}") if "at_least" in m else ("(", f"{m['above']:g}") if "above" in m else None
+    high = ("]", f"{m['at_most']:g}") if "at_most" in m else (")", f"{m['below']:g}") if "below" in m else None
+    if low and high:
+        return f"{low[0]}{low[1]}, {high[1]}{high[0]}"
+    if low:
+        return f"{'at least' if low[0] == '[' else 'above'} {low[1]}"
+    if high:
+        return f"{'at most' if high[0] == ']' else 'below'} {high[1]}"
+    return ""
+
+
+def _refusal(f: Field, value) -> str | None:
+    """Why ``value`` is not allowed for ``f`` (``None``: it is)."""
+    m = f.metadata
+    if "choices" in m:
+        return None if value in m["choices"] else f"must be {_either(m['choices'])}, not {value!r}"
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    inside = (m.get("at_least", value) <= value and m.get("at_most", value) >= value
+              and ("above" not in m or value > m["above"]) and ("below" not in m or value < m["below"]))
+    if inside:
+        return None
+    if "at_least" in m and not any(k in m for k in ("at_most", "below")):
+        bound = m["at_least"]
+        return f"must not be negative, got {value}" if bound == 0 else f"must be at least {bound:g}, got {value}"
+    if m.get("above") == 0 and not any(k in m for k in ("at_most", "below")):
+        return f"must be {'positive' if isinstance(value, int) else 'a positive number'}, got {value}"
+    span = allowed(f)
+    return f"must be {'a fraction in ' if span in ('[0, 1)', '(0, 1)') else 'in '}{span}, got {value}"
+
+
+def check(section: str, options) -> None:
+    """Refuse (``ValueError``) any field of the dataclass ``options`` outside its declared range."""
+    for f in fields(options):
+        if why := _refusal(f, getattr(options, f.name)):
+            raise ValueError(f"{section}.{f.name} {why}")
+
+
+def describe(section: str, kind: type, current=None, variant: str | None = None) -> list[dict]:
+    """One entry per option of the dataclass ``kind``: key, type, default, value, allowed range, help.
+
+    ``current`` is an instance (or dict) whose values are reported as ``value`` (default: the
+    defaults). Options whose ``variants`` exclude ``variant`` are left out.
+    """
+    rows = []
+    for f in fields(kind):
+        if variant and variant not in f.metadata.get("variants", (variant,)):
+            continue
+        default = f.default if f.default is not MISSING else None if f.default_factory is MISSING else f.default_factory()
+        value = current.get(f.name, default) if isinstance(current, dict) else getattr(current, f.name, default)
+        kind_name = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        rows.append({"key": f"{section}.{f.name}", "type": kind_name, "default": default, "value": value,
+                     "allowed": allowed(f), "help": f.metadata.get("help", "")})
+    return rows
