@@ -40,9 +40,11 @@ class Task:
     per input) or ``"tagging"`` (an encoder-only model with one label per input word). ``metric``
     names the key of the metrics dict that selects the best checkpoint (``higher_is_better`` tells
     which way); a tagging task may pick the core's ``token_accuracy``.
-    ``data_options`` is a dataclass of the task's ``data`` section: one field per option, each with
-    a default (``--set data.KEY=VALUE`` changes it; unknown keys and wrong types are refused before
-    any work starts), and a ``validate()`` that raises ``ValueError`` for a bad value. Options that
+    ``data_options`` is a dataclass of the task's ``data`` section: one field per option, each made
+    by :func:`taskformer.option` with its default, help and allowed range (``--set data.KEY=VALUE``
+    changes it; unknown keys, wrong types and values out of range are refused before any work
+    starts; ``taskformer config TASK`` lists them), and optionally a ``validate()`` that raises
+    ``ValueError`` for a combination no single field can refuse. Options that
     make the data themselves (not read from files) may also state its size with ``footprint()``,
     returning ``{"vocab_size": ..., "tokens": ...}`` (the vocabulary and the tokens of every split,
     roughly): a size that cannot fit in the machine's memory is then refused before the data is made.
@@ -73,11 +75,7 @@ def taskformer_tasks():
 
         @dataclass
         class Options:
-            length: int = 8
-
-            def validate(self):
-                if self.length < 1:
-                    raise ValueError(f"data.length must be at least 1, got {self.length}")
+            length: int = option(8, "Digits per sequence.", at_least=1)
 
         @hookimpl
         def taskformer_tasks():

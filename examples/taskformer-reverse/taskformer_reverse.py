@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import click
 from rich.table import Table
 
-from taskformer import PAD, Task, TaskData, hookimpl, search, symbols
+from taskformer import PAD, Task, TaskData, hookimpl, option, search, symbols
 
 DIGITS = list("0123456789")
 
@@ -19,12 +19,8 @@ DIGITS = list("0123456789")
 class Options:
     """The task's ``data`` options: ``--set data.length=8`` changes one."""
 
-    length: int = 6
-    train_size: int = 4000
-
-    def validate(self):
-        if self.length < 1 or self.train_size < 1:
-            raise ValueError("data.length and data.train_size must be at least 1")
+    length: int = option(6, "Digits per sequence.", at_least=1)
+    train_size: int = option(4000, "Training sequences.", at_least=1)
 
 
 TASK = Task(
