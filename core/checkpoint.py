@@ -28,6 +28,7 @@ import os
 import shutil
 import stat
 import tempfile
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -62,6 +63,31 @@ def locked(run_dir: Path):
         yield
     finally:
         os.close(fd)
+
+
+MARKER = ".taskformer-run"  # in a run directory: {"taskformer_run": RUN_ID}, the first file a run writes
+
+
+def mark_run(run_dir: Path) -> str:
+    """Claim a new, empty run directory: write the marker with a fresh run id (the one config.json's
+    binding records) before any other file. Only a folder holding it is ever cleared by taskformer."""
+    run_id = uuid.uuid4().hex
+    write_json(Path(run_dir) / MARKER, {"taskformer_run": run_id})
+    return run_id
+
+
+def run_mark(run_dir: Path) -> str | None:
+    """The run id in ``run_dir``'s marker, or None where there is no marker taskformer wrote (a
+    link, a non-regular file or anything but our one-key JSON is not ours)."""
+    path = Path(run_dir) / MARKER
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+        mark = json.loads(read_bytes(path, limit=4096))
+    except (OSError, TaskformerError, ValueError):
+        return None
+    run_id = mark.get("taskformer_run") if isinstance(mark, dict) and len(mark) == 1 else None
+    return run_id if isinstance(run_id, str) and len(run_id) == 32 and set(run_id) <= set("0123456789abcdef") else None
 
 
 def is_locked(run_dir: Path) -> bool:

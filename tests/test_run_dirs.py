@@ -138,3 +138,60 @@ def test_the_first_interrupt_drops_a_long_validation_and_leaves_the_checkpoints_
     assert not [e for e in events if e.get("event") == "eval" and e["step"] == 2]  # it did not wait for the end
     assert list((out / "checkpoints").glob("step-*")) and not list((out / "checkpoints").glob(".tmp-*"))
     assert load_file(sorted((out / "checkpoints").glob("step-*"))[-1] / "model.safetensors")
+
+
+def tree(folder):
+    """Every path under ``folder`` with its bytes (None for a folder): to show that nothing changed."""
+    return {str(p.relative_to(folder)): None if p.is_dir() else p.read_bytes() for p in sorted(folder.rglob("*"))}
+
+
+SOMEONE_ELSES = {
+    "a Hugging Face model folder": {"config.json": '{"model_type": "bert"}', "tokenizer.json": '{"version": "1.0"}',
+                                    "model.safetensors": "weights"},
+    "another tool's config.json": {"config.json": '{"task": "copy", "config": {"model": {}}}'},
+    "a lone metrics.jsonl": {"metrics.jsonl": '{"loss": 1.0}\n'},
+    "a user's checkpoints tree": {"checkpoints/epoch-1/weights.safetensors": "w", "checkpoints/notes.txt": "mine"},
+    "the files of a run, without taskformer's marker": {"config.json": "{}", "tokenizer.json": "{}",
+                                                        "metrics.jsonl": "", "checkpoints/.keep": ""},
+}
+
+
+@pytest.mark.parametrize("files", SOMEONE_ELSES.values(), ids=SOMEONE_ELSES)
+def test_out_never_clears_a_folder_taskformer_did_not_mark(cli, tmp_path, files):
+    folder = tmp_path / "theirs"
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    before = tree(folder)
+    result = cli("run", "copy", "--out", str(folder), *TINY)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("Error:") and len(result.stderr.strip().splitlines()) == 1
+    assert "nothing in it was changed" in result.stderr
+    assert tree(folder) == before
+
+
+def test_a_run_is_marked_before_anything_else_and_only_a_marked_one_starts_afresh(cli, tmp_path):
+    out = tmp_path / "r"
+    first = cli("run", "copy", "--out", str(out), *TINY, "--set", "train.lr=1e30", "--set", "train.warmup=0",
+                "--set", "train.clip=0")
+    assert first.exit_code == 2  # diverged before its first checkpoint: a marked run a new one may replace
+    run_id = json.loads((out / ".taskformer-run").read_text())["taskformer_run"]
+    assert json.loads((out / "config.json").read_text())["binding"]["run"] == run_id
+    (out / ".taskformer-run").unlink()  # the same files, unmarked (as a run of an older version): never cleared
+    before = tree(out)
+    again = cli("run", "copy", "--out", str(out), *TINY)
+    assert again.exit_code == 2 and "already holds a run" in again.stderr and tree(out) == before
+
+
+def test_a_run_written_before_the_marker_still_loads_and_is_never_cleared(finished, cli, tmp_path):
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(finished, old)
+    (old / ".taskformer-run").unlink()
+    before = tree(old)
+    predicted = cli("predict", str(old), "1 2 3")
+    assert predicted.exit_code == 0 and predicted.stdout.count("\n") == 1, predicted.output
+    again = cli("run", "copy", "--out", str(old), *TINY)
+    assert again.exit_code == 2 and "already holds a run" in again.stderr
+    assert tree(old) == before

@@ -20,7 +20,6 @@ import shutil
 import signal
 import sys
 import time
-import uuid
 import warnings
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
@@ -416,7 +415,7 @@ def make_dir(path: Path, exist_ok: bool) -> bool:
         raise TaskformerError(f"{path}: cannot create the run directory ({e.strerror})") from None
 
 
-STARTED = {"config.json", "tokenizer.json", "metrics.jsonl", "checkpoints"}  # what a run writes before a checkpoint
+STARTED = {ckpt.MARKER, "config.json", "tokenizer.json", "metrics.jsonl", "checkpoints"}  # written before a checkpoint
 
 
 def failed_before_checkpoint(path: Path) -> list[Path] | None:
@@ -433,21 +432,38 @@ def failed_before_checkpoint(path: Path) -> list[Path] | None:
     return left
 
 
+def holds_run(path: Path) -> bool:
+    """Whether ``path`` is a taskformer run: it carries our marker, or (runs written before the marker)
+    a taskformer config.json recording a run id. Only a marked run is ever cleared."""
+    if ckpt.run_mark(path):
+        return True
+    try:
+        binding = read_run_config(path).get("binding")
+    except TaskformerError:
+        return False
+    return isinstance(binding, dict) and isinstance(binding.get("run"), str)
+
+
 def new_run_dir(task: str, out: str | None, lock: ExitStack) -> Path:
-    """The run directory, created and locked for this process (see :func:`checkpoint.locked`)."""
+    """The run directory, created, locked for this process (see :func:`checkpoint.locked`) and
+    marked as ours (:func:`checkpoint.mark_run`). ``--out`` may name a new or empty folder, or a
+    marked run that stopped before its first checkpoint (it starts afresh); anything else is refused
+    with nothing in it changed: a folder is never cleared because its files look like a run's."""
     path = Path(out) if out else default_run_dir(task)
     make_dir(path, exist_ok=True)
     lock.enter_context(ckpt.locked(path))
-    for left in failed_before_checkpoint(path) or []:  # start afresh
+    for left in (failed_before_checkpoint(path) or []) if ckpt.run_mark(path) else []:  # start afresh
         if left.is_dir() and not left.is_symlink():
             shutil.rmtree(left)
         else:
             left.unlink()
-    if (path / "config.json").exists():
-        raise TaskformerError(f"{path} already holds a run; choose another --out or resume it with --resume {path}")
+    if holds_run(path):
+        raise TaskformerError(f"{path} already holds a run; choose another --out or resume it with --resume {path} "
+                              "(nothing in it was changed)")
     if any(path.iterdir()):
         raise TaskformerError(f"{path} is not empty and holds no taskformer run; --out must name a new or empty "
                               "folder (nothing in it was changed)")
+    ckpt.mark_run(path)
     return path
 
 
@@ -522,7 +538,7 @@ def _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, r
     model = build_model(task, config, data.tokenizer.get_vocab_size(), data.labels, training=True).to(device)
     if not resume and shard[0] == 0:
         data.tokenizer.save(str(run_dir / "tokenizer.json"))
-        binding = {"run": uuid.uuid4().hex, "tokenizer_sha256": ckpt.sha256(run_dir / "tokenizer.json")}
+        binding = {"run": ckpt.run_mark(run_dir), "tokenizer_sha256": ckpt.sha256(run_dir / "tokenizer.json")}
         stamp = {"task": task.name, **binding}
         ckpt.write_json(run_dir / "config.json", {"task": task.name, "labels": data.labels,
                                                    "config": config.to_dict(), "data_dir": data_dir,
@@ -644,6 +660,10 @@ def bound_files(run_dir: Path, saved: dict) -> dict[str, str] | None:
     if not isinstance(binding, dict) or not all(isinstance(binding.get(k), str) for k in ("run", "tokenizer_sha256")):
         raise TaskformerError(f"{run_dir / 'config.json'}: damaged 'binding' record (expected a run id and the "
                               "tokenizer's SHA-256)")
+    marked = ckpt.run_mark(run_dir)
+    if marked and marked != binding["run"]:
+        raise TaskformerError(f"{run_dir / 'config.json'}: the config of another run (run id {binding['run'][:12]}, "
+                              f"but this run directory is run {marked[:12]}); put the run's own config.json back")
     path = run_dir / "tokenizer.json"
     if hashlib.sha256(ckpt.read_bytes(path)).hexdigest() != binding["tokenizer_sha256"]:  # bounded read
         raise TaskformerError(f"{path}: not the tokenizer this run was trained with (its SHA-256 differs from the "
