@@ -24,7 +24,7 @@ from .decoding import DecodeConfig
 from .engine import TrainConfig
 from .errors import TaskformerError
 from .model import ModelConfig, Section
-from .options import check
+from .options import check, describe
 
 
 @dataclass
@@ -76,6 +76,35 @@ def defaults(task) -> dict:
                               f"for every field ({e})") from None
     cfg["model"]["variant"] = task.variant
     return merge(cfg, task.defaults, f"task {task.name!r} defaults")
+
+
+def reference(task, config: RunConfig | None = None) -> list[dict]:
+    """Every option of ``task``'s config (key, type, the task's default, the value in ``config``,
+    allowed range, help), from the dataclasses' field metadata. Options that do not apply to the
+    task's variant (a tagger's beam size) are left out."""
+    base = defaults(task)
+    values = config.to_dict() if config else base
+    return [row for name, kind in section_types(task).items()
+            for row in describe(name, kind, values[name], base[name], task.variant)]
+
+
+def toml_value(value) -> str:
+    """``value`` as TOML writes it (strings quoted, booleans lower-case)."""
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, (str, bool)) else repr(value)
+
+
+def as_toml(rows: list[dict]) -> str:
+    """The rows of :func:`reference` as a commented TOML file that ``--config`` reads back: each key
+    with its help, type, allowed range and default above it."""
+    lines, section = [], None
+    for row in rows:
+        name, key = row["key"].split(".", 1)
+        if name != section:
+            lines += ([""] if section else []) + [f"[{name}]"]
+            section = name
+        facts = ", ".join(x for x in (row["type"], row["allowed"], f"default {toml_value(row['default'])}") if x)
+        lines += [f"# {row['help']} ({facts})" if row["help"] else f"# ({facts})", f"{key} = {toml_value(row['value'])}"]
+    return "\n".join(lines) + "\n"
 
 
 def build(task, cfg: dict) -> RunConfig:
@@ -137,7 +166,8 @@ def merge(cfg: dict, updates: dict, source: str) -> dict:
             if key not in cfg[section]:
                 hint = difflib.get_close_matches(key, cfg[section], n=1)
                 raise TaskformerError(f"{source}: unknown config key {name!r}"
-                                      + (f" (did you mean '{section}.{hint[0]}'?)" if hint else ""))
+                                      + (f" (did you mean '{section}.{hint[0]}'?)" if hint else "")
+                                      + f"; the {section} keys: {', '.join(cfg[section])}")
             cfg[section][key] = _coerce(value, cfg[section][key], name)
     return cfg
 

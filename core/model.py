@@ -132,6 +132,7 @@ class MultiHeadAttention(nn.Module):
         self.h, self.d = n_heads, d_model
         self.in_proj = nn.Linear(d_model, 3 * d_model)
         self.out_proj = nn.Linear(d_model, d_model)
+        self.q_proj = self.kv_proj = None  # cross-attention's rows of in_proj as modules: see split_cross()
         self.dropout = dropout
         self.keep_weights = False  # set by Transformer.attention_maps() to record softmax weights
         self.weights: torch.Tensor | None = None
@@ -149,7 +150,7 @@ class MultiHeadAttention(nn.Module):
         n, new = cache.get("length", 0), k.size(2)
         if "k" not in cache or n + new > cache["k"].size(2):
             for name, x in (("k", k), ("v", v)):
-                grown = x.new_empty(x.size(0), x.size(1), max(2 * (n + new), 16), x.size(3))
+                grown = x.new_empty(x.size(0), x.size(1), max(2 * (n + new), 16, cache.get("room", 0)), x.size(3))
                 if n:
                     grown[:, :, :n] = cache[name][:, :, :n]
                 cache[name] = grown
@@ -157,28 +158,48 @@ class MultiHeadAttention(nn.Module):
         cache["length"] = n + new
         return cache["k"][:, :, : n + new], cache["v"][:, :, : n + new]
 
+    def split_cross(self) -> None:
+        """Give cross-attention's query rows and key/value rows of ``in_proj`` their own ``nn.Linear``
+        (copies), for an inference copy of the model: int8 quantization replaces whole modules. The
+        saved weights keep the one ``in_proj``."""
+        (w_q, w_kv), (b_q, b_kv) = (t.detach().split([self.d, 2 * self.d]) for t in (self.in_proj.weight, self.in_proj.bias))
+        self.q_proj, self.kv_proj = nn.Linear(self.d, self.d), nn.Linear(self.d, 2 * self.d)
+        with torch.no_grad():
+            for lin, w, b in ((self.q_proj, w_q, b_q), (self.kv_proj, w_kv, b_kv)):
+                lin.weight.copy_(w)
+                lin.bias.copy_(b)
+
+    def _cross_projections(self):
+        if self.q_proj is not None:
+            return self.q_proj, self.kv_proj
+        (w_q, w_kv), (b_q, b_kv) = (t.split([self.d, 2 * self.d]) for t in (self.in_proj.weight, self.in_proj.bias))
+        return (lambda x: F.linear(x, w_q, b_q)), (lambda m: F.linear(m, w_kv, b_kv))
+
     def forward(self, x, memory=None, mask=None, causal=False, cache=None):
         if memory is None:  # self-attention: q, k, v all from x
             q, k, v = map(self._heads, self.in_proj(x).chunk(3, dim=-1))
             if cache is not None:
                 k, v = self._append(cache, k, v)
         else:  # cross-attention: keys/values of the memory never change while decoding
-            w_q, w_kv = self.in_proj.weight.split([self.d, 2 * self.d])
-            b_q, b_kv = self.in_proj.bias.split([self.d, 2 * self.d])
-            q = self._heads(F.linear(x, w_q, b_q))
+            q_proj, kv_proj = self._cross_projections()
+            q = self._heads(q_proj(x))
             if cache is not None and "k" in cache:
                 k, v = cache["k"], cache["v"]
             else:
-                k, v = map(self._heads, F.linear(memory, w_kv, b_kv).chunk(2, dim=-1))
+                k, v = map(self._heads, kv_proj(memory).chunk(2, dim=-1))
                 if cache is not None:  # contiguous once, so that every later step reads them without a copy
                     k, v = cache["k"], cache["v"] = k.contiguous(), v.contiguous()
+        single = q.size(-2) == 1
+        group = q.size(0) // k.size(0)
+        if group > 1:  # beam search: the K hypotheses of a sentence query its keys, held once, together
+            q = q.unflatten(0, (-1, group)).transpose(1, 2).flatten(2, 3)  # (B, H, K * T, D/H)
         if self.keep_weights:  # slow path, only for plotting attention
             scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
             if mask is not None:
                 scores = scores.masked_fill(~mask, float("-inf"))
             self.weights = scores.softmax(-1).mean(1).detach()
         dropout = self.dropout if self.training else 0.0
-        if q.size(-2) == 1 and dropout == 0.0 and q.device.type == "cpu":
+        if single and dropout == 0.0 and q.device.type == "cpu":
             # One query per row, as in every cached decoding step: two small batched matmuls beat the
             # fused kernel's set-up on CPU (1.8x in fp32, 3.9x in bf16 for 128 x 8 heads x 24 keys).
             # The softmax runs in fp32, as inside the fused kernel.
@@ -194,6 +215,8 @@ class MultiHeadAttention(nn.Module):
                                                      is_causal=causal, dropout_p=dropout).to(q.dtype)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout)
+        if group > 1:
+            out = out.unflatten(2, (group, -1)).transpose(1, 2).flatten(0, 1)  # back to (B * K, H, T, D/H)
         return self.out_proj(out.transpose(1, 2).flatten(2))
 
 
@@ -346,22 +369,24 @@ class Transformer(nn.Module):
                       cache=None if cache is None else cache[i])
         return self.dec_norm(x)
 
-    def new_cache(self) -> list[dict]:
-        """An empty key/value cache: one dict per decoder layer (self-attention grows, cross is fixed)."""
-        return [{"self": {}, "cross": {}} for _ in self.decoder]
+    def new_cache(self, steps: int = 0) -> list[dict]:
+        """An empty key/value cache: one dict per decoder layer (self-attention grows, cross is fixed).
+
+        ``steps``, the longest search, sizes the self-attention buffers once at the first step.
+        """
+        return [{"self": {"room": steps}, "cross": {}} for _ in self.decoder]
 
     @staticmethod
-    def reorder_cache(cache: list[dict], index: torch.Tensor) -> None:
-        """Keep the self-attention rows of the surviving beam hypotheses.
+    def reorder_cache(cache: list[dict], index: torch.Tensor, sentences: torch.Tensor | None = None) -> None:
+        """Keep the self-attention rows ``index`` (the surviving beam hypotheses, or the unfinished rows).
 
-        Cross-attention keys/values are left alone: beams only move within their own sentence, whose
-        rows all hold the same encoder memory.
+        Cross-attention keys/values are held once per sentence and change only when ``sentences``
+        says which sentences are kept: beams move within their own sentence.
         """
         for layer in cache:
-            part = layer["self"]
-            for key in ("k", "v"):
-                if key in part:
-                    part[key] = part[key].index_select(0, index)
+            for part, rows in ((layer["self"], index), (layer["cross"], sentences)):
+                if rows is not None and "k" in part:
+                    part["k"], part["v"] = part["k"].index_select(0, rows), part["v"].index_select(0, rows)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor | None = None) -> torch.Tensor:
         memory, mask = self.encode(src)

@@ -11,7 +11,7 @@ range checks that refuse a bad value all come from one place: the field's metada
 """
 from __future__ import annotations
 
-from dataclasses import MISSING, Field, field, fields
+from dataclasses import Field, field, fields
 from typing import Any
 
 
@@ -77,19 +77,17 @@ def check(section: str, options) -> None:
             raise ValueError(f"{section}.{f.name} {why}")
 
 
-def describe(section: str, kind: type, current=None, variant: str | None = None) -> list[dict]:
+def describe(section: str, kind: type, values: dict, defaults: dict, variant: str | None = None) -> list[dict]:
     """One entry per option of the dataclass ``kind``: key, type, default, value, allowed range, help.
 
-    ``current`` is an instance (or dict) whose values are reported as ``value`` (default: the
-    defaults). Options whose ``variants`` exclude ``variant`` are left out.
+    ``values`` and ``defaults`` map field names to the current and the default value (a task's
+    defaults differ from the dataclass's). Options whose ``variants`` exclude ``variant`` are left out.
     """
     rows = []
     for f in fields(kind):
         if variant and variant not in f.metadata.get("variants", (variant,)):
             continue
-        default = f.default if f.default is not MISSING else None if f.default_factory is MISSING else f.default_factory()
-        value = current.get(f.name, default) if isinstance(current, dict) else getattr(current, f.name, default)
-        kind_name = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-        rows.append({"key": f"{section}.{f.name}", "type": kind_name, "default": default, "value": value,
-                     "allowed": allowed(f), "help": f.metadata.get("help", "")})
+        type_name = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        rows.append({"key": f"{section}.{f.name}", "type": type_name, "default": defaults.get(f.name),
+                     "value": values.get(f.name), "allowed": allowed(f), "help": f.metadata.get("help", "")})
     return rows

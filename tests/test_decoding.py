@@ -25,6 +25,44 @@ def test_cached_and_uncached_greedy_give_the_same_tokens():
         assert any(len(x) > 3 for x in fast)  # the comparison covers real multi-step outputs
 
 
+@torch.no_grad()
+def test_rows_that_finish_leave_the_batch_without_changing_any_output():
+    """A constraint keeps every row in the batch (it reads rows by position); the plain search drops
+    rows and sentences as they end. Both must give the same outputs, of varied lengths."""
+    def keep_all(step, prefix, logp):
+        return logp
+
+    for seed in range(3):
+        model, src = model_and_src(seed)
+        model.head.proj.bias[EOS] += 1.0  # rows end at different steps
+        limit = torch.tensor([4, 7, 3, 6, 9, 8])
+        greedy = decoding.greedy(model, src, limit)
+        assert greedy == decoding.greedy(model, src, limit, constraint=keep_all)
+        assert len({len(x) for x in greedy}) > 2
+        assert decoding.beam_search(model, src, limit, beam=3) == decoding.beam_search(model, src, limit, beam=3,
+                                                                                        constraint=keep_all)
+
+
+def test_int8_decoding_follows_the_fp32_model_and_leaves_it_alone():
+    from taskformer.core import quantize
+
+    model, src = model_and_src(0, batch=32)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    limit = torch.full((src.size(0),), 12)
+    int8 = quantize.for_decoding(model, "int8")
+    assert int8 is not model and quantize.for_decoding(model, "none") is model
+    assert quantize.for_decoding(model, "int8") is int8  # one copy while the weights stay the same
+    # the first token of every row, from the same encoder states: int8 may flip a near tie, rarely
+    first = [x[:1] for x in decoding.greedy(int8, src, torch.ones_like(limit))]
+    assert sum(a == b for a, b in zip(first, [x[:1] for x in decoding.greedy(model, src, torch.ones_like(limit))])) >= 28
+    assert [len(x) for x in decoding.beam_search(int8, src, limit, beam=3, ignore_eos=True)] == limit.tolist()
+    assert model.state_dict().keys() == weights.keys()
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    with torch.no_grad():
+        model.head.proj.bias.add_(0.1)  # new weights (a training step): a new copy
+    assert quantize.for_decoding(model, "int8") is not int8
+
+
 def test_beam_of_one_equals_greedy():
     for seed in range(3):
         model, src = model_and_src(seed)
@@ -163,7 +201,10 @@ class Recording(torch.nn.Module):
         self.mask = (src != 0).repeat_interleave(rows_per_source, 0).view(-1, 1, 1, src.size(1))
 
     def forward(self, hidden, src_mask):
-        assert hidden.dim() == 3 and torch.equal(src_mask, self.mask)
+        # every row's own source mask: the whole batch at first, then the rows still searched
+        assert hidden.dim() == 3 and hidden.size(0) == src_mask.size(0)
+        assert torch.equal(src_mask, self.mask) if self.calls == 0 else all(
+            any(torch.equal(row, m) for m in self.mask) for row in src_mask)
         self.calls += 1
         return self.head(hidden, src_mask)
 

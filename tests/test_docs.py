@@ -1,10 +1,10 @@
-"""docs/plugins.md cannot drift: its hook reference is generated, its tutorial is the example plugin."""
+"""docs/plugins.md and docs/config.md cannot drift: their references are generated, the tutorial is the example plugin."""
 import re
 from pathlib import Path
 
 from taskformer.app import scaffold
 from taskformer.core.tokenize import check_specials
-from taskformer.plugins.docs import MARKER, hook_reference
+from taskformer.plugins.docs import MARKER, config_reference, hook_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "plugins.md").read_text(encoding="utf-8")
@@ -48,3 +48,10 @@ def test_the_tokenizer_snippet_runs_and_keeps_the_special_ids():
     namespace = {}
     exec(compile(snippets[0], "docs/plugins.md", "exec"), namespace)
     check_specials(namespace["tokenizer"])
+
+
+def test_config_reference_matches_the_field_metadata():
+    assert (ROOT / "docs" / "config.md").read_text(encoding="utf-8") == config_reference(), \
+        "regenerate with: python -m taskformer.plugins.docs docs/config.md"
+    for key in ("model.d_model", "train.max_steps", "decode.beam", "data.vocab_size", "decode.tone_penalty"):
+        assert f"- `{key}` (" in config_reference()

@@ -19,7 +19,7 @@ from rich.table import Table
 from ..core import config as C
 from ..core import progress
 from ..core.errors import TaskformerError
-from . import distributed, report, runner, scaffold
+from . import distributed, plan, report, runner, scaffold
 from ..plugins.manager import plugins
 
 
@@ -73,6 +73,27 @@ def tasks_cmd() -> None:
         click.echo(f"warning: plugin {name!r} {why}", err=True)
 
 
+@main.command("config")
+@click.argument("task")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML or JSON config file.")
+@click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override one config value.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: every option's key, type, default, value, "
+                                                        "allowed range and help.")
+def config_cmd(task, config_file, overrides, as_json) -> None:
+    """Print TASK's merged config: every key with its type, default, value, allowed range and help.
+
+    The text is a TOML file that --config reads back; docs/config.md lists the same for every task.
+    """
+    chosen = plugins().task(task)
+    rows = C.reference(chosen, runner.make_config(chosen, config_file, list(overrides), None))
+    if as_json:
+        click.echo(json.dumps({"task": chosen.name, "variant": chosen.variant, "options": rows}, indent=2,
+                              ensure_ascii=False))
+    else:
+        click.echo(f"# taskformer config {chosen.name} ({chosen.variant}): every option, its help and range\n")
+        click.echo(C.as_toml(rows), nl=False)
+
+
 @main.command("run")
 @click.argument("task", required=False)
 @click.option("--data-dir", type=click.Path(file_okay=False), help="Folder with the task's data files.")
@@ -84,10 +105,19 @@ def tasks_cmd() -> None:
 @click.option("--resume", type=click.Path(file_okay=False), help="Continue an interrupted run directory.")
 @click.option("--nproc", type=click.IntRange(min=1), default=1, help="Training processes (DistributedDataParallel).")
 @click.option("--quiet", is_flag=True, help="No progress display.")
-def run_cmd(task, data_dir, out, time_limit, seed, config_file, overrides, resume, nproc, quiet) -> None:
+@click.option("--dry-run", is_flag=True, help="Check data, config and memory and print what would run; train nothing "
+                                                "and write no run directory.")
+def run_cmd(task, data_dir, out, time_limit, seed, config_file, overrides, resume, nproc, quiet, dry_run) -> None:
     """Train TASK, evaluate the best checkpoint on val and test, and print the report."""
     if not task and not resume:
         raise click.UsageError("give a TASK to run, or --resume RUN_DIR")
+    if dry_run:
+        if resume:
+            raise TaskformerError("--dry-run checks a new run; it cannot be given with --resume")
+        with report.ProgressDisplay(quiet) as display, progress.listening(display):
+            checked = plan.dry_run(task, data_dir, config_file, overrides, seed, time_limit)
+        click.echo(plan.describe(checked))
+        return
     if resume:
         given = [name for name, value in (("TASK", task), ("--data-dir", data_dir), ("--out", out),
                                           ("--time-limit", time_limit), ("--seed", seed), ("--config", config_file),
