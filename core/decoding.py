@@ -19,6 +19,7 @@ import torch
 
 from .model import BOS, EOS, PAD, Section, Transformer
 from .options import check, option
+from .quantize import QUANTIZE
 
 Constraint = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
 Item, Result = TypeVar("Item"), TypeVar("Result")
@@ -55,23 +56,27 @@ def argmax(x: torch.Tensor, block: int = 64) -> torch.Tensor:
     return top * block + blocks[torch.arange(n, device=x.device), top].argmax(-1)
 
 
+_DROP_FINISHED = True  # rows that finished leave the batch; bench/speed.py turns it off to measure it
+
+
 class Memory(NamedTuple):
-    """The encoded source: states (B, S, D), the key mask (B, 1, 1, S) that the head receives, and the
-    mask cross-attention uses: ``None`` when no row is padded (length-sorted batches often are not),
-    which lets it take its faster unmasked path."""
+    """The encoded source, once per sentence: states (B, S, D) and the mask cross-attention uses
+    (``None`` when no row is padded, as length-sorted batches often are not, for its faster unmasked
+    path); and the key mask of every search row (B * K, 1, 1, S), the one the head receives."""
 
     states: torch.Tensor
     mask: torch.Tensor
     cross_mask: torch.Tensor | None
 
     @classmethod
-    def of(cls, model: Transformer, src: torch.Tensor) -> Memory:
+    def of(cls, model: Transformer, src: torch.Tensor, rows_per_sentence: int = 1) -> Memory:
         states, mask = model.encode(src)
-        return cls(states, mask, None if bool(mask.all()) else mask)
+        return cls(states, mask.repeat_interleave(rows_per_sentence, 0), None if bool(mask.all()) else mask)
 
-    def rows(self, index: torch.Tensor) -> Memory:
-        """The memory of rows ``index`` (beam search repeats each sentence's)."""
-        return Memory(self.states[index], self.mask[index], None if self.cross_mask is None else self.cross_mask[index])
+    def rows(self, rows: torch.Tensor, sentences: torch.Tensor) -> Memory:
+        """The memory of search rows ``rows``, which belong to ``sentences``."""
+        cross = None if self.cross_mask is None else self.cross_mask[sentences]
+        return Memory(self.states[sentences], self.mask[rows], cross)
 
 
 def _next_logprobs(model, ys, memory: Memory, cache, step, limit, ignore_eos, constraint, normalize=True):
@@ -93,29 +98,47 @@ def _next_logprobs(model, ys, memory: Memory, cache, step, limit, ignore_eos, co
     return logp if constraint is None else constraint(step, ys, logp)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def greedy(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, constraint: Constraint | None = None,
            use_cache: bool = True, ignore_eos: bool = False) -> list[list[int]]:
     """Pick the most likely token at every step. ``max_len`` (B,) bounds each output (without BOS).
 
     ``ignore_eos`` keeps every sentence running to its full budget (equal work for benchmarks).
+    Rows that end (EOS or budget) leave the batch, unless a constraint reads the whole batch's rows.
     """
     memory = Memory.of(model, src)
-    ys = torch.full((src.size(0), 1), BOS, dtype=torch.long, device=src.device)
-    done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
-    cache = model.new_cache() if use_cache else None
-    for step in range(int(max_len.max())):
-        logp = _next_logprobs(model, ys, memory, cache, step, max_len, ignore_eos, constraint,
+    steps = int(max_len.max())
+    ys = torch.full((src.size(0), steps + 1), PAD, dtype=torch.long, device=src.device)
+    ys[:, 0] = BOS
+    live = torch.arange(src.size(0), device=src.device)  # the rows still searched
+    limit, done = max_len, torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
+    cache = model.new_cache(steps) if use_cache else None
+    drop = _DROP_FINISHED and cache is not None and constraint is None
+    for step in range(steps):
+        logp = _next_logprobs(model, ys[live, : step + 1], memory, cache, step, limit, ignore_eos, constraint,
                               normalize=constraint is not None)
         nxt = argmax(logp).masked_fill(done, PAD)
-        ys = torch.cat([ys, nxt.unsqueeze(1)], 1)
-        done |= nxt == EOS
+        ys[live, step + 1] = nxt
+        done = done | (nxt == EOS) | (limit <= step + 1)
         if done.all():
             break
+        if drop and done.any():
+            keep = (~done).nonzero().squeeze(1)
+            live, limit, done = live[keep], limit[keep], done[keep]
+            memory = memory.rows(keep, keep)
+            model.reorder_cache(cache, keep, keep)
     return [_strip(r) for r in ys.tolist()]
 
 
-@torch.no_grad()
+def _best(ys: torch.Tensor, scores: torch.Tensor, length_penalty: float) -> list[list[int]]:
+    """The best hypothesis of each sentence by ``score / ((5 + length) / 6) ** length_penalty``."""
+    n, k = scores.shape
+    lengths = (ys[:, 1:] != PAD).sum(1).view(n, k).float()
+    pick = (scores / ((5.0 + lengths) / 6.0) ** length_penalty).argmax(-1) + torch.arange(n, device=ys.device) * k
+    return [_strip(r) for r in ys[pick].tolist()]
+
+
+@torch.inference_mode()
 def beam_search(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, beam: int = 5,
                 length_penalty: float = 1.0, constraint: Constraint | None = None,
                 ignore_eos: bool = False) -> list[list[int]]:
@@ -124,17 +147,22 @@ def beam_search(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, be
     A finished hypothesis stays in its beam with a frozen score (it can only be extended by PAD at
     no cost), so live and finished hypotheses compete on equal terms. At the end hypotheses are
     ranked by ``score / ((5 + length) / 6) ** length_penalty`` (Wu et al., 2016): without it the
-    search prefers short outputs, since every extra token lowers a log-probability sum.
+    search prefers short outputs, since every extra token lowers a log-probability sum. A sentence
+    whose hypotheses have all ended is final: it leaves the batch, unless a constraint reads it.
+    The encoder memory and its cross-attention keys/values are held once per sentence, not per
+    hypothesis.
     """
-    B, K = src.size(0), beam
-    rows = torch.arange(B, device=src.device).repeat_interleave(K)
-    memory, limit = Memory.of(model, src).rows(rows), max_len[rows]
-    ys = torch.full((B * K, 1), BOS, dtype=torch.long, device=src.device)
-    scores = torch.zeros(B, K, device=src.device)
+    B, K, device = src.size(0), beam, src.device
+    memory, limit = Memory.of(model, src, K), max_len.repeat_interleave(K)
+    ys = torch.full((B * K, 1), BOS, dtype=torch.long, device=device)
+    scores = torch.zeros(B, K, device=device)
     scores[:, 1:] = float("-inf")  # all beams start identical: expand only the first one
-    done = torch.zeros(B * K, dtype=torch.bool, device=src.device)
-    cache = model.new_cache()
-    for step in range(int(max_len.max())):
+    done = torch.zeros(B * K, dtype=torch.bool, device=device)
+    steps = int(max_len.max())
+    cache = model.new_cache(steps)
+    live, out = torch.arange(B, device=device), [None] * B  # the sentences still searched; the outputs
+    drop = _DROP_FINISHED and constraint is None
+    for step in range(steps):
         logp = _next_logprobs(model, ys, memory, cache, step, limit, ignore_eos, constraint)
         if done.any():  # finished hypotheses may only grow by PAD, at no cost
             logp[done] = float("-inf")
@@ -142,21 +170,30 @@ def beam_search(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, be
         # The K best continuations of a sentence are among the K best of each of its hypotheses:
         # picking those first keeps the final top-K over K*K candidates instead of K*V (or K*V when
         # the beam is wider than the vocabulary).
-        C = min(K, logp.size(-1))
+        n, C = scores.size(0), min(K, logp.size(-1))
         cand, cand_tok = logp.topk(C, dim=-1)
-        top, idx = (scores.view(-1, 1) + cand).view(B, K * C).topk(K, dim=-1)
-        origin = (idx // C + torch.arange(B, device=src.device).unsqueeze(1) * K).view(-1)
-        tok = cand_tok.view(B, K * C).gather(1, idx).view(-1)
+        top, idx = (scores.view(-1, 1) + cand).view(n, K * C).topk(K, dim=-1)
+        origin = (idx // C + torch.arange(n, device=device).unsqueeze(1) * K).view(-1)
+        tok = cand_tok.view(n, K * C).gather(1, idx).view(-1)
         ys = torch.cat([ys[origin], tok.unsqueeze(1)], 1)
         done = done[origin] | (tok == EOS)
         scores = top
         model.reorder_cache(cache, origin)
-        if done.all():
+        ended = (done | (limit <= step + 1)).view(n, K).all(1)  # every hypothesis ended or was cut
+        if ended.all() or done.all():
             break
-    lengths = (ys[:, 1:] != PAD).sum(1).view(B, K).float()
-    best = (scores / ((5.0 + lengths) / 6.0) ** length_penalty).argmax(-1)
-    pick = best + torch.arange(B, device=src.device) * K
-    return [_strip(r) for r in ys[pick].tolist()]
+        if drop and ended.any():
+            for i, best in zip(live[ended].tolist(), _best(ys.view(n, K, -1)[ended].flatten(0, 1), scores[ended],
+                                                           length_penalty)):
+                out[i] = best
+            keep = (~ended).nonzero().squeeze(1)
+            rows = (keep.unsqueeze(1) * K + torch.arange(K, device=device)).view(-1)
+            live, scores, ys, done, limit = live[keep], scores[keep], ys[rows], done[rows], limit[rows]
+            memory = memory.rows(rows, keep)
+            model.reorder_cache(cache, rows, keep)
+    for i, best in zip(live.tolist(), _best(ys, scores, length_penalty)):
+        out[i] = best
+    return out
 
 
 def search(model: Transformer, src: torch.Tensor, config: DecodeConfig, constraint: Constraint | None = None,
@@ -234,6 +271,10 @@ def decode_workers(workers: int, device: torch.device, batches: int) -> int:
     return min(workers, batches)
 
 
+STRATEGIES = ("beam", "greedy")
+SEARCHED = ("encoder-decoder",)  # the variants whose outputs are searched: the search options apply to them
+
+
 @dataclass
 class DecodeConfig(Section):
     """How sequence tasks search; ``max_len_a * source_length + max_len_b`` bounds each output."""
@@ -250,6 +291,8 @@ class DecodeConfig(Section):
                           at_least=0)
     eval_strategy: str = option("greedy", "Cheaper search for the per-evaluation validation score.",
                                 choices=STRATEGIES, variants=SEARCHED)
+    quantize: str = option("none", "int8: decode with int8 linear layers (dynamic quantization, CPU; "
+                           "docs/benchmarks.md has its speed and quality).", choices=QUANTIZE)
 
     def validate(self) -> None:
         """Refuse values outside each field's range (its metadata); a task's subclass adds its own checks."""

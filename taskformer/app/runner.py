@@ -33,6 +33,7 @@ from ..core import config as C
 from ..core import decoding
 from ..core import precision
 from ..core import progress
+from ..core import quantize
 from ..core.config import RunConfig
 from ..core.data import TaskData, encode, encode_sources, encode_words, pad
 from ..core.decoding import Label
@@ -244,7 +245,7 @@ def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, c
     Returns the predictions in input order and how many inputs were truncated to ``model.max_len``.
     A tagging task's decoder also receives where each word starts (``words``; ``None`` otherwise).
     """
-    model.eval()
+    model = quantize.for_decoding(model.eval(), config.decode.quantize)  # int8: a CPU copy, fp32 inputs
     outputs: list[Prediction] = [""] * len(texts)
     todo = [i for i, t in enumerate(texts) if t.strip()]
     inputs, variant = [texts[i] for i in todo], model.cfg.variant
@@ -260,7 +261,7 @@ def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, c
     def run(chunk: list[int]) -> list[Prediction]:
         batch = pad([src[j] for j in chunk]).to(device)
         starts = None if words is None else [words[j] for j in chunk]
-        with autocast(config.train.bf16, device):
+        with autocast(config.train.bf16 if dc.quantize == "none" else False, device):
             plugin, outs = plugins().first("taskformer_decode", task, model=model, src=batch, tokenizer=tokenizer,
                                            labels=labels, words=starts, config=config)
         wrong = "not a list" if not isinstance(outs, list) else (
