@@ -43,6 +43,14 @@ PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")  # safetensors' names of the dtypes weights may have
 
 
+class RunDirBusy(TaskformerError):
+    """Another process holds the run directory's lock (see :func:`locked`)."""
+
+
+class DiskFull(TaskformerError):
+    """The disk filled up while a run directory was written (see :func:`disk_space`)."""
+
+
 @contextmanager
 def locked(run_dir: Path):
     """Hold an exclusive lock on a run directory (flock on the directory itself) while writing it: a
@@ -57,8 +65,7 @@ def locked(run_dir: Path):
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise TaskformerError(f"{run_dir} is being written by another taskformer process; "
-                              "wait for it to end or choose another --out") from None
+        raise RunDirBusy(f"{run_dir} is being written by another taskformer process") from None
     try:
         yield
     finally:
@@ -407,7 +414,5 @@ def disk_space(run_dir: Path, needed: int):
         mount = Path(run_dir).resolve()
         while mount.parent != mount and mount.parent.stat().st_dev == mount.stat().st_dev:
             mount = mount.parent
-        then = (f"resume with: taskformer run --resume {run_dir}" if latest_training_state(Path(run_dir) / "checkpoints")
-                else f"start the run again with --out {run_dir}")
-        raise TaskformerError(f"no space left on {mount} (needed about {needed / 1e6:,.1f} MB for a checkpoint of "
-                              f"{run_dir}); free some space, then {then}") from None
+        raise DiskFull(f"no space left on {mount} (needed about {needed / 1e6:,.1f} MB for a checkpoint of "
+                       f"{run_dir})") from None

@@ -8,9 +8,12 @@ The code lives in the top-level folders of the source tree: ``core/`` (the model
 engine and data plumbing, installed as ``taskformer.core``), ``plugins/`` (the plugin API: hook
 specifications, the plugin manager and the built-in cross-cutting plugins, ``taskformer.plugins``)
 and ``tasks/`` (the built-in task plugins, ``taskformer.tasks``); the application -- command line,
-runner, reports, multi-process launcher, plugin scaffold -- is ``taskformer.app``, here.
+runner, reports, multi-process launcher, plugin scaffold -- is ``taskformer.app``, here, on top of
+them (docs/architecture.md).
 """
 __version__ = "0.1.0"
+
+import importlib
 
 from taskformer.core.config import RunConfig
 from taskformer.core.data import TaskData, encode_sources, encode_words, find_file, read_lines, read_parallel, read_tsv
@@ -23,9 +26,18 @@ from taskformer.core.progress import stage, track
 from taskformer.core.tokenize import CJK, SPECIALS, characters, subword, symbols
 from taskformer.core.options import option
 from taskformer.plugins.hookspecs import Task, hookimpl
-from taskformer.app.runner import Run  # noqa: E402 -- after the core: the application builds on it
-from taskformer.app.report import cross_attention  # noqa: E402
-from taskformer.api import Model, load  # noqa: E402 -- trained runs from Python code (docs/api.md)
+from taskformer.plugins.sections import cross_attention
+
+# The application sits on top of the plugin API: a plugin's ``from taskformer import hookimpl`` must
+# not load it, so these names are imported on first use.
+_APPLICATION = {"Model": "taskformer.api", "load": "taskformer.api", "Run": "taskformer.app.runner"}
+
+
+def __getattr__(name: str):
+    if name in _APPLICATION:
+        return getattr(importlib.import_module(_APPLICATION[name]), name)
+    raise AttributeError(f"module 'taskformer' has no attribute {name!r}")
+
 
 __all__ = [
     "BOS", "CJK", "EOS", "PAD", "SPECIALS", "UNK", "ClassificationHead", "Constraint", "DataError", "DecodeConfig",

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from rich.text import Text
 
 from taskformer import Label, hookimpl
-from taskformer.app.report import fmt, simple_table
+from taskformer.plugins.sections import fmt, simple_table
 
 
 @hookimpl(tryfirst=True)

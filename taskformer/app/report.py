@@ -8,13 +8,10 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import html
-import re
 import sys
 import warnings
 from pathlib import Path
 
-import torch
-from rich import box
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
@@ -23,29 +20,9 @@ from rich.text import Text
 
 from ..core import checkpoint
 from ..core.checkpoint import atomic_write
-from ..core.data import encode_sources
 from ..core.errors import TaskformerError
-from ..core.model import BOS, EOS
-from ..core.tokenize import CJK
 from ..plugins.manager import PluginError, plugins
-
-HEATMAP = "attention.png"
-
-
-def simple_table(*columns: str, **kw) -> Table:
-    """A table with these column headers, in the style of every report table."""
-    t = Table(box=box.SIMPLE_HEAVY, **kw)
-    for c in columns:
-        t.add_column(c)
-    return t
-
-
-def fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}" if abs(v) < 1 else f"{v:,.2f}"
-    if isinstance(v, int):
-        return f"{v:,}"
-    return str(v)
+from ..plugins.sections import fmt, simple_table
 
 
 def sections(run) -> list[tuple[str, object]]:
@@ -85,63 +62,6 @@ def plot_training(run) -> Path | None:
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
-
-
-def cross_attention(run, source_language: str, target_language: str) -> list[tuple[str, object]]:
-    """The report section of a translation task: where the model looked while writing a test sample.
-
-    The heatmap, ``attention.png`` in the run directory, shows the last decoder layer's
-    cross-attention (mean over heads) for the first non-empty test sample the report shows.
-    """
-    shown = [row for row in run.samples.get("test", []) if row[1].strip()]
-    if not shown:
-        return [("Cross-attention", Text("no non-empty test output to plot"))]
-    source, output, _ = shown[0]
-    rendered = _plot_attention(run, source, output, source_language, target_language)
-    note = f"{HEATMAP} in the run directory: last decoder layer, mean over heads, for\n  {source}\n  -> {output}"
-    if not rendered:
-        note += "\n  (no CJK font installed, so its Chinese labels show as boxes: e.g. Debian's fonts-noto-cjk has them)"
-    return [("Cross-attention", Text(note))]
-
-
-def _cjk_fonts() -> list[str]:
-    """Installed font families with CJK glyphs, which matplotlib's default font lacks (matched by name)."""
-    from matplotlib import font_manager
-
-    hints = ("CJK", "WenQuanYi", "Source Han", "Droid Sans Fallback", "AR PL", "Noto Sans SC")
-    return sorted({f.name for f in font_manager.fontManager.ttflist if any(h in f.name for h in hints)})
-
-
-def _plot_attention(run, source: str, output: str, source_language: str, target_language: str) -> bool:
-    """Plot the heatmap; False when some token labels are CJK characters that no installed font can draw."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # imported here: only reports need it
-    from matplotlib.figure import Figure
-
-    tok = run.tokenizer
-    src_ids, _ = encode_sources(tok, [source], run.model.cfg.max_len, classify=False)
-    out_ids = tok.encode(output).ids[: run.model.cfg.max_len - 1]
-    src = torch.tensor(src_ids, device=run.device)
-    tgt_in = torch.tensor([[BOS] + out_ids], device=run.device)
-    run.model.eval()
-    weights = run.model.attention_maps(src, tgt_in)[0].float().cpu().numpy()  # (T, S): row t predicts token t
-    xlabels = [tok.id_to_token(i) for i in src_ids[0]]
-    ylabels = [tok.id_to_token(i) for i in out_ids + [EOS]]
-    needs_cjk = any(re.search(CJK, t) for t in xlabels + ylabels)
-    cjk = _cjk_fonts() if needs_cjk else []
-    font = {"fontfamily": ["DejaVu Sans", *cjk]}  # matplotlib falls back along the list, glyph by glyph
-    fig = Figure(figsize=(min(2.0 + 0.35 * weights.shape[1], 20), min(1.5 + 0.3 * weights.shape[0], 20)))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    ax.imshow(weights, cmap="Blues", aspect="auto", vmin=0.0)
-    ax.set_xticks(range(len(xlabels)), xlabels, rotation=90, fontsize=8, **font)
-    ax.set_yticks(range(len(ylabels)), ylabels, fontsize=8, **font)
-    ax.set_xlabel(f"source ({source_language})")
-    ax.set_ylabel(f"output ({target_language})")
-    with warnings.catch_warnings():  # a missing glyph is said once, in the report, not per character
-        warnings.filterwarnings("ignore", message="Glyph .* missing from font")
-        fig.tight_layout()
-        fig.savefig(run.dir / HEATMAP, dpi=100)
-    return bool(cjk) or not needs_cjk
 
 
 def _figures_html(run) -> str:

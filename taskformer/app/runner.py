@@ -499,8 +499,11 @@ def train(task_name: str, data_dir: str | None = None, out: str | None = None, t
     ``on_event`` receives the training events and the progress of every other stage (see core.progress).
     """
     with progress.listening(on_event), ExitStack() as lock:  # the run directory stays locked until we return
-        return _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, resume, on_event, shard,
-                      lock)
+        try:
+            return _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, resume, on_event, shard,
+                          lock)
+        except ckpt.RunDirBusy as e:
+            raise TaskformerError(f"{e}; wait for it to end or choose another --out") from None
 
 
 def _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, resume, on_event, shard, lock) -> Run:
@@ -562,8 +565,13 @@ def _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, r
         raise TaskformerError(f"{run_dir}: no checkpoint to resume from (checkpoints/ is empty); the run stopped "
                               f"before its first one, so start it again: taskformer run {task.name} --out {run_dir}")
     checkpoint_bytes = 3 * sum(p.numel() * p.element_size() for p in model.parameters())  # weights, Adam's 2 moments
-    with stop_on_signals(trainer, task.name), ckpt.disk_space(run_dir, checkpoint_bytes):
-        state = trainer.fit(time_limit * 60 if time_limit else None)
+    try:
+        with stop_on_signals(trainer, task.name), ckpt.disk_space(run_dir, checkpoint_bytes):
+            state = trainer.fit(time_limit * 60 if time_limit else None)
+    except ckpt.DiskFull as e:
+        then = (f"resume with: taskformer run --resume {run_dir}" if ckpt.latest_training_state(run_dir / "checkpoints")
+                else f"start the run again with --out {run_dir}")
+        raise TaskformerError(f"{e}; free some space, then {then}") from None
     if trainer.stop_reason:
         raise Interrupted(run_dir, trainer.stop_reason)
     if shard[0] != 0:

@@ -1,0 +1,94 @@
+"""What report sections are made of: the report's table style, number formatting, and the
+cross-attention heatmap section that translation tasks add.
+
+Task plugins and the built-in report sections build their sections from these, and the
+application's report (``taskformer.app.report``) renders them; so they sit here, below both.
+"""
+from __future__ import annotations
+
+import re
+import warnings
+
+import torch
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from ..core.data import encode_sources
+from ..core.model import BOS, EOS
+from ..core.tokenize import CJK
+
+HEATMAP = "attention.png"
+
+
+def simple_table(*columns: str, **kw) -> Table:
+    """A table with these column headers, in the style of every report table."""
+    t = Table(box=box.SIMPLE_HEAVY, **kw)
+    for c in columns:
+        t.add_column(c)
+    return t
+
+
+def fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}" if abs(v) < 1 else f"{v:,.2f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def cross_attention(run, source_language: str, target_language: str) -> list[tuple[str, object]]:
+    """The report section of a translation task: where the model looked while writing a test sample.
+
+    The heatmap, ``attention.png`` in the run directory, shows the last decoder layer's
+    cross-attention (mean over heads) for the first non-empty test sample the report shows.
+    """
+    shown = [row for row in run.samples.get("test", []) if row[1].strip()]
+    if not shown:
+        return [("Cross-attention", Text("no non-empty test output to plot"))]
+    source, output, _ = shown[0]
+    rendered = _plot_attention(run, source, output, source_language, target_language)
+    note = f"{HEATMAP} in the run directory: last decoder layer, mean over heads, for\n  {source}\n  -> {output}"
+    if not rendered:
+        note += "\n  (no CJK font installed, so its Chinese labels show as boxes: e.g. Debian's fonts-noto-cjk has them)"
+    return [("Cross-attention", Text(note))]
+
+
+def _cjk_fonts() -> list[str]:
+    """Installed font families with CJK glyphs, which matplotlib's default font lacks (matched by name)."""
+    from matplotlib import font_manager
+
+    hints = ("CJK", "WenQuanYi", "Source Han", "Droid Sans Fallback", "AR PL", "Noto Sans SC")
+    return sorted({f.name for f in font_manager.fontManager.ttflist if any(h in f.name for h in hints)})
+
+
+def _plot_attention(run, source: str, output: str, source_language: str, target_language: str) -> bool:
+    """Plot the heatmap; False when some token labels are CJK characters that no installed font can draw."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # imported here: only reports need it
+    from matplotlib.figure import Figure
+
+    tok = run.tokenizer
+    src_ids, _ = encode_sources(tok, [source], run.model.cfg.max_len, classify=False)
+    out_ids = tok.encode(output).ids[: run.model.cfg.max_len - 1]
+    src = torch.tensor(src_ids, device=run.device)
+    tgt_in = torch.tensor([[BOS] + out_ids], device=run.device)
+    run.model.eval()
+    weights = run.model.attention_maps(src, tgt_in)[0].float().cpu().numpy()  # (T, S): row t predicts token t
+    xlabels = [tok.id_to_token(i) for i in src_ids[0]]
+    ylabels = [tok.id_to_token(i) for i in out_ids + [EOS]]
+    needs_cjk = any(re.search(CJK, t) for t in xlabels + ylabels)
+    cjk = _cjk_fonts() if needs_cjk else []
+    font = {"fontfamily": ["DejaVu Sans", *cjk]}  # matplotlib falls back along the list, glyph by glyph
+    fig = Figure(figsize=(min(2.0 + 0.35 * weights.shape[1], 20), min(1.5 + 0.3 * weights.shape[0], 20)))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.imshow(weights, cmap="Blues", aspect="auto", vmin=0.0)
+    ax.set_xticks(range(len(xlabels)), xlabels, rotation=90, fontsize=8, **font)
+    ax.set_yticks(range(len(ylabels)), ylabels, fontsize=8, **font)
+    ax.set_xlabel(f"source ({source_language})")
+    ax.set_ylabel(f"output ({target_language})")
+    with warnings.catch_warnings():  # a missing glyph is said once, in the report, not per character
+        warnings.filterwarnings("ignore", message="Glyph .* missing from font")
+        fig.tight_layout()
+        fig.savefig(run.dir / HEATMAP, dpi=100)
+    return bool(cjk) or not needs_cjk

@@ -1,0 +1,32 @@
+"""Dependencies point down (docs/architecture.md): the plugin API does not load the application."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+
+def test_a_plugin_and_the_plugin_manager_load_without_the_application():
+    """A plugin's one import, a task of its own, every built-in plugin and task: none of it imports
+    ``taskformer.app``; the application's names are still there on first use."""
+    script = textwrap.dedent("""
+        import sys
+        from taskformer import Task, TaskData, hookimpl, search, symbols
+
+        @hookimpl
+        def taskformer_tasks():
+            return [Task("layers-demo", "a task of a plugin")]
+
+        from taskformer.plugins.manager import Plugins
+        manager = Plugins(entry_point_group=None)
+        manager.pm.register(sys.modules[__name__], name="layers-demo")
+        manager.refresh()
+        assert "layers-demo" in manager.tasks and "copy" in manager.tasks, sorted(manager.tasks)
+        loaded = sorted(m for m in sys.modules if m.startswith("taskformer.app") or m == "taskformer.api")
+        assert not loaded, loaded
+        import taskformer
+        assert taskformer.load.__module__ == "taskformer.api" and taskformer.Run.__name__ == "Run"
+        assert "taskformer.app.runner" in sys.modules
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
