@@ -8,10 +8,14 @@ hardware, never a CPU's name:
 * CUDA: ``torch.cuda.is_bf16_supported()``.
 * CPU: the instruction set must have bf16 (AVX-512 BF16 or AMX, as torch reports it), oneDNN must be
   allowed to use it (``ONEDNN_MAX_CPU_ISA`` can cap it, which also lets tests force the slow path),
-  and a probe of a few milliseconds must find a bf16 matmul clearly faster than fp32.
+  and a probe must not find bf16 matmuls slower than fp32 in every one of its rounds. A busy moment
+  slows one round, not all of them, so a single fast round (or rounds that disagree) leaves the
+  decision to the CPU's flags; only a CPU whose bf16 is slow every time (emulated behind the flags)
+  falls back to fp32.
 
-The answer is cached per process. ``true``/``false`` force the choice; forcing bf16 where it is emulated
-warns once.
+The answer is cached per process, and a run records it when it starts, so that a resumed run trains in
+the precision it began with (:func:`pin`) whatever a probe on a busy machine would say then.
+``true``/``false`` force the choice; forcing bf16 where it is emulated warns once.
 """
 from __future__ import annotations
 
@@ -23,6 +27,9 @@ import torch
 
 SETTINGS = ("auto", "true", "false")
 PROBE_MIN_SPEEDUP = 1.3  # native bf16 matmuls measured 1.5x-5x fp32; emulated ones 0.3x-0.8x
+PROBE_ROUNDS = 3  # rounds of the probe, each timing fp32 and bf16 side by side; the best round counts
+
+_pinned: dict[str, tuple[bool, str]] = {}  # device type -> a decision recorded by the run (see pin)
 
 
 def normalize(setting) -> str:
@@ -46,9 +53,18 @@ def _matmul_seconds(dtype: torch.dtype, reps: int = 5) -> float:
     return best
 
 
-@functools.lru_cache(maxsize=None)
+def pin(device_type: str, native: bool, why: str) -> None:
+    """Use a decision recorded earlier (by the run being resumed) instead of probing again."""
+    _pinned[device_type] = (native, why)
+
+
 def bf16_native(device_type: str) -> tuple[bool, str]:
     """Whether bf16 runs natively (and faster) on this kind of device, and why in a few words."""
+    return _pinned.get(device_type) or _probe(device_type)
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(device_type: str) -> tuple[bool, str]:
     if device_type == "cuda":
         ok = torch.cuda.is_bf16_supported()
         return ok, f"{torch.cuda.get_device_name()} {'supports' if ok else 'lacks'} bf16"
@@ -61,9 +77,9 @@ def bf16_native(device_type: str) -> tuple[bool, str]:
     if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return False, f"{units[0]} capped by ONEDNN_MAX_CPU_ISA"
     with torch.no_grad():
-        speedup = _matmul_seconds(torch.float32) / _matmul_seconds(torch.bfloat16)
+        speedup = max(_matmul_seconds(torch.float32) / _matmul_seconds(torch.bfloat16) for _ in range(PROBE_ROUNDS))
     if speedup < PROBE_MIN_SPEEDUP:
-        return False, f"{units[0]}, but bf16 matmul only {speedup:.1f}x fp32"
+        return False, f"{units[0]}, but bf16 matmul at best {speedup:.1f}x fp32 in {PROBE_ROUNDS} rounds"
     return True, f"{units[0]}, bf16 matmul {speedup:.1f}x fp32"
 
 

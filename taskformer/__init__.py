@@ -18,7 +18,7 @@ import importlib
 from taskformer.core.config import RunConfig
 from taskformer.core.data import TaskData, encode_sources, encode_words, find_file, read_lines, read_parallel, read_tsv
 from taskformer.core.decoding import (Constraint, DecodeConfig, Label, beam_search, best_labels, best_tags, classify,
-                                      greedy, max_lengths, search)
+                                      greedy, max_lengths, search, tag_scores)
 from taskformer.core.errors import DataError, TaskformerError
 from taskformer.core.metrics import translation_metrics
 from taskformer.core.model import BOS, EOS, PAD, UNK, ClassificationHead, Generator, ModelConfig, TaggingHead
@@ -44,5 +44,5 @@ __all__ = [
     "Generator", "Label", "Model", "ModelConfig", "Run", "RunConfig", "TaggingHead", "Task", "TaskData",
     "TaskformerError", "beam_search", "best_labels", "best_tags", "characters", "classify", "cross_attention",
     "encode_sources", "encode_words", "find_file", "greedy", "hookimpl", "load", "max_lengths", "option", "read_lines",
-    "read_parallel", "read_tsv", "search", "stage", "subword", "symbols", "track", "translation_metrics",
+    "read_parallel", "read_tsv", "search", "stage", "subword", "symbols", "tag_scores", "track", "translation_metrics",
 ]

@@ -32,6 +32,20 @@ def run_cli(*args: str, input: str | None = None, env: dict | None = None, timeo
 
 
 @pytest.fixture
+def cpu_hog():
+    """A busy loop beside one test: what a shared CI machine does to a run (one core of two, here).
+
+    The loop ends by itself after ten minutes, so a test that dies cannot leave it spinning.
+    """
+    loop = "import time\nend = time.monotonic() + 600\nwhile time.monotonic() < end: pass"
+    hogs = [subprocess.Popen([sys.executable, "-c", loop])]
+    yield hogs
+    for hog in hogs:
+        hog.kill()
+        hog.wait()
+
+
+@pytest.fixture
 def data_dir():
     return DATA
 

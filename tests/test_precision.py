@@ -80,3 +80,19 @@ def test_a_linear_schedule_run_logs_a_falling_rate(tmp_path, cli):
     assert result.exit_code == 0, result.output
     rates = [e["lr"] for e in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if e["event"] == "train"]
     assert len(rates) >= 3 and rates == sorted(rates, reverse=True) and rates[-1] < 0.3 * rates[0]
+
+
+def test_a_run_records_its_precision_and_a_damaged_record_is_named_on_resume(tmp_path):
+    run = tmp_path / "run"
+    assert run_cli("run", "copy", "--out", str(run), *TINY).returncode == 0
+    saved = json.loads((run / "config.json").read_text())
+    native, why = precision.bf16_native("cpu")
+    assert saved["precision"]["device"] == "cpu" and saved["precision"]["bf16_native"] is native
+    assert saved["precision"]["why"].split(",")[0] == why.split(",")[0]  # the same units named, not timed
+    (run / "result.json").unlink()  # as if it had been stopped: resumable again
+    saved["precision"] = {"device": "cpu", "bf16_native": "maybe", "why": ""}
+    (run / "config.json").write_text(json.dumps(saved))
+    result = run_cli("run", "--resume", str(run), "--quiet")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"Error: {run / 'config.json'}: damaged 'precision' record "
+                                                  "(expected device, bf16_native and why)"]

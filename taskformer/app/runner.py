@@ -517,6 +517,7 @@ def _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, r
             raise TaskformerError(f"{run_dir} has finished (result.json exists): nothing to resume; "
                                   "start a new run to train longer")
         saved = read_run_config(run_dir)
+        pin_precision(saved, run_dir)
         task = plugins().task(saved["task"])
         config = saved_config(task, saved["config"], str(run_dir / "config.json"))
         data_dir, time_limit = saved.get("data_dir"), saved.get("time_limit")
@@ -546,7 +547,8 @@ def _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, r
         stamp = {"task": task.name, **binding}
         ckpt.write_json(run_dir / "config.json", {"task": task.name, "labels": data.labels,
                                                    "config": config.to_dict(), "data_dir": data_dir,
-                                                   "time_limit": time_limit, "binding": binding})
+                                                   "time_limit": time_limit, "binding": binding,
+                                                   "precision": precision_record(device)})
     with progress.stage("encoding the train and val splits"):
         train_enc, val_enc = (encode(data, s, config.model.max_len, task.variant) for s in ("train", "val"))
     run = Run(run_dir, task, config, data.tokenizer, data.labels, model)
@@ -655,6 +657,25 @@ def read_run_config(run_dir: Path) -> dict:
             isinstance(v, dict) for v in cfg.values()):
         raise TaskformerError(f"{run_dir / 'config.json'}: not a taskformer run config")
     return saved
+
+
+def precision_record(device: torch.device) -> dict:
+    """What ``train.bf16=auto`` found on this hardware when the run started (kept in config.json)."""
+    native, why = precision.bf16_native(device.type)
+    return {"device": device.type, "bf16_native": native, "why": why}
+
+
+def pin_precision(saved: dict, run_dir: Path) -> None:
+    """A resumed run trains in the precision it started with: a probe on a busy machine may decide
+    otherwise, and then the resumed updates would not be the ones the run would have made."""
+    record = saved.get("precision")
+    if record is None:  # runs from before the record: probe as they did
+        return
+    if not (isinstance(record, dict) and isinstance(record.get("device"), str)
+            and isinstance(record.get("bf16_native"), bool) and isinstance(record.get("why"), str)):
+        raise TaskformerError(f"{run_dir / 'config.json'}: damaged 'precision' record (expected device, "
+                              "bf16_native and why)")
+    precision.pin(record["device"], record["bf16_native"], f"{record['why']}, as when the run started")
 
 
 def bound_files(run_dir: Path, saved: dict) -> dict[str, str] | None:
