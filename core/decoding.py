@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, NamedTuple, TypeVar
+from typing import Callable, Iterable, Iterator, NamedTuple, Protocol, TypeVar
 
 import torch
 
@@ -21,7 +21,44 @@ from .model import BOS, EOS, PAD, Section, Transformer
 from .options import check, option
 from .quantize import QUANTIZE
 
-Constraint = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
+
+class Constraint(Protocol):
+    """Shapes a search without owning it: called at every step of greedy and beam search.
+
+    ``constraint(step, prefix, logprobs)`` receives the step (0 for the first output token),
+    ``prefix`` (N, step + 1), the tokens so far with BOS first, and ``logprobs`` (N, V), the model's
+    log-probabilities of every next token for each row; it returns them edited: ``-inf`` bans a
+    token, a subtracted penalty discourages it. Rows are sentence-major: in beam search row
+    ``i * beam + k`` is hypothesis ``k`` of sentence ``i``; greedy search has one row per sentence.
+    With a constraint, finished rows stay in the batch, so row ``i`` is always the same sentence. A
+    row past its length budget arrives with only ``PAD`` allowed: leave ``PAD`` allowed. Give it as
+    ``search(model, src, config.decode, constraint=...)``; the ``couplet`` task's form and tone
+    rules are one.
+
+    Example (outputs spelt only with the letters of an alphabet)::
+
+        import torch
+        from taskformer import EOS, PAD, hookimpl, search
+
+        def alphabet_only(tokenizer, alphabet):
+            allowed = torch.zeros(tokenizer.get_vocab_size(), dtype=torch.bool)
+            for token, i in tokenizer.get_vocab().items():
+                allowed[i] = set(token.replace("\u2581", "")) <= set(alphabet)  # \u2581: a word start
+            allowed[[PAD, EOS]] = True
+
+            def constraint(step, prefix, logprobs):
+                return logprobs.masked_fill(~allowed.to(logprobs.device), float("-inf"))
+            return constraint
+
+        @hookimpl
+        def taskformer_decode(model, src, tokenizer, config):
+            ids = search(model, src, config.decode, constraint=alphabet_only(tokenizer, "aeiou"))
+            return [tokenizer.decode(x) for x in ids]
+    """
+
+    def __call__(self, step: int, prefix: torch.Tensor, logprobs: torch.Tensor) -> torch.Tensor: ...
+
+
 Item, Result = TypeVar("Item"), TypeVar("Result")
 
 
@@ -227,21 +264,34 @@ class Label(NamedTuple):
 
 
 def best_labels(model: Transformer, src: torch.Tensor, labels: list[str]) -> list[Label]:
-    """The most probable class of each row, with its probability."""
+    """The most probable class of each row, as a ``Label(label, probability)``.
+
+    For every class's probability, call :func:`classify`: ``(B, C)``, columns in ``labels`` order.
+    """
     prob, index = classify(model, src).max(-1)
     return [Label(labels[i], p) for p, i in zip(prob.tolist(), index.tolist())]
 
 
 @torch.no_grad()
-def best_tags(model: Transformer, src: torch.Tensor, words: list[list[int]], labels: list[str]) -> list[str]:
-    """The most probable tag of every word, as the line ``TAG TAG ...`` (one per word of each row).
+def tag_scores(model: Transformer, src: torch.Tensor, words: list[list[int]],
+               labels: list[str]) -> list[list[Label]]:
+    """The most probable tag of every word with its probability: one ``Label`` per word of each row.
 
     ``words[i]`` holds the position of each word's first token in row ``i`` (see
-    :func:`taskformer.core.data.encode_words`); a word at ``-1``, cut off by the model's length,
-    gets ``labels[0]``.
+    :func:`taskformer.encode_words`), where the tag is read; a word at ``-1``, cut off by the
+    model's length, gets ``Label(labels[0], 0.0)``. For every tag's probability, read
+    ``torch.softmax(model(src).float(), -1)``: ``(B, S, C)``, one distribution per token.
     """
-    best = model(src).argmax(-1).tolist()  # (B, S) tag ids
-    return [" ".join(labels[row[p]] if p >= 0 else labels[0] for p in starts) for row, starts in zip(best, words)]
+    prob, best = torch.softmax(model(src).float(), dim=-1).max(-1)  # (B, S) each
+    prob, best = prob.tolist(), best.tolist()
+    return [[Label(labels[b[p]], q[p]) if p >= 0 else Label(labels[0], 0.0) for p in starts]
+            for b, q, starts in zip(best, prob, words)]
+
+
+def best_tags(model: Transformer, src: torch.Tensor, words: list[list[int]], labels: list[str]) -> list[str]:
+    """The most probable tag of every word, as the line ``TAG TAG ...`` (one per word of each row):
+    what a tagging task's decoder returns. :func:`tag_scores` gives each tag's probability too."""
+    return [" ".join(tag.label for tag in row) for row in tag_scores(model, src, words, labels)]
 
 
 def parallel_map(fn: Callable[[Item], Result], items: Iterable[Item], workers: int) -> Iterator[Result]:

@@ -22,13 +22,20 @@ def subword(texts: Iterable[str], vocab_size: int, kind: str = "bpe", min_freque
             normalization: str = "NFKC", isolate: str | None = None) -> Tokenizer:
     """Train a BPE, Unigram or WordPiece tokenizer on ``texts``.
 
-    The Metaspace pre-tokenizer marks word starts inside the tokens, so ``decode`` gives back
-    natural, detokenized text (what sacreBLEU must score), whatever the language.
+    - ``texts``: the training text, e.g. the sources and targets of the train split (never val or
+      test); any iterable of strings, read once.
+    - ``vocab_size``: the vocabulary to learn, the four special tokens included.
+    - ``kind``: ``"bpe"``, ``"unigram"`` or ``"wordpiece"``.
+    - ``min_frequency``: pieces seen fewer times are not merged into tokens (BPE, WordPiece).
+    - ``normalization``: ``"NFKC"`` folds compatibility forms (full-width letters, ligatures);
+      ``"NFC"`` keeps what NFKC would fold, such as Chinese full-width punctuation (，？！), which
+      references keep.
+    - ``isolate``: a regular expression matching single characters (``CJK``) that become tokens of
+      their own, so one vocabulary holds English subwords and Chinese characters; no word-start
+      marker is then added, since Chinese has no spaces to restore.
 
-    ``normalization`` "NFC" keeps what NFKC would fold, such as Chinese full-width punctuation
-    (，？！), which references keep. ``isolate``, a regular expression matching single characters
-    (``CJK``), makes each match a token of its own, so one vocabulary holds English subwords and
-    Chinese characters; no word-start marker is then added, since Chinese has no spaces to restore.
+    The Metaspace pre-tokenizer marks word starts inside the tokens (``\u2581``), so ``decode``
+    gives back natural, detokenized text (what sacreBLEU must score), whatever the language.
     """
     if kind == "bpe":
         tok = Tokenizer(models.BPE(unk_token="[UNK]"))
@@ -59,7 +66,9 @@ def subword(texts: Iterable[str], vocab_size: int, kind: str = "bpe", min_freque
 
 
 def characters(texts: Iterable[str], min_frequency: int = 1) -> Tokenizer:
-    """One token per character; whitespace in the input is ignored and none is put back on decode."""
+    """One token per character of ``texts`` (NFKC-normalized); characters seen fewer than
+    ``min_frequency`` times become ``[UNK]``. Whitespace in the input is ignored and none is put
+    back on decode (Chinese, couplets)."""
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace(Regex(r"\s+"), "")])
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
@@ -70,7 +79,8 @@ def characters(texts: Iterable[str], min_frequency: int = 1) -> Tokenizer:
 
 
 def symbols(names: list[str]) -> Tokenizer:
-    """A fixed vocabulary of whitespace-separated symbols (synthetic tasks)."""
+    """A fixed vocabulary: each of ``names`` is one token, in the input separated by whitespace
+    (digits, tags, any closed set); anything else is ``[UNK]``. Nothing is trained."""
     vocab = {s: i for i, s in enumerate(SPECIALS + list(names))}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()

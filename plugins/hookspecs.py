@@ -24,7 +24,21 @@ docstrings as the reference.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the types the hooks receive and return; none of them is imported at run time
+    from pathlib import Path
+
+    import click
+    import torch
+    from rich.console import RenderableType
+    from tokenizers import Tokenizer
+
+    from taskformer.app.runner import Run
+    from ..core.config import RunConfig
+    from ..core.data import TaskData
+    from ..core.decoding import Label
+    from ..core.model import ModelConfig, Transformer
 
 import pluggy
 
@@ -66,7 +80,7 @@ class Task:
 
 
 @hookspec
-def taskformer_tasks():
+def taskformer_tasks() -> list[Task]:
     """Declare the tasks this plugin provides.
 
     Return a list of :class:`Task`. Called once at start-up; keep it cheap (no data loading).
@@ -85,7 +99,8 @@ def taskformer_tasks():
 
 
 @hookspec(firstresult=True)
-def taskformer_data(task, config, data_dir, splits, tokenizer):
+def taskformer_data(task: Task, config: RunConfig, data_dir: Path | None, splits: tuple[str, ...],
+                    tokenizer: Tokenizer | None) -> TaskData:
     """The task's data pipeline: load the splits and train the tokenizer.
 
     ``config`` is the run's :class:`taskformer.RunConfig`: the task's options are ``config.data``
@@ -121,7 +136,7 @@ def taskformer_data(task, config, data_dir, splits, tokenizer):
 
 
 @hookspec(firstresult=True)
-def taskformer_head(task, model_config):
+def taskformer_head(task: Task, model_config: ModelConfig) -> torch.nn.Module | None:
     """The module that turns final hidden states into logits.
 
     Called as ``head(hidden, src_mask)``. ``hidden`` is ``(B, T, D)``: decoder states for
@@ -143,7 +158,7 @@ def taskformer_head(task, model_config):
 
 
 @hookspec(firstresult=True)
-def taskformer_normalize(task, text):
+def taskformer_normalize(task: Task, text: str) -> str | None:
     """Clean one raw input line before it is tokenized, as the data hook cleaned its sources.
 
     ``predict`` calls it on every input line: that text, unlike the splits, never passes through
@@ -159,7 +174,9 @@ def taskformer_normalize(task, text):
 
 
 @hookspec(firstresult=True)
-def taskformer_decode(task, model, src, tokenizer, labels, words, config):
+def taskformer_decode(task: Task, model: Transformer, src: torch.Tensor, tokenizer: Tokenizer,
+                      labels: list[str] | None, words: list[list[int]] | None,
+                      config: RunConfig) -> list[str] | list[Label] | None:
     """The task's decoder: turn a batch of encoded sources into predictions.
 
     ``src`` is a ``(B, S)`` tensor of source ids, right-padded with ``PAD`` (0) and framed by the
@@ -173,11 +190,24 @@ def taskformer_decode(task, model, src, tokenizer, labels, words, config):
     a :class:`taskformer.Label`. Return ``None`` to use the core default: ``search`` for sequences,
     the arg-max ``Label`` for classification, ``best_tags`` (the arg-max tag of each word's first
     token) for tagging.
-    ``search(model, src, config.decode)`` runs beam or greedy search as the config says, within
-    ``max_len`` tokens per row if given, and takes a ``constraint`` for tasks that shape the
-    search (the ``couplet`` task forces length and punctuation that way). On CPU several batches
-    are decoded at once, one per thread (``decode.workers``): keep the hook free of shared mutable
-    state.
+
+    Scores from the model, by variant (``model`` is in eval mode; call it under ``torch.no_grad()``):
+
+    - encoder-decoder: ``search(model, src, config.decode)`` runs beam or greedy search as the
+      config says, within ``max_len`` tokens per row if given, and takes a ``constraint``
+      (:class:`taskformer.Constraint`) that sees and edits the log-probabilities of every step; the
+      ``couplet`` task forces length, punctuation and tones that way. For scores of your own,
+      ``memory, mask = model.encode(src)``, then ``model.head(model.decode(prefix, memory, mask),
+      mask).log_softmax(-1)`` gives ``(B, T, V)`` for the target ``prefix`` (BOS first).
+    - encoder-only: ``model(src)`` is ``(B, C)``, one logit per class (an ensemble's are already
+      log-probabilities); ``classify(model, src)`` gives the probabilities, ``best_labels`` the
+      arg-max ``Label(label, probability)`` per row.
+    - tagging: ``model(src).log_softmax(-1)`` is ``(B, S, C)``, a distribution over tags at every
+      token; a word's tag is read at ``words[i][w]``. ``tag_scores`` gives each word's best
+      ``Label(tag, probability)``, ``best_tags`` the line of tags.
+
+    On CPU several batches are decoded at once, one per thread (``decode.workers``): keep the hook
+    free of shared mutable state.
 
     Example::
 
@@ -190,7 +220,8 @@ def taskformer_decode(task, model, src, tokenizer, labels, words, config):
 
 
 @hookspec
-def taskformer_metrics(task, sources, hypotheses, references):
+def taskformer_metrics(task: Task, sources: list[str], hypotheses: list[str] | list[Label],
+                       references: list[str]) -> dict[str, float]:
     """Score predictions against references; return a dict of metric name to number.
 
     Called for each evaluated split with lists of equal length: ``hypotheses`` are what the decode
@@ -210,7 +241,7 @@ def taskformer_metrics(task, sources, hypotheses, references):
 
 
 @hookspec
-def taskformer_report_sections(task, run):
+def taskformer_report_sections(task: Task, run: Run) -> list[tuple[str, RenderableType]]:
     """Add sections to the end-of-run report.
 
     ``run`` is a :class:`taskformer.Run`: ``config``, ``metrics``, ``outputs`` (every
@@ -228,8 +259,23 @@ def taskformer_report_sections(task, run):
     """
 
 
+@hookspec(firstresult=True)
+def taskformer_annotate(task: Task, text: str) -> list[str] | None:
+    """Marks to show under each character of an input or output line on ``taskformer serve``'s page.
+
+    Return a list with one short string per character of ``text`` (``""`` for none), or ``None``
+    for no marks. The ``couplet`` task marks each character's tone class, 平 or 仄.
+
+    Example::
+
+        @hookimpl
+        def taskformer_annotate(text):
+            return ["V" if ch in "aeiou" else "" for ch in text]
+    """
+
+
 @hookspec
-def taskformer_register_commands(cli):
+def taskformer_register_commands(cli: click.Group) -> None:
     """Add subcommands to the ``taskformer`` command line.
 
     ``cli`` is the top-level ``click.Group``; decorate new commands with ``@cli.command()``.
@@ -243,3 +289,13 @@ def taskformer_register_commands(cli):
                 "Say hello."
                 click.echo("hello")
     """
+
+
+PHASES = {  # the hooks in the order a run calls them, for the reference in docs/plugins.md
+    "Declare": ("taskformer_tasks", "taskformer_register_commands"),
+    "Data": ("taskformer_data", "taskformer_normalize"),
+    "Model": ("taskformer_head",),
+    "Decode": ("taskformer_decode",),
+    "Score and report": ("taskformer_metrics", "taskformer_report_sections"),
+    "Serve": ("taskformer_annotate",),
+}

@@ -1,8 +1,15 @@
 """docs/plugins.md and docs/config.md cannot drift: their references are generated, the tutorial is the example plugin."""
+import inspect
 import re
+import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
+import torch
+
+from taskformer import EOS, Constraint, DecodeConfig, ModelConfig, search, symbols
 from taskformer.app import scaffold
+from taskformer.core.model import Transformer
 from taskformer.core.tokenize import check_specials
 from taskformer.plugins.docs import MARKER, config_reference, hook_reference
 
@@ -55,3 +62,22 @@ def test_config_reference_matches_the_field_metadata():
         "regenerate with: python -m taskformer.plugins.docs docs/config.md"
     for key in ("model.d_model", "train.max_steps", "decode.beam", "data.vocab_size", "decode.tone_penalty"):
         assert f"- `{key}` (" in config_reference()
+
+
+def test_the_constraint_example_restricts_outputs_to_its_alphabet():
+    """The example in Constraint's docstring (docs/plugins.md's decoding reference) runs as written."""
+    example = inspect.getdoc(Constraint).split("::\n", 1)[1]
+    namespace = {}
+    exec(compile(textwrap.dedent(example), "Constraint example", "exec"), namespace)
+    tokenizer = symbols(list("abcdefghijklmnopqrstuvwxyz"))
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=tokenizer.get_vocab_size(), d_model=16, n_heads=2, enc_layers=1,
+                                    dec_layers=1, d_ff=32, dropout=0.0)).eval()
+    src = torch.tensor([tokenizer.encode("h e l l o").ids + [EOS], tokenizer.encode("w x y z q").ids + [EOS]])
+    for strategy in ("greedy", "beam"):
+        config = SimpleNamespace(decode=DecodeConfig(strategy=strategy, beam=3, max_len_a=2.0, max_len_b=4))
+        outputs = namespace["taskformer_decode"](model, src, tokenizer, config)
+        assert len(outputs) == 2 and all(o and set(o.split()) <= set("aeiou") for o in outputs), outputs
+        vowels = {tokenizer.token_to_id(v) for v in "aeiou"}
+        unconstrained = search(model, src, config.decode)  # this untrained model picks other tokens
+        assert any(set(ids) - vowels for ids in unconstrained), unconstrained
