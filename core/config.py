@@ -9,26 +9,25 @@ refuses values that are wrong whatever their type -- so a typo fails before any 
 """
 from __future__ import annotations
 
-import copy
 import difflib
 import json
 import math
 import os
 import stat
 import tomllib
-from dataclasses import asdict, dataclass, field, fields, make_dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .decoding import DecodeConfig
 from .engine import TrainConfig
 from .errors import TaskformerError
-from .model import ModelConfig, Section
+from .model import ModelConfig
 from .options import check, describe
 
 
 @dataclass
-class NoOptions(Section):
+class NoOptions:
     """The ``data`` section of a task that declares no options."""
 
 
@@ -36,8 +35,7 @@ class NoOptions(Section):
 class RunConfig:
     """A run's configuration: what the hooks receive as ``config``.
 
-    ``data`` is an instance of the task's ``data_options``. ``config["train"]["seed"]`` reads
-    like ``config.train.seed``, for plugins written when the configuration was a nested dict.
+    ``data`` is an instance of the task's ``data_options``.
     """
 
     model: ModelConfig
@@ -45,26 +43,14 @@ class RunConfig:
     decode: DecodeConfig
     data: Any = field(default_factory=NoOptions)
 
-    def __getitem__(self, section: str):
-        return getattr(self, section)
-
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def declared(base: type, defaults: dict) -> type:
-    """Options declared the older way, as a dict of defaults: a dataclass extending ``base`` with them."""
-    known = {f.name for f in fields(base)}
-    extra = [(k, type(v), field(default_factory=lambda v=v: copy.deepcopy(v))) for k, v in defaults.items()
-             if k not in known]
-    return make_dataclass(f"Declared{base.__name__}", extra, bases=(base,)) if extra else base
 
 
 def section_types(task) -> dict[str, type]:
     """The dataclass of every section for ``task`` (a :class:`taskformer.Task`)."""
     return {"model": ModelConfig, "train": TrainConfig,
-            "decode": task.decode_options or declared(DecodeConfig, task.defaults.get("decode", {})),
-            "data": task.data_options or declared(NoOptions, task.defaults.get("data", {}))}
+            "decode": task.decode_options or DecodeConfig, "data": task.data_options or NoOptions}
 
 
 def defaults(task) -> dict:

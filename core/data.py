@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
+from . import variants
 from .errors import DataError
 from .model import BOS, EOS, PAD
 from .progress import stage
@@ -154,10 +155,10 @@ def encode_words(tokenizer: Tokenizer, texts: list[str], max_len: int) -> tuple[
 
 
 def encode(data: TaskData, split: str, max_len: int, variant: str) -> Encoded:
-    """One split as ids for a model of ``variant`` (see :data:`taskformer.core.model.VARIANTS`)."""
-    pairs = data.splits[split]
+    """One split as ids for a model of ``variant``, in its batch layout (see :mod:`taskformer.core.variants`)."""
+    pairs, kind = data.splits[split], variants.of(variant)
     index = {name: i for i, name in enumerate(data.labels or [])}
-    if variant == "tagging":
+    if kind.per_word:
         src, words, cut = encode_words(data.tokenizer, [s for s, _ in pairs], max_len)
         tgt = [[IGNORE] * len(ids) for ids in src]
         for row, starts, (_, tags) in zip(tgt, words, pairs):
@@ -165,9 +166,8 @@ def encode(data: TaskData, split: str, max_len: int, variant: str) -> Encoded:
                 if pos >= 0:
                     row[pos] = index[tag]
         return Encoded(src, tgt, cut, target_pad=IGNORE)
-    classify = variant == "encoder-only"
-    src, cut = encode_sources(data.tokenizer, [s for s, _ in pairs], max_len, classify)
-    if classify:
+    src, cut = encode_sources(data.tokenizer, [s for s, _ in pairs], max_len, classify=kind.labelled)
+    if kind.labelled:
         return Encoded(src, [index[t] for _, t in pairs], cut)
     room = max_len - 2
     tgt = [[BOS] + e.ids[:room] + [EOS] for e in data.tokenizer.encode_batch([t for _, t in pairs])]

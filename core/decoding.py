@@ -1,8 +1,7 @@
 """Search over the decoder: greedy and beam search, batched, with a key/value cache.
 
 With the cache each step feeds only the newest token through the decoder, so a step costs one
-position instead of a re-run of the whole prefix. ``use_cache=False`` keeps the re-run path: it is
-the reference the tests compare against.
+position instead of a re-run of the whole prefix.
 
 A *constraint* lets a task shape the search without owning it: it is called every step as
 ``constraint(step, prefix, logprobs) -> logprobs`` where ``prefix`` (N, step + 1) holds the tokens
@@ -17,8 +16,10 @@ from typing import Callable, Iterable, Iterator, NamedTuple, Protocol, TypeVar
 
 import torch
 
-from .model import BOS, EOS, PAD, Section, Transformer
+from . import variants
+from .model import BOS, EOS, PAD, Transformer
 from .options import check, option
+from .variants import VARIANTS
 from .quantize import QUANTIZE
 
 
@@ -137,10 +138,11 @@ def _next_logprobs(model, ys, memory: Memory, cache, step, limit, ignore_eos, co
 
 @torch.inference_mode()
 def greedy(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, constraint: Constraint | None = None,
-           use_cache: bool = True, ignore_eos: bool = False) -> list[list[int]]:
+           ignore_eos: bool = False) -> list[list[int]]:
     """Pick the most likely token at every step. ``max_len`` (B,) bounds each output (without BOS).
 
-    ``ignore_eos`` keeps every sentence running to its full budget (equal work for benchmarks).
+    ``ignore_eos`` never ends an output before its budget: each is exactly ``max_len`` tokens, for a
+    task that knows its output's length (the reverse example).
     Rows that end (EOS or budget) leave the batch, unless a constraint reads the whole batch's rows.
     """
     memory = Memory.of(model, src)
@@ -149,7 +151,7 @@ def greedy(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, constra
     ys[:, 0] = BOS
     live = torch.arange(src.size(0), device=src.device)  # the rows still searched
     limit, done = max_len, torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
-    cache = model.new_cache(steps) if use_cache else None
+    cache = model.new_cache(steps)
     drop = _DROP_FINISHED and cache is not None and constraint is None
     for step in range(steps):
         logp = _next_logprobs(model, ys[live, : step + 1], memory, cache, step, limit, ignore_eos, constraint,
@@ -322,11 +324,11 @@ def decode_workers(workers: int, device: torch.device, batches: int) -> int:
 
 
 STRATEGIES = ("beam", "greedy")
-SEARCHED = ("encoder-decoder",)  # the variants whose outputs are searched: the search options apply to them
+SEARCHED = tuple(v for v in VARIANTS if variants.of(v).decoder)  # outputs are searched: the search options apply
 
 
 @dataclass
-class DecodeConfig(Section):
+class DecodeConfig:
     """How sequence tasks search; ``max_len_a * source_length + max_len_b`` bounds each output."""
 
     strategy: str = option("beam", "Search for test outputs and predict.", choices=STRATEGIES, variants=SEARCHED)

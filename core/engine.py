@@ -23,7 +23,7 @@ from . import checkpoint as ckpt
 from . import precision
 from .data import IGNORE, Encoded, collate, token_batches
 from .errors import TaskformerError
-from .model import PAD, Section, Transformer
+from .model import PAD, Ensemble, Transformer
 from .options import check, option
 
 
@@ -31,7 +31,7 @@ SCHEDULES = ("inverse_sqrt", "linear")
 
 
 @dataclass
-class TrainConfig(Section):
+class TrainConfig:
     """Optimisation settings. ``lr`` is the peak rate, reached after ``warmup`` steps."""
 
     epochs: int = option(20, "Passes over the training data (an upper bound when another budget ends first).",
@@ -93,7 +93,7 @@ def autocast(bf16, device: torch.device):
 
 def teacher_forced(model: Transformer) -> bool:
     """Whether ``model`` (or the model inside a DDP wrapper) has a decoder, which reads the target shifted."""
-    return getattr(model, "module", model).decoder is not None
+    return getattr(model, "module", model).cfg.kind.decoder
 
 
 def target_count(tgt: torch.Tensor, shifted: bool) -> int:
@@ -169,7 +169,8 @@ def batch_loss(model: Transformer, src: torch.Tensor, tgt: torch.Tensor, smoothi
         gold, logits, skip = tgt[:, 1:], model(src, tgt[:, :-1]), PAD
     else:
         gold, logits, skip = tgt, model(src), IGNORE
-    members = logits.size(0) if logits.dim() == gold.dim() + 2 else 1  # an Ensemble in training: (K, ...)
+    inner = getattr(model, "module", model)
+    members = len(inner.members) if isinstance(inner, Ensemble) and inner.training else 1  # stacked: (K, ...)
     gold = gold.expand(members, *gold.shape) if members > 1 else gold
     loss = SmoothedCrossEntropy.apply(logits.flatten(0, -2), gold.reshape(-1), smoothing, skip)
     return loss / members, count

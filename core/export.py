@@ -42,7 +42,7 @@ def _numpy(t: torch.Tensor):
 
 def check_exportable(model: Transformer) -> None:
     """Refuse models CTranslate2's ``TransformerSpec`` cannot express, before any work is done."""
-    if model.cfg.variant != "encoder-decoder":
+    if not model.cfg.kind.exportable:
         raise ExportError(
             "only encoder-decoder models can be exported to CTranslate2: its encoder-only models "
             "(ctranslate2.Encoder) end in hidden states or a BERT first-token pooler, with no place "

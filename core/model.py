@@ -1,6 +1,6 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), in one file.
 
-Three variants share every building block:
+Three variants (:mod:`taskformer.core.variants`) share every building block:
 
 * ``encoder-decoder`` -- source tokens are encoded once; the decoder attends to its own prefix
   (causal self-attention) and to the encoder memory (cross-attention). Used for sequence tasks.
@@ -14,30 +14,21 @@ Token id conventions are fixed for every task (see :mod:`taskformer.core.tokeniz
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import variants
 from .options import check, option
+from .variants import VARIANTS
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
-VARIANTS = ("encoder-decoder", "encoder-only", "tagging")
-
-
-class Section:
-    """Mixin for config dataclasses: ``section["key"]`` reads a field too, as plugins written when the
-    configuration was a nested dict expect."""
-
-    def __getitem__(self, key: str):
-        if key not in {f.name for f in fields(self)}:
-            raise KeyError(key)
-        return getattr(self, key)
 
 
 @dataclass
-class ModelConfig(Section):
+class ModelConfig:
     """Hyper-parameters of the network; ``vocab_size``/``num_classes`` (classes or tags) are filled in from the data."""
 
     variant: str = option("encoder-decoder", "The network; set by the task, not by --set.", choices=VARIANTS)
@@ -61,16 +52,20 @@ class ModelConfig(Section):
     def validate(self) -> None:
         """Reject impossible combinations (raises ValueError); each field's own range is in its metadata."""
         check("model", self)
-        if self.variant == "encoder-decoder" and self.dec_layers <= 0:
+        if self.kind.decoder and self.dec_layers <= 0:
             raise ValueError(f"model.dec_layers must be positive, got {self.dec_layers}")
         if self.d_model % self.n_heads:
             raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
         if self.d_model % 2:
             raise ValueError(f"model.d_model must be even for sinusoidal positions, got {self.d_model}")
-        if self.members > 1 and self.variant == "encoder-decoder":
+        if self.members > 1 and self.kind.decoder:
             raise ValueError("model.members > 1 (an ensemble) is for encoder-only and tagging models; "
                              "an encoder-decoder's search would need every member at every step")
 
+    @property
+    def kind(self) -> variants.Variant:
+        """What ``variant`` means (see :mod:`taskformer.core.variants`)."""
+        return variants.of(self.variant)
 
 
 class Dropout(nn.Module):
@@ -319,14 +314,14 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=PAD)
         self.tgt_embed = None
-        if cfg.variant == "encoder-decoder" and not cfg.tie_embeddings:
+        if cfg.kind.decoder and not cfg.tie_embeddings:
             self.tgt_embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=PAD)
         self.positions = SinusoidalPositions(cfg.d_model, cfg.max_len)
         self.drop = Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(Block(cfg, cross=False) for _ in range(cfg.enc_layers))
         self.enc_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
         self.decoder = None
-        if cfg.variant == "encoder-decoder":
+        if cfg.kind.decoder:
             self.decoder = nn.ModuleList(Block(cfg, cross=True) for _ in range(cfg.dec_layers))
             self.dec_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
         self.head = head if head is not None else DEFAULT_HEADS[cfg.variant](cfg)

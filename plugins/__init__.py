@@ -1,7 +1,7 @@
 """The plugin API: hook specifications (``hookspecs``), the plugin manager that dispatches them
-(``manager``), the reference generator (``docs``) and the built-in plugins that hear every task
-(``builtin``). Plugin authors import from ``taskformer`` itself; ``from taskformer.plugins import
-Task, hookimpl`` keeps working for plugins written before.
+(``manager``), the reference generator (``docs``), what report sections are made of (``sections``)
+and the built-in plugins that hear every task (``builtin``). Plugin authors import from
+``taskformer`` itself.
 """
 from .hookspecs import Task, hookimpl
 

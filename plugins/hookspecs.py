@@ -14,8 +14,7 @@ plugin of another task. So a task's hooks need no guard that checks ``task.name`
 declares no task (the built-in defaults and report sections, or a package that adds a metric to
 every task) is cross-cutting: it hears every task. A plugin that implements ``taskformer_tasks`` is
 a task plugin; to add something to other tasks as well, ship that part as a second plugin (a second
-entry point) that declares no task. Plugins written before this rule, which return ``None`` for
-tasks not theirs, keep working unchanged.
+entry point) that declares no task.
 
 Implementations may accept fewer arguments than the spec lists: pluggy passes only the ones they
 name, so a plugin keeps working when a hook gains arguments. ``docs/plugins.md`` renders these

@@ -129,7 +129,7 @@ TINY_COPY = ["--quiet", "--set", "train.max_steps=2", "--set", "data.train_size=
              "--set", "data.test_size=20"]
 
 
-def test_a_plugin_on_the_old_api_still_works_and_hears_only_its_own_task(register, cli, tmp_path):
+def test_a_plugin_with_guards_still_works_and_hears_only_its_own_task(register, cli, tmp_path):
     legacy_plugin.HEARD.clear()
     register(legacy_plugin, "legacy")
     out = tmp_path / "legacy"
@@ -138,7 +138,7 @@ def test_a_plugin_on_the_old_api_still_works_and_hears_only_its_own_task(registe
     assert "Sorted samples" in (out / "report.txt").read_text()  # its report section, reading run.samples
     predicted = cli("predict", str(out), "3 1 2 5 4", "--beam", "2")
     assert predicted.exit_code == 0 and len(predicted.stdout.split()) == 5  # its own greedy decoder
-    typo = cli("run", "legacy-sort", "--set", "data.lenght=3")  # dict-declared options are checked too
+    typo = cli("run", "legacy-sort", "--set", "data.lenght=3")  # a plugin's options are checked too
     assert typo.exit_code == 2 and "did you mean 'data.length'" in typo.stderr
     other = cli("run", "copy", "--out", str(tmp_path / "copy"), *TINY_COPY)
     assert other.exit_code == 0, other.output

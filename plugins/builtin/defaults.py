@@ -6,24 +6,24 @@ with the standard search implements no decode hook at all. The metrics are merge
 from __future__ import annotations
 
 from taskformer import best_labels, best_tags, hookimpl, search
+from taskformer.core import variants
 
 
 @hookimpl(trylast=True)
 def taskformer_decode(model, src, tokenizer, labels, words, config):
     """The arg-max Label for classifiers, the arg-max tag of each word for taggers, and beam or greedy
     search, as ``config.decode`` says, for sequences."""
-    if model.cfg.variant == "encoder-only":
-        return best_labels(model, src, labels)
-    if model.cfg.variant == "tagging":
-        return best_tags(model, src, words, labels)
-    return [tokenizer.decode(ids) for ids in search(model, src, config.decode)]
+    kind = model.cfg.kind
+    if kind.decoder:
+        return [tokenizer.decode(ids) for ids in search(model, src, config.decode)]
+    return best_tags(model, src, words, labels) if kind.per_word else best_labels(model, src, labels)
 
 
 @hookimpl
 def taskformer_metrics(task, hypotheses, references):
     """For tagging tasks: ``token_accuracy``, the percentage of words tagged right, and ``exact_match``,
     the percentage of inputs with every word right."""
-    if task.variant != "tagging":
+    if not variants.of(task.variant).per_word:
         return None
     pairs = [(h.split(), r.split()) for h, r in zip(hypotheses, references)]
     right = sum(a == b for h, r in pairs for a, b in zip(h, r))

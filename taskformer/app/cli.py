@@ -302,7 +302,7 @@ def report_cmd(run_dir) -> None:
 @main.command("new-task")
 @click.argument("name")
 @click.option("--dir", "target", type=click.Path(file_okay=False), help="Where to write the package (default ./taskformer-NAME).")
-@click.option("--variant", type=click.Choice(list(scaffold.VARIANTS)), default="encoder-decoder", show_default=True,
+@click.option("--variant", type=click.Choice(list(scaffold.SPELLINGS)), default="encoder-decoder", show_default=True,
               help="The kind of task: text to text, one class per input, or one tag per input word.")
 def new_task_cmd(name, target, variant) -> None:
     """Write a complete, installable plugin package for a new task called NAME."""

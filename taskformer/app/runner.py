@@ -33,6 +33,7 @@ from ..core import config as C
 from ..core import decoding
 from ..core import precision
 from ..core import progress
+from ..core import variants
 from ..core import quantize
 from ..core.config import RunConfig
 from ..core.data import TaskData, encode, encode_sources, encode_words, pad
@@ -212,11 +213,11 @@ def build_model(task: Task, config: RunConfig, vocab_size: int, labels: list[str
 def check_head(model: Transformer, where: str) -> None:
     """Run a plugin's head once on a tiny batch: a wrong contract fails here, named, not mid-training."""
     src, tgt_in = torch.tensor([[BOS, UNK, UNK]]), torch.tensor([[BOS, UNK]])
-    expected = {"encoder-decoder": (1, 2, model.cfg.vocab_size), "encoder-only": (1, model.cfg.num_classes),
-                "tagging": (1, 3, model.cfg.num_classes)}[model.cfg.variant]
+    kind = model.cfg.kind
+    expected = kind.logits_shape(1, src.size(1), tgt_in.size(1), model.cfg.vocab_size, model.cfg.num_classes)
     model.eval()  # no dropout: the check draws no random numbers
     try:
-        shape = tuple((model(src) if model.decoder is None else model(src, tgt_in)).shape)
+        shape = tuple((model(src, tgt_in) if kind.decoder else model(src)).shape)
     except Exception as e:
         shape = f"an error ({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__})"
     finally:
@@ -248,12 +249,12 @@ def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, c
     model = quantize.for_decoding(model.eval(), config.decode.quantize)  # int8: a CPU copy, fp32 inputs
     outputs: list[Prediction] = [""] * len(texts)
     todo = [i for i, t in enumerate(texts) if t.strip()]
-    inputs, variant = [texts[i] for i in todo], model.cfg.variant
-    if variant == "tagging":
+    inputs, kind = [texts[i] for i in todo], model.cfg.kind
+    if kind.per_word:
         src, words, cut = encode_words(tokenizer, inputs, model.cfg.max_len)
     else:
         words = None
-        src, cut = encode_sources(tokenizer, inputs, model.cfg.max_len, classify=variant == "encoder-only")
+        src, cut = encode_sources(tokenizer, inputs, model.cfg.max_len, classify=kind.labelled)
     order = sorted(range(len(todo)), key=lambda j: len(src[j]))
     dc, device = config.decode, next(model.parameters()).device
     chunks = [order[start : start + dc.batch_size] for start in range(0, len(order), dc.batch_size)]
@@ -371,8 +372,9 @@ def load_data(task: Task, config: RunConfig, data_dir: str | None, splits=SPLITS
         check_specials(data.tokenizer)
     except ValueError as e:
         raise PluginError(f"{where}: {e} (see 'Bring your own tokenizer' in docs/plugins.md)") from None
-    if task.variant != "encoder-decoder":
-        check_labels(data, task.variant == "tagging", where, splits)
+    kind = variants.of(task.variant)
+    if kind.labelled:
+        check_labels(data, kind.per_word, where, splits)
     return data
 
 

@@ -1,7 +1,7 @@
 """``taskformer new-task``: write a complete, installable task plugin package from templates.
 
 One package per model variant, each a small synthetic task that trains in seconds: reverse digits
-(encoder-decoder), low or high digits (classification), digits seen once or repeated (tagging).
+(encoder-decoder), low or high digits (encoder-only: a classifier), digits seen once or repeated (tagging).
 ``pyproject.toml`` and the README are shared; the module and its test are the variant's own.
 The encoder-decoder package for ``reverse`` is ``examples/taskformer-reverse`` (a test keeps them
 equal), so the scaffold, the example and the tutorial in docs/plugins.md are one piece of code.
@@ -17,10 +17,11 @@ from ...core.errors import TaskformerError
 
 VARIANTS = {  # variant: (what the package's task is, for its README; an input to try with predict)
     "encoder-decoder": ("the model learns to reverse a sequence of digits", "1 2 3 4 5 6"),
-    "classification": ("the model learns whether most digits of a sequence are low (0-4) or high (5-9)",
+    "encoder-only": ("the model learns whether most digits of a sequence are low (0-4) or high (5-9)",
                        "1 2 3 7 8 9 9"),
     "tagging": ("the model learns to tag each digit of a sequence `once` or `repeated`", "1 2 1 3 4 3"),
 }
+SPELLINGS = {**{v: v for v in VARIANTS}, "classification": "encoder-only"}  # what --variant accepts
 FILES = {"pyproject.toml.tmpl": "pyproject.toml", "README.md.tmpl": "README.md",
          "${variant}.py.tmpl": "${module}.py", "test_${variant}.py.tmpl": "tests/test_${module}.py"}
 
@@ -34,8 +35,9 @@ def names(task: str) -> dict[str, str]:
 
 def write(task: str, target: Path, variant: str = "encoder-decoder") -> list[Path]:
     """Render the templates into ``target`` (which must not exist or be empty); returns the files written."""
-    if variant not in VARIANTS:
+    if variant not in SPELLINGS:
         raise TaskformerError(f"unknown variant {variant!r}: choose {', '.join(VARIANTS)}")
+    variant = SPELLINGS[variant]
     about, example = VARIANTS[variant]
     command = f"taskformer new-task {task}" + ("" if variant == "encoder-decoder" else f" --variant {variant}")
     values = {**names(task), "variant": variant, "about": about, "example": example, "command": command}
