@@ -48,11 +48,9 @@ TASK = Task(
     higher_is_better=True,
     defaults={
         # Sized for the 5,000-row subset and the full 120,000 rows alike: one narrow layer over mean-pooled
-        # states matches two layers here at half the cost; dropout, word-drop copies and early stopping
-        # (the validation peak comes after 3-5 epochs on the subset) hold back over-fitting.
-        # Twenty members averaged (model.members): one network plateaus at 84.4-86% test accuracy here, and
-        # the errors of differently initialised ones are partly independent; on 1,000 held-out train rows
-        # 5, 15 and 20 members scored 86.5, 87.6 and 88.1 (mean of seeds 3-7; docs/results.md).
+        # states; dropout, word-drop copies and early stopping hold back over-fitting. Twenty members
+        # averaged (model.members): the errors of differently initialised networks are partly independent.
+        # Chosen on held-out train rows, never the test set (docs/results.md).
         "model": {"d_model": 128, "n_heads": 4, "enc_layers": 1, "d_ff": 256, "dropout": 0.3, "max_len": 128,
                   "pooling": "mean", "members": 20},
         # max_len 128 cuts 0.2% of train and 0.4% of test inputs (median 50 tokens, 99th percentile 101)

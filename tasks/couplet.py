@@ -40,9 +40,9 @@ from taskformer import (EOS, PAD, SPECIALS, DataError, DecodeConfig, Task, TaskD
 
 @dataclass
 class Options:
-    """The ``data`` options. ``max_train``: pairs used for training (0 = all 728k, about 1.7 passes
-    in an hour on one core; 300k seen 5 times did as well, docs/results.md); ``val_size`` pairs are carved from the full train set first,
-    seeded by ``train.seed``; characters seen fewer than ``min_char_freq`` times become [UNK]."""
+    """The ``data`` options. ``max_train``: pairs used for training (0 = all 728k; docs/results.md
+    compares subsets); ``val_size`` pairs are carved from the full train set first, seeded by
+    ``train.seed``; characters seen fewer than ``min_char_freq`` times become [UNK]."""
 
     max_train: int = option(0, "Pairs used for training; 0: all.", at_least=0)
     val_size: int = option(1000, "Validation pairs carved from the full train set first, seeded by train.seed.",
@@ -61,12 +61,9 @@ class Search(DecodeConfig):
     the two tone rules: ``off``, ``soft`` (``tone_penalty`` is subtracted from the log-probability of
     every character that breaks the rule) or ``hard`` (only characters that keep it are allowed).
 
-    Defaults, chosen on 4,000 val pairs of a separate run (bench/couplet_tones.py, docs/results.md):
-    the final rule hard (it cost no BLEU), opposition soft with penalty 1, beam 8. On the val pairs
-    of three checkpoints this setting scored on average 0.001 char BLEU below the rules off (−0.04 to
-    +0.04) while keeping 93% of the positions (the model alone: 88%, the human references: 83%);
-    hard opposition scored 0.09 below. Beam 8 gained 0.04 BLEU over 4 with and without the rules,
-    at twice the decoding time. Hard opposition is there for whoever wants the guarantee.
+    Defaults: the final rule hard, opposition soft with penalty 1, beam 8, chosen on val pairs of a
+    separate run (bench/couplet_tones.py; the scores are in docs/results.md). Hard opposition is
+    there for whoever wants the guarantee.
     """
 
     constrained: bool = option(True, "Enforce the form (length, punctuation) inside the search; false turns the "
@@ -85,10 +82,9 @@ TASK = Task(
     metric="bleu",
     higher_is_better=True,
     defaults={
-        # Sized for a 2-core CPU: in short runs d_model=128 reached the same loss per step as 256
-        # at 1.45x the speed; on both cores, 2+2 layers beat 3+3 and d192 3+3 at equal time
-        # (docs/results.md, "Model size on both cores"). bf16 stays off: with the current CPU
-        # attention kernel it gives no speed-up (and is slower when the cores are oversubscribed).
+        # Sized for a 2-core CPU, chosen at equal time (docs/results.md, "Model size on both cores").
+        # bf16 stays off: with the current CPU attention kernel it gives no speed-up (and is slower
+        # when the cores are oversubscribed).
         "model": {"d_model": 128, "n_heads": 4, "enc_layers": 2, "dec_layers": 2, "d_ff": 512,
                   "dropout": 0.0, "max_len": 64, "tie_embeddings": True},
         "train": {"epochs": 10, "max_tokens": 1500, "lr": 2e-3, "warmup": 200, "label_smoothing": 0.1,

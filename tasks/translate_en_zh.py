@@ -43,10 +43,10 @@ TASK = Task(
     description="English to Chinese translation on Tatoeba pairs (the tutorial's en-cn split), sacreBLEU zh",
     metric="bleu",
     # The core's model otherwise (d_model 256, 3+3 layers, tied embeddings, beam 5). A 30-minute CPU
-    # run is short in updates, so batches are half the core's size and the warm-up half as long:
-    # in 30 minutes on one core that reached dev BLEU 26.7 (beam 5) where 4,096-token batches with
-    # 400 warm-up steps, which the run barely left, reached 18.4 (docs/results.md). More dropout keeps many
-    # passes over 14.5k pairs from overfitting; ``--time-limit`` ends training before the epoch cap.
+    # run is short in updates, so batches are half the core's size and the warm-up half as long
+    # (chosen on dev, docs/results.md): the core's 400 warm-up steps are most of such a run. More
+    # dropout keeps many passes over 14.5k pairs from overfitting; ``--time-limit`` ends training
+    # before the epoch cap.
     # Chinese runs about 1.35 characters per English token: room for long outputs.
     defaults={"model": {"dropout": 0.2}, "train": {"epochs": 60, "max_tokens": 2048, "warmup": 200},
               "decode": {"max_len_a": 1.5}},
