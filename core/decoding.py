@@ -17,6 +17,7 @@ from typing import Callable, Iterable, Iterator, NamedTuple, Protocol, TypeVar
 import torch
 
 from . import variants
+from .errors import TaskformerError
 from .model import BOS, EOS, PAD, Transformer
 from .options import check, option
 from .variants import VARIANTS
@@ -256,13 +257,14 @@ def classify(model: Transformer, src: torch.Tensor) -> torch.Tensor:
 
 
 class Label(NamedTuple):
-    """A classifier's prediction; ``str()`` gives the line ``predict`` prints: ``LABEL<TAB>PROBABILITY``."""
+    """A classifier's prediction; ``str()`` gives the line ``predict`` prints: ``LABEL<TAB>PROBABILITY``.
+    A blank input gets ``Label("", 0.0)``, printed as a blank line."""
 
     label: str
     probability: float
 
     def __str__(self) -> str:
-        return f"{self.label}\t{self.probability:.4f}"
+        return f"{self.label}\t{self.probability:.4f}" if self.label else ""  # a blank input: a blank line
 
 
 def best_labels(model: Transformer, src: torch.Tensor, labels: list[str]) -> list[Label]:
@@ -294,6 +296,18 @@ def best_tags(model: Transformer, src: torch.Tensor, words: list[list[int]], lab
     """The most probable tag of every word, as the line ``TAG TAG ...`` (one per word of each row):
     what a tagging task's decoder returns. :func:`tag_scores` gives each tag's probability too."""
     return [" ".join(tag.label for tag in row) for row in tag_scores(model, src, words, labels)]
+
+
+def word_tags(text: str, tags: str) -> list[tuple[str, str]]:
+    """The words of ``text`` as the user wrote them (split at whitespace, punctuation kept), each
+    with its tag from a tagger's line ``tags``: what ``predict`` gives for a tagging task. The task's
+    normalizer may change a word for the model (lower-case it, drop its full stop) but must keep
+    one word per user word: :class:`TaskformerError` names the input where it did not."""
+    words, labels = text.split(), tags.split()
+    if len(words) != len(labels):
+        raise TaskformerError(f"{text!r} has {len(words)} words but {len(labels)} tags: the task's normalizer "
+                              "(taskformer_normalize) must keep one word per input word")
+    return list(zip(words, labels))
 
 
 def parallel_map(fn: Callable[[Item], Result], items: Iterable[Item], workers: int) -> Iterator[Result]:

@@ -1,5 +1,9 @@
-"""Corpus scores for generated text, with sacreBLEU: one implementation for every task that translates."""
+"""Scores every task may share: corpus BLEU and chrF of generated text (sacreBLEU), and entity-level
+(span) precision, recall and F1 of BIO-tagged sequences."""
 from __future__ import annotations
+
+import re
+from collections import Counter
 
 import sacrebleu
 
@@ -15,3 +19,56 @@ def translation_metrics(hypotheses: list[str], references: list[str], tokenize: 
     refs = [references]
     return {"bleu": sacrebleu.corpus_bleu(hypotheses, refs, tokenize=tokenize).score,
             "chrf": sacrebleu.corpus_chrf(hypotheses, refs).score}
+
+
+BIO = re.compile(r"O|[BIES]-.+")  # the tags of BIO (IOB1, IOB2) and IOBES schemes: O, or a prefix and a type
+
+
+def spans(tags: list[str]) -> set[tuple[str, int, int]]:
+    """The entities ``(type, first, last)`` of one sentence's BIO, IOB or IOBES tags, by the CoNLL
+    script's rules, which seqeval's default mode follows: an entity starts at ``B-`` or ``S-``, at
+    ``I-``/``E-`` after ``O``, after an ended entity or after another type (so ``I-PER I-PER`` is one
+    person), and ends before ``B-``, ``S-``, ``O`` or another type, or at ``E-``/``S-``.
+    """
+    found, start, kind, prev = set(), -1, "", "O"
+    for i, tag in enumerate([*tags, "O"]):  # a final O closes an entity still open
+        prefix, typ = (tag, "") if tag == "O" else (tag[0], tag[2:])
+        ends = start >= 0 and (prefix in "BSO" or prev in "ES" or typ != kind)
+        if ends:
+            found.add((kind, start, i - 1))
+            start = -1
+        if prefix in "BS" or (prefix in "IE" and start < 0):
+            start, kind = i, typ
+        prev = prefix
+    return found
+
+
+def span_scores(hypotheses: list[str], references: list[str]) -> dict[str, float]:
+    """Entity-level precision, recall and F1 (percent, micro-averaged) of tag lines ``"B-PER I-PER O
+    ..."``, one per sentence: an entity counts as right only if its type and both ends match, as in
+    seqeval and the CoNLL-2003 evaluation. Also ``span_f1_TYPE`` for each entity type of the references.
+    """
+    right, guessed, true = Counter(), Counter(), Counter()
+    for hyp, ref in zip(hypotheses, references):
+        h, r = spans(hyp.split()), spans(ref.split())
+        right.update(kind for kind, *_ in h & r)
+        guessed.update(kind for kind, *_ in h)
+        true.update(kind for kind, *_ in r)
+
+    def f1(p: float, r: float) -> float:
+        return 2 * p * r / (p + r) if p + r else 0.0
+
+    def ratio(n: int, d: int) -> float:
+        return 100.0 * n / d if d else 0.0
+
+    p, r = ratio(sum(right.values()), sum(guessed.values())), ratio(sum(right.values()), sum(true.values()))
+    scores = {"span_precision": p, "span_recall": r, "span_f1": f1(p, r)}
+    for kind in sorted(true):
+        scores[f"span_f1_{kind}"] = f1(ratio(right[kind], guessed[kind]), ratio(right[kind], true[kind]))
+    return scores
+
+
+def is_bio(lines: list[str]) -> bool:
+    """Whether every tag of these tag lines belongs to a BIO, IOB or IOBES scheme (and one is not O)."""
+    tags = {tag for line in lines for tag in line.split()}
+    return tags != {"O"} and bool(tags) and all(BIO.fullmatch(tag) for tag in tags)

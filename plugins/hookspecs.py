@@ -228,7 +228,9 @@ def taskformer_metrics(task: Task, sources: list[str], hypotheses: list[str] | l
     Every answer is merged, so a plugin that declares no task may add metrics to any task; the
     task's ``metric`` must be among them. The core scores every tagging task already:
     ``token_accuracy`` (percent of words tagged right) and ``exact_match`` (percent of inputs with
-    every word right).
+    every word right), and, when the tags are BIO, IOB or IOBES (``B-PER I-PER O``), the entity-level
+    ``span_precision``, ``span_recall``, ``span_f1`` and ``span_f1_TYPE`` of seqeval's default
+    mode; ``span_scores(hypotheses, references)`` computes them for a plugin of its own.
 
     Example::
 

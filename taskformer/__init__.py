@@ -20,7 +20,7 @@ from taskformer.core.data import TaskData, encode_sources, encode_words, find_fi
 from taskformer.core.decoding import (Constraint, DecodeConfig, Label, beam_search, best_labels, best_tags, classify,
                                       greedy, max_lengths, search, tag_scores)
 from taskformer.core.errors import DataError, TaskformerError
-from taskformer.core.metrics import translation_metrics
+from taskformer.core.metrics import span_scores, translation_metrics
 from taskformer.core.model import BOS, EOS, PAD, UNK, ClassificationHead, Generator, ModelConfig, TaggingHead
 from taskformer.core.progress import stage, track
 from taskformer.core.tokenize import CJK, SPECIALS, characters, subword, symbols
@@ -44,5 +44,5 @@ __all__ = [
     "Generator", "Label", "Model", "ModelConfig", "Run", "RunConfig", "TaggingHead", "Task", "TaskData",
     "TaskformerError", "beam_search", "best_labels", "best_tags", "characters", "classify", "cross_attention",
     "encode_sources", "encode_words", "find_file", "greedy", "hookimpl", "load", "max_lengths", "option", "read_lines",
-    "read_parallel", "read_tsv", "search", "stage", "subword", "symbols", "tag_scores", "track", "translation_metrics",
+    "read_parallel", "read_tsv", "search", "span_scores", "stage", "subword", "symbols", "tag_scores", "track", "translation_metrics",
 ]

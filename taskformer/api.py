@@ -7,7 +7,8 @@
 
 ``predict`` goes through the same task decoder as ``taskformer predict`` (constraints included) and
 returns one result per input, in order: a string for sequence tasks, a :class:`taskformer.Label`
-``(label, probability)`` for classifiers, the tags joined by spaces (one per word) for taggers.
+``(label, probability)`` for classifiers (``Label("", 0.0)`` for a blank input), and for taggers
+a list of ``(word, tag)`` pairs, the words as given (punctuation kept), ``[]`` for a blank input.
 Loading refuses what the command line refuses (pickles beside the weights, corrupt or mismatched
 weights) with the same :class:`taskformer.TaskformerError`, and nothing is printed.
 """
@@ -17,6 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .app import runner
+from .core.decoding import word_tags
 from .core.errors import TaskformerError
 
 
@@ -55,6 +57,8 @@ class Model:
         if wrong is not None:
             raise TaskformerError(f"predict takes strings, got {type(wrong).__name__}")
         outputs, _ = runner.predict(self._run, texts, runner.with_search(self.config, beam, batch_size))
+        if self._run.model.cfg.kind.per_word:  # a tagger: the user's words, each with its tag
+            return [word_tags(text, tags) for text, tags in zip(texts, outputs)]
         return outputs
 
     def evaluate(self, split: str = "test", data_dir: str | Path | None = None) -> dict:

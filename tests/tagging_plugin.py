@@ -4,7 +4,8 @@ The input is a lower-cased sentence; the target tags each word ``lower``, ``titl
 first word of a sentence) or ``upper`` (acronyms). A word's casing depends on the word itself and
 on its place, so the encoder needs its context, and the BPE tokenizer splits rarer words into
 several tokens, so the core's word alignment is exercised in training and in decoding alike. The
-normalize hook lower-cases what ``predict`` is given, as the data hook lower-cased the sources.
+normalize hook lower-cases what ``predict`` is given and drops punctuation, as the data hook's
+sources are; ``predict`` still pairs each tag with the word as the user wrote it.
 """
 import random
 
@@ -45,7 +46,9 @@ def sentences(rng: random.Random, n: int) -> list[tuple[str, str]]:
 
 @hookimpl
 def taskformer_normalize(text):
-    return text.lower()
+    # The model saw lower-cased words without punctuation; one word stays one word, so predict's
+    # word/tag pairs keep the user's words ("London." with its full stop).
+    return " ".join(word.strip(".,;:!?") or word for word in text.lower().split())
 
 
 @hookimpl

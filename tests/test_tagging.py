@@ -58,16 +58,27 @@ def test_a_tagging_task_trains_predicts_evaluates_and_reports_through_the_cli(re
     assert len(rows) == 100 and all(len(r["output"].split()) == len(r["source"].split()) for r in rows)
     assert "token_accuracy" in (out / "report.txt").read_text()
 
-    lines = ["Anna met the BBC in London", "", "the river " * 40]  # mixed case is normalized; the last is cut
+    lines = ["Anna met the BBC in London.", "", "the river " * 40]  # normalized for the model; the last is cut
     predicted = cli("predict", str(out), input="\n".join(lines) + "\n")
     assert predicted.exit_code == 0, predicted.output
-    tags = predicted.stdout.split("\n")[:-1]
-    assert len(tags) == 3 and tags[1] == ""
-    assert len(tags[0].split()) == 6 and tags[0].split()[0] == "title"
-    assert len(tags[2].split()) == 80 and tags[2].split()[-1] == "lower"  # words beyond max_len get TAGS[0]
+    inputs, block = [], []  # WORD<TAB>TAG lines, a blank line after each input (the blank input: just that)
+    for line in predicted.stdout.split("\n")[:-1]:
+        if line:
+            block.append(line.split("\t"))
+        else:
+            inputs, block = inputs + [block], []
+    assert len(inputs) == 3 and inputs[1] == [] and block == []
+    first, third = inputs[0], inputs[2]
+    assert [word for word, _ in first] == lines[0].split()  # the user's words, "London." with its full stop
+    assert first[0][1] == "title"
+    assert len(third) == 80 and third[-1] == ["river", "lower"]  # words beyond max_len get TAGS[0]
     assert "truncated" in predicted.stderr
+    as_json = cli("predict", str(out), "--json", lines[0], "")
+    assert as_json.exit_code == 0, as_json.output
+    assert [json.loads(line) for line in as_json.stdout.splitlines()] == [[list(pair) for pair in first], []]
 
     model = taskformer.load(out)
+    assert model.predict([lines[0], " "]) == [[tuple(pair) for pair in first], []]  # the API gives the pairs too
     assert model.evaluate("test") == pytest.approx(test)  # eval decodes the same way the run did
     evaluated = cli("eval", str(out), "--split", "test")
     assert evaluated.exit_code == 0 and "token_accuracy" in evaluated.stdout

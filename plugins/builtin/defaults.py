@@ -5,8 +5,9 @@ with the standard search implements no decode hook at all. The metrics are merge
 """
 from __future__ import annotations
 
-from taskformer import best_labels, best_tags, hookimpl, search
+from taskformer import best_labels, best_tags, hookimpl, search, span_scores
 from taskformer.core import variants
+from taskformer.core.metrics import is_bio
 
 
 @hookimpl(trylast=True)
@@ -22,11 +23,15 @@ def taskformer_decode(model, src, tokenizer, labels, words, config):
 @hookimpl
 def taskformer_metrics(task, hypotheses, references):
     """For tagging tasks: ``token_accuracy``, the percentage of words tagged right, and ``exact_match``,
-    the percentage of inputs with every word right."""
+    the percentage of inputs with every word right; for BIO, IOB or IOBES tags also the entity-level
+    ``span_precision``, ``span_recall``, ``span_f1`` and ``span_f1_TYPE`` (see :func:`taskformer.span_scores`)."""
     if not variants.of(task.variant).per_word:
         return None
     pairs = [(h.split(), r.split()) for h, r in zip(hypotheses, references)]
     right = sum(a == b for h, r in pairs for a, b in zip(h, r))
     words = sum(len(r) for _, r in pairs)
-    return {"token_accuracy": 100.0 * right / max(words, 1),
-            "exact_match": 100.0 * sum(h == r for h, r in pairs) / max(len(pairs), 1)}
+    scores = {"token_accuracy": 100.0 * right / max(words, 1),
+              "exact_match": 100.0 * sum(h == r for h, r in pairs) / max(len(pairs), 1)}
+    if is_bio(references):  # entity tags (B-PER I-PER O ...): entity-level scores as well
+        scores.update(span_scores(hypotheses, references))
+    return scores

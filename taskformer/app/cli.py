@@ -18,6 +18,7 @@ from rich.table import Table
 
 from ..core import config as C
 from ..core import progress
+from ..core.decoding import Label, word_tags
 from ..core.errors import TaskformerError
 from . import distributed, plan, report, runner, scaffold
 from ..plugins.manager import plugins
@@ -178,23 +179,39 @@ def eval_cmd(run_dir, split, data_dir, overrides, average) -> None:
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.argument("text", nargs=-1)
 @click.option("--beam", type=click.IntRange(min=1), help="Beam size (1 = greedy).")
-def predict_cmd(run_dir, text, beam) -> None:
-    """Run a trained model on TEXT, or on each line of stdin (one output line per input line)."""
+@click.option("--json", "as_json", is_flag=True, help="One JSON value per input line: the output string, "
+              "{label, probability} for a classifier, [[word, tag], ...] for a tagger.")
+def predict_cmd(run_dir, text, beam, as_json) -> None:
+    """Run a trained model on TEXT, or on each line of stdin (one output line per input line).
+
+    A tagger prints WORD<TAB>TAG per word, the words as given, and a blank line after each input.
+    """
     run = runner.load(run_dir)
     config = runner.with_search(run.config, beam)
-    cut = 0
+    tagger, cut = run.model.cfg.kind.per_word, 0
     try:
         for lines in [list(text)] if text else stdin_batches(config.decode.batch_size):
             outputs, n = runner.predict(run, lines, config)
             cut += n
-            for out in outputs:
-                click.echo(str(out).replace("\n", " "))  # click.echo flushes: each batch reaches the pipe at once
+            for line, out in zip(lines, outputs):
+                click.echo(shown(line, out, tagger, as_json))  # click.echo flushes: each reaches the pipe at once
     except BrokenPipeError:  # the reader went away (`| head -1`): stop quietly, like any pipe filter
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python exits
         sys.exit(141)  # what a shell reports for a filter ended by SIGPIPE
     if cut:
         click.echo(f"warning: {cut} input(s) longer than the model's {run.model.cfg.max_len} positions were truncated",
                    err=True)
+
+
+def shown(line: str, out, tagger: bool, as_json: bool) -> str:
+    """What predict prints for one input: one line, or a tagger's WORD<TAB>TAG lines and a blank line."""
+    if tagger:
+        out = word_tags(line, out)
+    if as_json:
+        return json.dumps(out._asdict() if isinstance(out, Label) else out, ensure_ascii=False)
+    if tagger:
+        return "".join(f"{word}\t{tag}\n" for word, tag in out)
+    return str(out).replace("\n", " ")
 
 
 def stdin_batches(size: int):

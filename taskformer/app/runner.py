@@ -247,9 +247,11 @@ def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, c
     A tagging task's decoder also receives where each word starts (``words``; ``None`` otherwise).
     """
     model = quantize.for_decoding(model.eval(), config.decode.quantize)  # int8: a CPU copy, fp32 inputs
-    outputs: list[Prediction] = [""] * len(texts)
+    kind = model.cfg.kind
+    blank = Label("", 0.0) if kind.labelled and not kind.per_word else ""  # one type of answer per task
+    outputs: list[Prediction] = [blank] * len(texts)
     todo = [i for i, t in enumerate(texts) if t.strip()]
-    inputs, kind = [texts[i] for i in todo], model.cfg.kind
+    inputs = [texts[i] for i in todo]
     if kind.per_word:
         src, words, cut = encode_words(tokenizer, inputs, model.cfg.max_len)
     else:
