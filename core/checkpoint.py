@@ -36,6 +36,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
+from . import compat
 from .errors import TaskformerError
 
 WEIGHTS = "model.safetensors"
@@ -389,7 +390,7 @@ def load_training_state(path: Path, model, optimizer, scheduler) -> dict:
     if bad or not isinstance(state.get("elapsed"), (int, float)):
         raise TaskformerError(f"{path / 'state.json'}: {bad or 'elapsed'} must be a non-negative number, "
                               f"got {state.get(bad or 'elapsed')!r}; the checkpoint is damaged")
-    cooldown = state.setdefault("cooldown", [])  # checkpoints from before train.cooldown lack it
+    cooldown = compat.checkpoint_state(state)["cooldown"]
     if not (cooldown == [] or (isinstance(cooldown, list) and len(cooldown) == 2
                                and all(map(_count, cooldown)) and cooldown[1] > 0)):
         raise TaskformerError(f"{path / 'state.json'}: cooldown must be [] or [first step, updates], got {cooldown!r}; "

@@ -20,7 +20,6 @@ import shutil
 import signal
 import sys
 import time
-import warnings
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,6 +28,7 @@ import torch
 from tokenizers import Tokenizer
 
 from ..core import checkpoint as ckpt
+from ..core import compat
 from ..core import config as C
 from ..core import decoding
 from ..core import precision
@@ -624,14 +624,12 @@ def row_json(row: tuple[str, Prediction, str]) -> dict:
 
 
 def row_from_json(row: dict, classify: bool) -> tuple[str, Prediction, str]:
-    """Back from outputs-*.jsonl. Runs from before predictions were values hold a classifier's
-    prediction as the line ``LABEL<TAB>PROBABILITY``."""
+    """Back from outputs-*.jsonl (a classifier's prediction as a line: see core/compat.py)."""
     output = row["output"]
     if isinstance(output, dict):
         output = Label(output["label"], output["probability"])
     elif classify:
-        label, _, prob = output.partition("\t")
-        output = Label(label, float(prob or "nan"))
+        output = compat.label_from_line(output)
     return row["source"], output, row["reference"]
 
 
@@ -684,13 +682,11 @@ def pin_precision(saved: dict, run_dir: Path) -> None:
 
 def bound_files(run_dir: Path, saved: dict) -> dict[str, str] | None:
     """The stamp the run's weights must carry (its task, run id and tokenizer hash, from config.json),
-    after checking that tokenizer.json is the one the run was trained with. Runs written before
-    runs were bound have no record: they load with a warning, unchecked (``None``)."""
+    after checking that tokenizer.json is the one the run was trained with (``None`` for a run
+    without the record: see core/compat.py)."""
     binding = saved.get("binding")
     if binding is None:
-        warnings.warn(f"{run_dir} was written before taskformer recorded which task, tokenizer and weights "
-                      "belong together; they are loaded without that check")
-        return None
+        return compat.unbound_run(run_dir)
     if not isinstance(binding, dict) or not all(isinstance(binding.get(k), str) for k in ("run", "tokenizer_sha256")):
         raise TaskformerError(f"{run_dir / 'config.json'}: damaged 'binding' record (expected a run id and the "
                               "tokenizer's SHA-256)")
