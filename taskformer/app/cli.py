@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..core import config as C
+from ..core import export
 from ..core import progress
 from ..core.decoding import Label, word_tags
 from ..core.errors import TaskformerError
@@ -25,6 +26,24 @@ from ..plugins.manager import plugins
 
 
 class CLI(click.Group):
+    """The command group; the commands of plugins (``taskformer_register_commands``) join it when a
+    command is first looked up, not when this module is imported."""
+
+    plugin_commands_added = False
+
+    def get_command(self, ctx, name):
+        self._add_plugin_commands()
+        return super().get_command(ctx, name)
+
+    def list_commands(self, ctx):
+        self._add_plugin_commands()
+        return super().list_commands(ctx)
+
+    def _add_plugin_commands(self) -> None:
+        if not self.plugin_commands_added:
+            self.plugin_commands_added = True
+            plugins().pm.hook.taskformer_register_commands(cli=self)
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
@@ -249,9 +268,8 @@ def stdin_batches(size: int):
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--to", "target", type=click.Choice(["ctranslate2"]), required=True, help="Format to write.")
-@click.option("--quantization", default="float32", show_default=True,
-              type=click.Choice(["float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
-                                 "float16", "bfloat16"]), help="Weight type of the exported model.")
+@click.option("--quantization", default="float32", show_default=True, type=click.Choice(export.QUANTIZATIONS),
+              help="Weight type of the exported model.")
 @click.option("--force", is_flag=True, help="Export even though the task decodes with its own (e.g. constrained) "
                                             "search, which CTranslate2 cannot run.")
 @click.option("--overwrite", is_flag=True, help="Replace an earlier export in OUT_DIR.")
@@ -262,28 +280,7 @@ def export_cmd(run_dir, out_dir, target, quantization, force, overwrite) -> None
     own rules (couplet's form constraint) would give other outputs there, so it is refused unless
     --force. docs/export.md has the details.
     """
-    import torch
-
-    from ..core import export
-    from ..core.model import EOS, UNK
-    from ..plugins.builtin import defaults as default_decoder
-
-    run = runner.load(run_dir)
-    export.check_exportable(run.model)
-    # Does a plugin decode this task itself? Ask the hook on a probe row and see who answers first.
-    probe = torch.tensor([[UNK, EOS]], device=run.device)
-    decoder, _ = plugins().first("taskformer_decode", run.task, model=run.model, src=probe, tokenizer=run.tokenizer,
-                                 labels=run.labels, words=None, config=run.config)
-    if decoder != default_decoder.__name__:
-        why = (f"task {run.task.name!r} is decoded by its plugin's own search (taskformer_decode hook, e.g. a "
-               "constrained one); CTranslate2 runs plain greedy/beam search, so its outputs would differ from "
-               "`taskformer predict`")
-        if not force:
-            raise TaskformerError(f"{why}; pass --force to export the network anyway")
-        click.echo(f"warning: {why}", err=True)
-    info = {"task": run.task.name, "run_dir": str(run.dir), "quantization": quantization,
-            "max_input_length": run.model.cfg.max_len, "decode": run.config.to_dict()["decode"]}
-    export.to_ctranslate2(run.model, run.tokenizer, out_dir, quantization, overwrite, info)
+    runner.export(runner.load(run_dir), out_dir, quantization, overwrite, force)
     click.echo(f"wrote {out_dir}: CTranslate2 {quantization} model, tokenizer.json, taskformer.json "
                f"(load it with ctranslate2.Translator({str(out_dir)!r}))")
 
@@ -331,6 +328,3 @@ def new_task_cmd(name, target, variant) -> None:
     for written in scaffold.write(name, path, variant):
         click.echo(f"wrote {written}")
     click.echo(f"next: pip install -e {path} && taskformer run {name}")
-
-
-plugins().pm.hook.taskformer_register_commands(cli=main)

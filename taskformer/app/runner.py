@@ -20,6 +20,7 @@ import shutil
 import signal
 import sys
 import time
+import warnings
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -31,6 +32,7 @@ from ..core import checkpoint as ckpt
 from ..core import compat
 from ..core import config as C
 from ..core import decoding
+from ..core import export as export_model
 from ..core import precision
 from ..core import progress
 from ..core import variants
@@ -42,6 +44,7 @@ from ..core.engine import Trainer, autocast, evaluate_loss
 from ..core.errors import TaskformerError
 from ..core.model import BOS, UNK, Ensemble, Transformer
 from ..core.tokenize import check_specials
+from ..plugins.builtin import defaults as default_decoder
 from ..plugins.hookspecs import Task
 from ..plugins.manager import PluginError, plugins
 
@@ -313,6 +316,32 @@ def evaluate_saved(run: Run, splits, data_dir: str | Path | None = None) -> dict
         data_dir = ckpt.read_json(run.dir / "config.json").get("data_dir")
     data = load_data(run.task, run.config, data_dir, splits, run.tokenizer)  # the splits scored, nothing more
     return {s: evaluate_split(run, data.splits[s], name=f"decoding {s}")[0] for s in splits}
+
+
+def own_decoder(task: Task) -> str | None:
+    """The plugin that decodes ``task`` with a search of its own (its ``taskformer_decode`` comes
+    before the built-in default's), or None where the default decoder decodes it."""
+    first, _ = next(iter(plugins().listeners("taskformer_decode", task)), ("", None))
+    return first if first and first != default_decoder.__name__ else None
+
+
+def export(run: Run, out_dir: str | Path, quantization: str, overwrite: bool = False, force: bool = False) -> None:
+    """Write the run's network for CTranslate2 (core/export.py), with a manifest of where it came from.
+
+    Only the network and plain greedy or beam search travel: a task whose plugin decodes by its own
+    rules (couplet's form constraint) would give other outputs there, so it is refused unless ``force``.
+    """
+    export_model.check_exportable(run.model)
+    if own_decoder(run.task):
+        why = (f"task {run.task.name!r} is decoded by its plugin's own search (taskformer_decode hook, e.g. a "
+               "constrained one); CTranslate2 runs plain greedy/beam search, so its outputs would differ from "
+               "`taskformer predict`")
+        if not force:
+            raise TaskformerError(f"{why}; pass --force to export the network anyway")
+        warnings.warn(why)
+    info = {"task": run.task.name, "run_dir": str(run.dir), "quantization": quantization,
+            "max_input_length": run.model.cfg.max_len, "decode": run.config.to_dict()["decode"]}
+    export_model.to_ctranslate2(run.model, run.tokenizer, out_dir, quantization, overwrite, info)
 
 
 def use_average(run: Run, n: int) -> str:
