@@ -64,7 +64,10 @@ class Task:
     ``decode_options``, a subclass of :class:`taskformer.DecodeConfig`, adds search options of the
     task's own to the ``decode`` section. ``defaults`` overlays the core's defaults for the sections
     ``model``, ``train``, ``decode`` (and ``data``); a plugin without ``data_options`` declares its
-    data options there instead, as a dict of defaults.
+    data options there instead, as a dict of defaults. ``metric_groups`` orders the metrics in the
+    report and in ``taskformer eval``: a title for each group and its metrics in order, e.g.
+    ``{"entities": ["span_f1", "span_precision", "span_recall"]}``; the selecting ``metric`` comes
+    first, metrics in no group last.
     """
 
     name: str
@@ -75,6 +78,7 @@ class Task:
     defaults: dict[str, dict[str, Any]] = field(default_factory=dict)
     data_options: type | None = None
     decode_options: type | None = None
+    metric_groups: dict[str, list[str]] = field(default_factory=dict)
     plugin: str = ""  # filled in by the plugin manager: who provides the task
 
 

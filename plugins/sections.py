@@ -37,6 +37,29 @@ def fmt(v) -> str:
     return str(v)
 
 
+def metric_list(metrics: dict[str, dict], main: str = "", groups: dict[str, list[str]] | None = None) -> Table:
+    """Metrics as a list, one metric per row and one column per split, never cut however many there are.
+
+    The task's ``main`` metric comes first; then each of ``groups`` (``Task.metric_groups``: a title
+    and its metrics, in order) under its title; then the rest, in the order the hooks returned them.
+    """
+    names = list(dict.fromkeys(name for values in metrics.values() for name in values))
+    placed = [main] if main in names else []
+    blocks = [("", placed)]
+    for title, members in (groups or {}).items():
+        blocks.append((title, [n for n in members if n in names and n not in placed]))
+        placed += blocks[-1][1]
+    blocks.append(("other" if groups else "", [n for n in names if n not in placed]))
+    table = simple_table("metric", *metrics)
+    table.columns[0].overflow = "fold"  # a long name wraps, it is not cut
+    for title, members in blocks:
+        if title and members:
+            table.add_row(Text(title, style="bold"), *("" for _ in metrics))
+        for name in members:
+            table.add_row(("  " if title else "") + name, *(fmt(values.get(name, "")) for values in metrics.values()))
+    return table
+
+
 def cross_attention(run, source_language: str, target_language: str) -> list[tuple[str, object]]:
     """The report section of a translation task: where the model looked while writing a test sample.
 

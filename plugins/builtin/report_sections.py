@@ -10,7 +10,7 @@ from dataclasses import asdict
 from rich.text import Text
 
 from taskformer import Label, hookimpl
-from taskformer.plugins.sections import fmt, simple_table
+from taskformer.plugins.sections import fmt, metric_list, simple_table
 
 
 @hookimpl(tryfirst=True)
@@ -37,10 +37,7 @@ def taskformer_report_sections(run):
         if v is not None:
             facts.add_row(k, fmt(v))
 
-    names = sorted({m for split in run.metrics.values() for m in split})
-    metrics = simple_table("split", *names)
-    for split, values in run.metrics.items():
-        metrics.add_row(split, *(fmt(values.get(n, "")) for n in names))
+    metrics = metric_list(run.metrics, run.task.metric, run.task.metric_groups)
 
     samples = simple_table("source", "output", "reference", show_lines=True)
     for src, prediction, ref in run.samples.get("test", []):

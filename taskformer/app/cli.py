@@ -13,7 +13,6 @@ import warnings
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from ..core import config as C
@@ -23,6 +22,7 @@ from ..core.decoding import Label, word_tags
 from ..core.errors import TaskformerError
 from . import distributed, plan, report, runner, scaffold
 from ..plugins.manager import plugins
+from ..plugins.sections import metric_list
 
 
 class CLI(click.Group):
@@ -78,17 +78,25 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 
 
 @main.command("tasks")
-def tasks_cmd() -> None:
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: the tasks (name, variant, metric, "
+                                                        "description, plugin) and the plugins that failed to load.")
+def tasks_cmd(as_json) -> None:
     """List installed tasks and the plugin that provides each."""
     p = plugins()
+    tasks = sorted(p.tasks.values(), key=lambda t: t.name)
+    if as_json:
+        click.echo(json.dumps({"tasks": [{"name": t.name, "variant": t.variant, "metric": t.metric,
+                                          "description": t.description, "plugin": t.plugin} for t in tasks],
+                               "broken": p.broken}, indent=2, ensure_ascii=False))
+        return
     table = Table(title="taskformer tasks")
     for col in ("task", "variant", "metric", "description", "plugin"):
         table.add_column(col)
-    for t in sorted(p.tasks.values(), key=lambda t: t.name):
+    for t in tasks:
         table.add_row(t.name, t.variant, t.metric, t.description, t.plugin)
     for name, why in p.broken.items():
         table.add_row("[red]-", "", "", "[red]broken (see below)", name)
-    Console().print(table)
+    report.listing_console().print(table)
     for name, why in p.broken.items():
         click.echo(f"warning: plugin {name!r} {why}", err=True)
 
@@ -174,7 +182,8 @@ def train_and_report(quiet: bool, shard: tuple[int, int] = (0, 1), **options) ->
 @click.option("--set", "overrides", multiple=True, metavar="decode.KEY=VALUE", help="Override a decoding setting.")
 @click.option("--average", type=click.IntRange(min=1), metavar="N",
               help="Evaluate the average of the last N evaluated checkpoints (kept by train.average_last) instead.")
-def eval_cmd(run_dir, split, data_dir, overrides, average) -> None:
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: the metrics of each split and the weights.")
+def eval_cmd(run_dir, split, data_dir, overrides, average, as_json) -> None:
     """Re-evaluate a saved run's best checkpoint, or the average of its last checkpoints."""
     run = runner.load(run_dir)
     updates = C.parse_overrides(list(overrides))
@@ -184,13 +193,13 @@ def eval_cmd(run_dir, split, data_dir, overrides, average) -> None:
     weights = runner.use_average(run, average) if average else run.info.get("kept_weights", "best")
     with report.ProgressDisplay() as display, progress.listening(display):
         results = runner.evaluate_saved(run, split or ("val", "test"), data_dir)
-    table = Table(title=f"{run.task.name}: {run.dir}")
-    names = sorted({k for m in results.values() for k in m})
-    for col in ("split", *names):
-        table.add_column(col)
-    for s, m in results.items():
-        table.add_row(s, *(f"{m[n]:.4g}" if isinstance(m.get(n), float) else str(m.get(n, "")) for n in names))
-    Console().print(table)
+    if as_json:
+        click.echo(json.dumps({"task": run.task.name, "run_dir": str(run.dir), "weights": weights,
+                               "metrics": results}, indent=2, ensure_ascii=False))
+        return
+    table = metric_list(results, run.task.metric, run.task.metric_groups)
+    table.title = f"{run.task.name}: {run.dir}"
+    report.listing_console().print(table)
     click.echo(f"weights: {weights}")
 
 
@@ -297,11 +306,7 @@ def runs_cmd(root, as_json) -> None:
     if as_json:
         click.echo(json.dumps(runs, indent=2, ensure_ascii=False))
         return
-    console = Console()
-    if not console.is_terminal:  # a pipe or a file: as wide as the table needs, so no path is cut or wrapped
-        console = Console(width=1 << 16)
-    console.print(report.list_runs(runs, Path(root)))
-
+    report.listing_console().print(report.list_runs(runs, Path(root)))
 
 @main.command("report")
 @click.argument("run_dir", type=click.Path(file_okay=False))
