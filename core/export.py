@@ -18,18 +18,23 @@ only when an export runs.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import stat
+import tempfile
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
 
+from .checkpoint import read_json, write_json
 from .errors import TaskformerError
 from .model import Generator, Transformer
 from .tokenize import SPECIALS
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
                  "bfloat16")
-MARKER = "model.bin"  # what CTranslate2 writes: a folder holding it may be replaced with overwrite=True
+MANIFEST = "taskformer.json"  # written last by every export: where it came from and the files it wrote
 
 
 class ExportError(TaskformerError):
@@ -142,39 +147,74 @@ def vocabulary(tokenizer: Tokenizer, size: int) -> list[str]:
     return [by_id[i] for i in range(size)]
 
 
-def _prepare(out_dir: Path, overwrite: bool) -> bool:
-    """Whether CTranslate2 may replace ``out_dir``: only an empty folder or an earlier export
-    (with ``overwrite``), never an arbitrary one, since the converter deletes the folder first."""
+def earlier_export(out_dir: Path) -> list[str] | None:
+    """The files an earlier export wrote into ``out_dir``, as its manifest lists them; None where
+    there is no manifest of ours (a link or anything but a list of plain file names is not ours)."""
+    path = out_dir / MANIFEST
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+        files = read_json(path).get("files")
+    except (OSError, TaskformerError, AttributeError):
+        return None
+    if not isinstance(files, list) or MANIFEST not in files or not all(
+            isinstance(f, str) and f not in ("", ".", "..") and Path(f).name == f for f in files):
+        return None
+    return files
+
+
+def _replaceable(out_dir: Path, overwrite: bool) -> list[str]:
+    """The files of ``out_dir`` an export may replace: none for a new or empty folder, and with
+    ``overwrite`` those an earlier export listed in its manifest. Any other folder is refused, so
+    nothing but our own files is ever removed (notes beside an export stay)."""
     if not out_dir.exists():
-        return False
+        return []
     if not out_dir.is_dir():
         raise ExportError(f"{out_dir}: exists and is not a directory")
     if not any(out_dir.iterdir()):
-        return True
-    if not (out_dir / MARKER).is_file():
-        raise ExportError(f"{out_dir}: exists and is not empty; choose a new directory")
+        return []
+    files = earlier_export(out_dir)
+    if files is None:
+        raise ExportError(f"{out_dir}: exists and is not empty, and holds no export of taskformer's (no {MANIFEST} "
+                          "listing the files it wrote); choose a new directory (nothing in it was changed)")
     if not overwrite:
         raise ExportError(f"{out_dir}: already holds a CTranslate2 model; pass --overwrite to replace it")
-    return True
+    return files
 
 
 def to_ctranslate2(model: Transformer, tokenizer: Tokenizer, out_dir: str | Path, quantization: str = "float32",
                    overwrite: bool = False, info: dict | None = None) -> Path:
     """Write ``model`` as a CTranslate2 model in ``out_dir``, with ``tokenizer.json`` beside it.
 
-    ``quantization`` is CTranslate2's weight type (``int8`` etc.); ``info`` is saved as
-    ``taskformer.json`` (task, decoding settings) so that the folder says where it came from.
+    ``quantization`` is CTranslate2's weight type (``int8`` etc.); ``info`` is saved in the manifest
+    ``taskformer.json`` (task, decoding settings) with the names of the files written, so that the
+    folder says where it came from and a later ``overwrite`` replaces exactly those. The model is
+    built in a temporary folder beside ``out_dir`` (CTranslate2's converter deletes the folder it
+    writes to) and each file is moved in by rename, replacing a link rather than writing through it.
     """
     check_exportable(model)
     if quantization not in QUANTIZATIONS:
         raise ExportError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, not {quantization!r}")
     out_dir = Path(out_dir)
-    replace = _prepare(out_dir, overwrite)
+    earlier = _replaceable(out_dir, overwrite)
     converter = _converter_class()(model.eval(), vocabulary(tokenizer, model.cfg.vocab_size))
-    with torch.no_grad():
-        converter.convert(str(out_dir), quantization=quantization, force=replace)
-    tokenizer.save(str(out_dir / "tokenizer.json"))
-    (out_dir / "taskformer.json").write_text(json.dumps(info or {}, indent=2, ensure_ascii=False) + "\n",
-                                             encoding="utf-8")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.export-"))
+    try:
+        built = staging / "model"
+        with torch.no_grad():
+            converter.convert(str(built), quantization=quantization)
+        tokenizer.save(str(built / "tokenizer.json"))
+        files = sorted(p.name for p in built.iterdir()) + [MANIFEST]
+        write_json(built / MANIFEST, {**(info or {}), "files": files})
+        theirs = [f for f in files if os.path.lexists(out_dir / f) and (f not in earlier or (out_dir / f).is_dir())]
+        if theirs:
+            raise ExportError(f"{out_dir / theirs[0]}: not written by the earlier export; choose a new directory "
+                              "(nothing in it was changed)")
+        for name in set(earlier) - set(files):
+            (out_dir / name).unlink(missing_ok=True)
+        for name in files:  # the manifest last: until it is replaced, the old one lists every name here
+            os.replace(built / name, out_dir / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return out_dir
-

@@ -172,3 +172,36 @@ def test_constrained_couplet_decoder_is_refused_unless_forced(cli, tmp_path):
     assert forced.exit_code == 0
     assert forced.stderr.startswith("warning: task 'couplet' is decoded by its plugin's own search")
     assert (tmp_path / "ct2" / "model.bin").is_file()
+
+
+def tree(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))}
+
+
+@needs_ct2
+def test_overwrite_replaces_only_the_files_an_earlier_export_listed(finished, cli, tmp_path):
+    # A folder that merely holds a model.bin is not an export of ours: refused, nothing changed.
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "model.bin").write_text("someone's model")
+    (theirs / "notes.txt").write_text("my notes")
+    before = tree(theirs)
+    result = cli("export", str(finished), "--to", "ctranslate2", str(theirs), "--overwrite")
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1, result.output
+    assert "nothing in it was changed" in result.stderr and tree(theirs) == before
+
+    out = tmp_path / "ct2"
+    assert cli("export", str(finished), "--to", "ctranslate2", str(out)).exit_code == 0
+    listed = json.loads((out / "taskformer.json").read_text())["files"]
+    assert sorted(listed) == sorted(p.name for p in out.iterdir())
+    (out / "notes.txt").write_text("my notes")  # the user's, beside the export
+    victim = tmp_path / "victim.json"
+    victim.write_text("not a tokenizer")
+    (out / "tokenizer.json").unlink()
+    (out / "tokenizer.json").symlink_to(victim)  # a link is replaced, never written through
+    again = cli("export", str(finished), "--to", "ctranslate2", str(out), "--quantization", "int8", "--overwrite")
+    assert again.exit_code == 0, again.output
+    assert json.loads((out / "taskformer.json").read_text())["quantization"] == "int8"
+    assert (out / "notes.txt").read_text() == "my notes" and victim.read_text() == "not a tokenizer"
+    assert not (out / "tokenizer.json").is_symlink()
+    assert not [p for p in tmp_path.iterdir() if ".export-" in p.name]  # no staging folder left
