@@ -1,0 +1,105 @@
+"""What a run needs from the machine: the device, torch's threads, glibc's allocator, and the
+memory a model and its data need, checked before any of it is made."""
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+import os
+import platform
+import sys
+from dataclasses import replace
+
+import torch
+
+from ..core import config as C
+from ..core.config import RunConfig
+from ..core.errors import TaskformerError
+from ..core.model import Transformer
+from ..plugins.hookspecs import Task
+
+
+def pick_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def use_threads(config: RunConfig) -> None:
+    """``train.threads``: torch's intra-op threads for training and decoding (0 keeps torch's choice);
+    and freed memory kept for reuse (see ``keep_freed_memory``)."""
+    if config.train.threads:
+        torch.set_num_threads(config.train.threads)
+    keep_freed_memory()
+
+
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's mallopt() parameter numbers (malloc.h)
+
+
+@functools.lru_cache(maxsize=None)
+def keep_freed_memory() -> bool:
+    """Ask glibc's malloc to keep freed memory for the next allocation; True where it was asked.
+
+    torch's CPU tensors come from malloc, and glibc maps a large block (above 32 MB at most; the logits
+    of a 4k-token batch over a 10k vocabulary are 160 MB) fresh from the kernel and unmaps it on free,
+    so every update paid a page fault per 4 kB it touched: 86k faults an update of translate-de-en.
+    Serving large blocks from the heap and never trimming it keeps those pages mapped: 1.15x the
+    updates per hour for 5% more peak memory (bench/allocator.py, docs/benchmarks.md). Other C
+    libraries and systems are left as they are (PyTorch's CPU tuning guide suggests jemalloc or
+    tcmalloc there).
+    """
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return False
+    libc = ctypes.CDLL(None)
+    return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+
+
+BYTES_PER_PARAMETER = 16  # to train in fp32: the weight, its gradient and Adam's two moments (4 to load it)
+BYTES_PER_TOKEN = 150  # a token of data in memory: its text, its id and the lists holding them (~120 on copy)
+BYTES_PER_ENTRY = 200  # a vocabulary entry: its string here and in the tokenizer (~190 on copy)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory a new run can use: Linux's MemAvailable (it counts the caches the kernel can
+    drop), else the free pages POSIX reports; None where neither is known."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_memory(task: Task, config: RunConfig, vocab_size: int, num_classes: int = 0, tokens: int = 0,
+                 training: bool = True) -> None:
+    """Refuse a model and data that cannot fit in the memory available, before any of it is made,
+    instead of letting the kernel kill the run minutes later.
+
+    Parameters are counted on torch's meta device (shapes without storage). ``tokens`` is data still
+    to be made: a task that makes its data from its options states its size with the options'
+    ``footprint()``. The settings raised above the task's defaults are named, as one of them is
+    nearly always at fault.
+    """
+    available = available_memory()
+    if available is None:
+        return
+    try:
+        with torch.device("meta"):
+            params = config.model.members * Transformer(
+                replace(config.model, vocab_size=vocab_size, num_classes=num_classes)).num_parameters()
+    except RuntimeError:  # sizes whose product overflows 64 bits: torch cannot even describe the tensors
+        params = math.inf
+    model = params * (BYTES_PER_PARAMETER if training else 4)
+    data = tokens * BYTES_PER_TOKEN + (vocab_size * BYTES_PER_ENTRY if tokens else 0)
+    if model + data <= available:
+        return
+    defaults, settings = C.defaults(task), config.to_dict()
+    raised = [f"{s}.{k}={v}" for s in ("model", "data") for k, v in settings[s].items()
+              if type(v) in (int, float) and type(defaults[s].get(k)) in (int, float) and v > defaults[s][k]]
+    gib = 2**30
+    need = (f"about {(model + data) / gib:,.1f} GiB ({params:,} parameters {'to train' if training else 'to load'}: "
+            f"{model / gib:,.1f} GiB{f'; its data: {data / gib:,.1f} GiB' if data else ''})"
+            if math.isfinite(params) else "more than 64-bit sizes can count")
+    raise TaskformerError(f"config: this run does not fit in memory: it needs {need}, but {available / gib:,.1f} GiB "
+                          f"is available; lower {', '.join(raised) or 'the model or data sizes'}")
