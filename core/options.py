@@ -29,6 +29,13 @@ def option(default: Any, help: str, *, at_least: float | None = None, above: flo
     return field(default=default, metadata={k: v for k, v in meta.items() if v is not None})
 
 
+def applies(kind: type, name: str, variant: str) -> bool:
+    """Whether option ``name`` of the dataclass ``kind`` applies to models of ``variant`` (a tagger
+    has no beam size); options that do not name their variants apply to all."""
+    meta = next((f.metadata for f in fields(kind) if f.name == name), {})
+    return variant in meta.get("variants", (variant,))
+
+
 def _either(values) -> str:
     words = [str(v) for v in values]
     return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0]
@@ -85,7 +92,7 @@ def describe(section: str, kind: type, values: dict, defaults: dict, variant: st
     """
     rows = []
     for f in fields(kind):
-        if variant and variant not in f.metadata.get("variants", (variant,)):
+        if variant and not applies(kind, f.name, variant):
             continue
         type_name = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
         rows.append({"key": f"{section}.{f.name}", "type": type_name, "default": defaults.get(f.name),

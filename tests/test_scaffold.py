@@ -45,7 +45,7 @@ def test_every_variant_installs_runs_and_passes_its_own_test(tmp_path, cli):
                                 *(str(pkg / "tests") for pkg in packages.values())],
                                capture_output=True, text=True, env={**os.environ, **env}, cwd=tmp_path)
     assert own_tests.returncode == 0, own_tests.stdout[-2000:]
-    assert "3 passed" in own_tests.stdout
+    assert "6 passed" in own_tests.stdout
 
 
 def test_scaffold_refuses_bad_names_and_existing_folders(tmp_path, cli):

@@ -10,15 +10,17 @@ from dataclasses import asdict
 from rich.text import Text
 
 from taskformer import Label, hookimpl
+from taskformer.core.options import applies
 from taskformer.plugins.sections import fmt, metric_list, simple_table
 
 
 @hookimpl(tryfirst=True)
 def taskformer_report_sections(run):
     cfg = simple_table("section", "settings")
-    settings = {**run.config.to_dict(), "model": asdict(run.model.cfg)}  # as built: vocabulary and classes filled in
-    for section, values in settings.items():
-        cfg.add_row(section, ", ".join(f"{k}={v}" for k, v in values.items()))
+    sections = {**vars(run.config), "model": run.model.cfg}  # as built: vocabulary and classes filled in
+    for section, values in sections.items():  # the options that apply to this kind of model (a tagger has no beam)
+        cfg.add_row(section, ", ".join(f"{k}={v}" for k, v in asdict(values).items()
+                                       if applies(type(values), k, run.task.variant)))
 
     info = run.info
     facts = simple_table("", "")
