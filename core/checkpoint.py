@@ -36,8 +36,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from . import compat
-from .errors import TaskformerError
+from taskformer.core import compat
+from taskformer.core.errors import TaskformerError
 
 WEIGHTS = "model.safetensors"
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from .decoding import Label
+from taskformer.core.decoding import Label
 
 
 def label_from_line(output: str) -> Label:

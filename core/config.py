@@ -19,11 +19,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .decoding import DecodeConfig
-from .engine import TrainConfig
-from .errors import TaskformerError
-from .model import ModelConfig
-from .options import check, describe
+from taskformer.core.decoding import DecodeConfig
+from taskformer.core.engine import TrainConfig
+from taskformer.core.errors import TaskformerError
+from taskformer.core.model import ModelConfig
+from taskformer.core.options import check, describe
 
 
 @dataclass

@@ -14,10 +14,10 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
-from . import variants
-from .errors import DataError
-from .model import BOS, EOS, PAD
-from .progress import stage
+from taskformer.core import variants
+from taskformer.core.errors import DataError
+from taskformer.core.model import BOS, EOS, PAD
+from taskformer.core.progress import stage
 
 IGNORE = -100  # a target that is not scored: a tagging position with no label (BOS, padding, a word's later tokens)
 

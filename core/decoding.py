@@ -16,12 +16,12 @@ from typing import Callable, Iterable, Iterator, NamedTuple, Protocol, TypeVar
 
 import torch
 
-from . import variants
-from .errors import TaskformerError
-from .model import BOS, EOS, PAD, Transformer
-from .options import check, option
-from .variants import VARIANTS
-from .quantize import QUANTIZE
+from taskformer.core import variants
+from taskformer.core.errors import TaskformerError
+from taskformer.core.model import BOS, EOS, PAD, Transformer
+from taskformer.core.options import check, option
+from taskformer.core.variants import VARIANTS
+from taskformer.core.quantize import QUANTIZE
 
 
 class Constraint(Protocol):

@@ -19,12 +19,12 @@ from typing import Callable
 
 import torch
 
-from . import checkpoint as ckpt
-from . import precision
-from .data import IGNORE, Encoded, collate, token_batches
-from .errors import TaskformerError
-from .model import PAD, Ensemble, Transformer
-from .options import check, option
+from taskformer.core import checkpoint as ckpt
+from taskformer.core import precision
+from taskformer.core.data import IGNORE, Encoded, collate, token_batches
+from taskformer.core.errors import TaskformerError
+from taskformer.core.model import PAD, Ensemble, Transformer
+from taskformer.core.options import check, option
 
 
 SCHEDULES = ("inverse_sqrt", "linear")

@@ -27,10 +27,10 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from .checkpoint import read_json, write_json
-from .errors import TaskformerError
-from .model import Generator, Transformer
-from .tokenize import SPECIALS
+from taskformer.core.checkpoint import read_json, write_json
+from taskformer.core.errors import TaskformerError
+from taskformer.core.model import Generator, Transformer
+from taskformer.core.tokenize import SPECIALS
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
                  "bfloat16")

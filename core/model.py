@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import variants
-from .options import check, option
-from .variants import VARIANTS
+from taskformer.core import variants
+from taskformer.core.options import check, option
+from taskformer.core.variants import VARIANTS
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 

@@ -20,7 +20,7 @@ import weakref
 import torch
 from torch import nn
 
-from .model import MultiHeadAttention
+from taskformer.core.model import MultiHeadAttention
 
 QUANTIZE = ("none", "int8")
 _copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (parameter versions, int8 copy)

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from .progress import track
+from taskformer.core.progress import track
 
 SPECIALS = ["[PAD]", "[BOS]", "[EOS]", "[UNK]"]  # ids 0..3, matching model.PAD/BOS/EOS/UNK
 

@@ -3,6 +3,6 @@
 and the built-in plugins that hear every task (``builtin``). Plugin authors import from
 ``taskformer`` itself.
 """
-from .hookspecs import Task, hookimpl
+from taskformer.plugins.hookspecs import Task, hookimpl
 
 __all__ = ["Task", "hookimpl"]

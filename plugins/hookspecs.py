@@ -34,10 +34,10 @@ if TYPE_CHECKING:  # the types the hooks receive and return; none of them is imp
     from tokenizers import Tokenizer
 
     from taskformer.app.runner import Run
-    from ..core.config import RunConfig
-    from ..core.data import TaskData
-    from ..core.decoding import Label
-    from ..core.model import ModelConfig, Transformer
+    from taskformer.core.config import RunConfig
+    from taskformer.core.data import TaskData
+    from taskformer.core.decoding import Label
+    from taskformer.core.model import ModelConfig, Transformer
 
 import pluggy
 

@@ -19,9 +19,9 @@ from typing import Any, Iterator
 
 import pluggy
 
-from ..core.errors import TaskformerError
-from . import hookspecs
-from .hookspecs import Task
+from taskformer.core.errors import TaskformerError
+from taskformer.plugins import hookspecs
+from taskformer.plugins.hookspecs import Task
 
 BUILTIN = [
     "taskformer.plugins.builtin.defaults",

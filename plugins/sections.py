@@ -14,9 +14,9 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from ..core.data import encode_sources
-from ..core.model import BOS, EOS
-from ..core.tokenize import CJK
+from taskformer.core.data import encode_sources
+from taskformer.core.model import BOS, EOS
+from taskformer.core.tokenize import CJK
 
 HEATMAP = "attention.png"
 

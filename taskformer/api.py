@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from .app import runner
-from .core.decoding import word_tags
-from .core.errors import TaskformerError
+from taskformer.app import runner
+from taskformer.core.decoding import word_tags
+from taskformer.core.errors import TaskformerError
 
 
 class Model:

@@ -15,14 +15,14 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from ..core import config as C
-from ..core import export
-from ..core import progress
-from ..core.decoding import Label, word_tags
-from ..core.errors import TaskformerError
-from . import distributed, plan, report, runner, scaffold
-from ..plugins.manager import plugins
-from ..plugins.sections import metric_list
+from taskformer.core import config as C
+from taskformer.core import export
+from taskformer.core import progress
+from taskformer.core.decoding import Label, word_tags
+from taskformer.core.errors import TaskformerError
+from taskformer.app import distributed, plan, report, runner, scaffold
+from taskformer.plugins.manager import plugins
+from taskformer.plugins.sections import metric_list
 
 
 class CLI(click.Group):

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ..core.errors import TaskformerError
+from taskformer.core.errors import TaskformerError
 
 TIMEOUT = dt.timedelta(minutes=10)  # a rank that waits longer than this for the others gives up
 

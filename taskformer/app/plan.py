@@ -6,9 +6,9 @@ would stop a run at its start stops the dry run the same way; no run directory i
 """
 from __future__ import annotations
 
-from ..core.data import encode, token_batches
-from ..plugins.manager import plugins
-from . import runner
+from taskformer.core.data import encode, token_batches
+from taskformer.plugins.manager import plugins
+from taskformer.app import runner
 
 
 def dry_run(task_name: str, data_dir: str | None = None, config_file: str | None = None,

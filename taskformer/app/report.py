@@ -18,11 +18,11 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from ..core import checkpoint
-from ..core.checkpoint import atomic_write
-from ..core.errors import TaskformerError
-from ..plugins.manager import PluginError, plugins
-from ..plugins.sections import fmt, simple_table
+from taskformer.core import checkpoint
+from taskformer.core.checkpoint import atomic_write
+from taskformer.core.errors import TaskformerError
+from taskformer.plugins.manager import PluginError, plugins
+from taskformer.plugins.sections import fmt, simple_table
 
 
 def sections(run) -> list[tuple[str, object]]:

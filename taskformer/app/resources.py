@@ -12,11 +12,11 @@ from dataclasses import replace
 
 import torch
 
-from ..core import config as C
-from ..core.config import RunConfig
-from ..core.errors import TaskformerError
-from ..core.model import Transformer
-from ..plugins.hookspecs import Task
+from taskformer.core import config as C
+from taskformer.core.config import RunConfig
+from taskformer.core.errors import TaskformerError
+from taskformer.core.model import Transformer
+from taskformer.plugins.hookspecs import Task
 
 
 def pick_device() -> torch.device:

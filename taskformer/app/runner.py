@@ -22,27 +22,27 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from ..core import checkpoint as ckpt
-from ..core import compat
-from ..core import config as C
-from ..core import decoding
-from ..core import export as export_model
-from ..core import precision
-from ..core import progress
-from ..core import variants
-from ..core import quantize
-from ..core.config import RunConfig
-from ..core.data import TaskData, encode, encode_sources, encode_words, pad
-from ..core.decoding import Label
-from ..core.engine import Trainer, autocast, evaluate_loss
-from ..core.errors import TaskformerError
-from ..core.model import BOS, UNK, Ensemble, Transformer
-from ..core.tokenize import check_specials
-from ..plugins.builtin import defaults as default_decoder
-from ..plugins.hookspecs import Task
-from ..plugins.manager import PluginError, plugins
-from .resources import check_memory, pick_device, use_threads
-from .resources import keep_freed_memory  # noqa: F401 -- tests and bench/allocator.py import it from here
+from taskformer.core import checkpoint as ckpt
+from taskformer.core import compat
+from taskformer.core import config as C
+from taskformer.core import decoding
+from taskformer.core import export as export_model
+from taskformer.core import precision
+from taskformer.core import progress
+from taskformer.core import variants
+from taskformer.core import quantize
+from taskformer.core.config import RunConfig
+from taskformer.core.data import TaskData, encode, encode_sources, encode_words, pad
+from taskformer.core.decoding import Label
+from taskformer.core.engine import Trainer, autocast, evaluate_loss
+from taskformer.core.errors import TaskformerError
+from taskformer.core.model import BOS, UNK, Ensemble, Transformer
+from taskformer.core.tokenize import check_specials
+from taskformer.plugins.builtin import defaults as default_decoder
+from taskformer.plugins.hookspecs import Task
+from taskformer.plugins.manager import PluginError, plugins
+from taskformer.app.resources import check_memory, pick_device, use_threads
+from taskformer.app.resources import keep_freed_memory  # noqa: F401 -- tests and bench/allocator.py import it from here
 
 SPLITS = ("train", "val", "test")
 Prediction = str | Label  # what a decode hook returns per row

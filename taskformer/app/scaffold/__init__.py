@@ -13,7 +13,7 @@ from importlib.resources import files
 from pathlib import Path
 from string import Template
 
-from ...core.errors import TaskformerError
+from taskformer.core.errors import TaskformerError
 
 VARIANTS = {  # variant: (what the package's task is, for its README; an input to try with predict)
     "encoder-decoder": ("the model learns to reverse a sequence of digits", "1 2 3 4 5 6"),
