@@ -30,7 +30,7 @@ def dry_run(task_name: str, data_dir: str | None = None, config_file: str | None
     return {
         "task": task.name, "plugin": task.plugin, "variant": task.variant, "metric": task.metric,
         "model": {"d_model": m.d_model, "n_heads": m.n_heads, "enc_layers": m.enc_layers,
-                  "dec_layers": m.dec_layers if task.variant == "encoder-decoder" else 0, "d_ff": m.d_ff,
+                  "dec_layers": m.dec_layers if m.kind.decoder else 0, "d_ff": m.d_ff,
                   "max_len": m.max_len, "members": m.members, "parameters": model.num_parameters()},
         "vocab_size": data.tokenizer.get_vocab_size(), "labels": len(data.labels or []),
         "data": {split: len(rows) for split, rows in data.splits.items()},
