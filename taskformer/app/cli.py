@@ -186,10 +186,7 @@ def train_and_report(quiet: bool, shard: tuple[int, int] = (0, 1), **options) ->
 def eval_cmd(run_dir, split, data_dir, overrides, average, as_json) -> None:
     """Re-evaluate a saved run's best checkpoint, or the average of its last checkpoints."""
     run = runner.load(run_dir)
-    updates = C.parse_overrides(list(overrides))
-    if other := sorted(f"{section}.{key}" for section in set(updates) - {"decode"} for key in updates[section]):
-        raise TaskformerError(f"eval --set changes decoding only, not {', '.join(other)}: use decode.KEY=VALUE")
-    run.config = C.build(run.task, C.merge(run.config.to_dict(), updates, "--set"))
+    runner.set_decoding(run, overrides, "eval")
     weights = runner.use_average(run, average) if average else run.info.get("kept_weights", "best")
     with report.ProgressDisplay() as display, progress.listening(display):
         results = runner.evaluate_saved(run, split or ("val", "test"), data_dir)

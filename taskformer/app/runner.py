@@ -217,6 +217,15 @@ def with_search(config: RunConfig, beam: int | None = None, batch_size: int | No
     return replace(config, decode=decode)
 
 
+def set_decoding(run: Run, overrides: list[str], command: str) -> None:
+    """Apply ``--set decode.KEY=VALUE`` to a loaded run's configuration; other sections are refused
+    (``command`` names the command in the message)."""
+    updates = C.parse_overrides(list(overrides))
+    if other := sorted(f"{section}.{key}" for section in set(updates) - {"decode"} for key in updates[section]):
+        raise TaskformerError(f"{command} --set changes decoding only, not {', '.join(other)}: use decode.KEY=VALUE")
+    run.config = C.build(run.task, C.merge(run.config.to_dict(), updates, "--set"))
+
+
 def evaluate_saved(run: Run, splits, data_dir: str | Path | None = None) -> dict[str, dict]:
     """Metrics of a loaded run on each of ``splits``, reading the data the run was trained on by default."""
     unknown = [s for s in splits if s not in ("val", "test")]
