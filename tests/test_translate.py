@@ -139,3 +139,27 @@ def test_tiny_run_then_predict(cli, data_dir, tmp_path):
     as_args = cli("predict", str(out), "--beam", "1", *text.splitlines())
     from_stdin = cli("predict", str(out), "--beam", "1", input=text)
     assert as_args.exit_code == 0 and as_args.stdout == from_stdin.stdout
+
+
+@pytest.mark.filterwarnings("ignore:train.bf16=true")
+def test_predict_gives_each_sentence_what_eval_scored(data_copy, tmp_path):
+    """In bf16, where rounding is coarse, each test sentence predicted alone equals what eval scored for it
+    in a batch of 64 with sources of 5 to 13 words: no output depends on the sentences beside it."""
+    import taskformer
+
+    folder = data_copy("multi30k")
+    de, en = lines(folder / "train.de.gz"), lines(folder / "train.en")
+    longer = [f"{a} {b}" for a, b in zip(de[::2], de[1::2])]  # two sentences as one: longer sources
+    for name, rows in (("test_2016_flickr.de", de + longer), ("test_2016_flickr.en", en + en[: len(longer)])):
+        (folder / f"{name}.gz").unlink()
+        (folder / name).write_text("\n".join(rows) + "\n", encoding="utf-8")
+    out = tmp_path / "run"
+    size = ["model.d_model=64", "model.n_heads=4", "model.enc_layers=2", "model.dec_layers=2", "model.d_ff=128",
+            "train.bf16=true", "decode.batch_size=64"]
+    result = run_cli("run", TASK, "--data-dir", str(folder), "--out", str(out), "--quiet",
+                     *(x for o in TINY + size for x in ("--set", o)))
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in (out / "outputs-test.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert json.loads((out / "result.json").read_text())["info"]["precision"].startswith("bf16")
+    model = taskformer.load(out)
+    assert [model.predict([r["source"]])[0] for r in rows] == [r["output"] for r in rows]

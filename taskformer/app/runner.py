@@ -154,7 +154,7 @@ def normalize(task: Task, texts: list[str]) -> list[str]:
 
 def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, config: RunConfig,
                  texts: list[str], name: str = "decoding"):
-    """Decode raw source lines through the task's decoder, batched by length; blank lines give blank outputs.
+    """Decode raw source lines through the task's decoder, batched by source length; blank lines give blank outputs.
 
     Returns the predictions in input order and how many inputs were truncated to ``model.max_len``.
     A tagging task's decoder also receives where each word starts (``words``; ``None`` otherwise).
@@ -170,9 +170,13 @@ def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, c
     else:
         words = None
         src, cut = encode_sources(tokenizer, inputs, model.cfg.max_len, classify=kind.labelled)
-    order = sorted(range(len(todo)), key=lambda j: len(src[j]))
     dc, device = config.decode, next(model.parameters()).device
-    chunks = [order[start : start + dc.batch_size] for start in range(0, len(order), dc.batch_size)]
+    # A batch holds sources of one length. Padding changes a row's rounding (in bf16, its words), and a
+    # sentence must decode to the same output alone, in eval's batches or beside a stranger's on a server.
+    chunks = []
+    for _, same in itertools.groupby(sorted(range(len(todo)), key=lambda j: len(src[j])), lambda j: len(src[j])):
+        same = list(same)
+        chunks += [same[start : start + dc.batch_size] for start in range(0, len(same), dc.batch_size)]
 
     def run(chunk: list[int]) -> list[Prediction]:
         batch = pad([src[j] for j in chunk]).to(device)
@@ -189,7 +193,7 @@ def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, c
         return outs
 
     workers = decoding.decode_workers(dc.workers, device, len(chunks))
-    with progress.stage(name, len(order)) as advance:
+    with progress.stage(name, len(todo)) as advance:
         for chunk, outs in zip(chunks, decoding.parallel_map(run, chunks, workers)):
             for j, out in zip(chunk, outs):
                 outputs[todo[j]] = out
