@@ -26,7 +26,8 @@ IGNORE = -100  # a target that is not scored: a tagging position with no label (
 class TaskData:
     """What a task's data hook returns.
 
-    ``splits`` maps ``train``/``val``/``test`` to ``(source, target)`` strings. The target is text for
+    ``splits`` maps ``train``/``val``/``test`` to ``(source, target)`` strings, or to ``(source,
+    target, fields)`` with a dict of per-example fields that the metrics and report hooks receive. The target is text for
     an encoder-decoder; for classification it is one name from ``labels``; for tagging it is one name
     from ``labels`` per whitespace-separated word of the source, separated by spaces
     (``("Anna lives in Paris", "B-PER O O B-LOC")``). ``notes`` are extra facts for the report's data
@@ -159,18 +160,18 @@ def encode(data: TaskData, split: str, max_len: int, variant: str) -> Encoded:
     pairs, kind = data.splits[split], variants.of(variant)
     index = {name: i for i, name in enumerate(data.labels or [])}
     if kind.per_word:
-        src, words, cut = encode_words(data.tokenizer, [s for s, _ in pairs], max_len)
+        src, words, cut = encode_words(data.tokenizer, [row[0] for row in pairs], max_len)
         tgt = [[IGNORE] * len(ids) for ids in src]
         for row, starts, (_, tags) in zip(tgt, words, pairs):
             for pos, tag in zip(starts, tags.split()):
                 if pos >= 0:
                     row[pos] = index[tag]
         return Encoded(src, tgt, cut, target_pad=IGNORE)
-    src, cut = encode_sources(data.tokenizer, [s for s, _ in pairs], max_len, classify=kind.labelled)
+    src, cut = encode_sources(data.tokenizer, [row[0] for row in pairs], max_len, classify=kind.labelled)
     if kind.labelled:
-        return Encoded(src, [index[t] for _, t in pairs], cut)
+        return Encoded(src, [index[row[1]] for row in pairs], cut)
     room = max_len - 2
-    tgt = [[BOS] + e.ids[:room] + [EOS] for e in data.tokenizer.encode_batch([t for _, t in pairs])]
+    tgt = [[BOS] + e.ids[:room] + [EOS] for e in data.tokenizer.encode_batch([row[1] for row in pairs])]
     return Encoded(src, tgt, cut)
 
 

@@ -82,6 +82,19 @@ class Task:
     plugin: str = ""  # filled in by the plugin manager: who provides the task
 
 
+class Output(tuple):
+    """One evaluated example, ``(source, prediction, reference)`` as before, with ``.fields``: the
+    dict of per-example fields the data hook attached to its row (``{}`` when it attached none), so
+    existing ``for source, prediction, reference in ...`` loops keep working."""
+
+    fields: dict[str, Any]
+
+    def __new__(cls, source: str, prediction: Any, reference: str, fields: dict[str, Any] | None = None) -> Output:
+        row = super().__new__(cls, (source, prediction, reference))
+        row.fields = fields or {}
+        return row
+
+
 @hookspec
 def taskformer_tasks() -> list[Task]:
     """Declare the tasks this plugin provides.
@@ -224,11 +237,13 @@ def taskformer_decode(task: Task, model: Transformer, src: torch.Tensor, tokeniz
 
 @hookspec
 def taskformer_metrics(task: Task, sources: list[str], hypotheses: list[str] | list[Label],
-                       references: list[str]) -> dict[str, float]:
+                       references: list[str], fields: list[dict[str, Any]]) -> dict[str, float]:
     """Score predictions against references; return a dict of metric name to number.
 
     Called for each evaluated split with lists of equal length: ``hypotheses`` are what the decode
-    hook returned (strings, or ``Label`` values for classifiers), ``references`` the target strings.
+    hook returned (strings, or ``Label`` values for classifiers), ``references`` the target strings,
+    ``fields`` the per-example dicts the data hook attached (a row ``(source, target, {"domain":
+    "news"})``; ``{}`` for plain pairs): name it to score by group, e.g. accuracy per domain.
     Every answer is merged, so a plugin that declares no task may add metrics to any task; the
     task's ``metric`` must be among them. The core scores every tagging task already:
     ``token_accuracy`` (percent of words tagged right) and ``exact_match`` (percent of inputs with
@@ -250,7 +265,8 @@ def taskformer_report_sections(task: Task, run: Run) -> list[tuple[str, Renderab
     """Add sections to the end-of-run report.
 
     ``run`` is a :class:`taskformer.Run`: ``config``, ``metrics``, ``outputs`` (every
-    ``(source, prediction, reference)`` of each evaluated split: read predictions from here),
+    ``(source, prediction, reference)`` of each evaluated split: read predictions from here; each
+    row's ``.fields`` holds what the data hook attached to it),
     ``history``, the run directory ``dir`` and the loaded ``model`` and ``tokenizer``.
     ``samples`` is a view of ``outputs``: the few rows, evenly spread, that the report shows.
     Return a list of ``(title, renderable)`` pairs; a renderable is anything ``rich`` can print (a

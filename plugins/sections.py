@@ -45,7 +45,7 @@ def metric_list(metrics: dict[str, dict], main: str = "", groups: dict[str, list
     """
     names = list(dict.fromkeys(name for values in metrics.values() for name in values))
     placed = [main] if main in names else []
-    blocks = [("", placed)]
+    blocks = [("", list(placed))]
     for title, members in (groups or {}).items():
         blocks.append((title, [n for n in members if n in names and n not in placed]))
         placed += blocks[-1][1]

@@ -25,7 +25,7 @@ from taskformer.core.model import BOS, EOS, PAD, UNK, ClassificationHead, Genera
 from taskformer.core.progress import stage, track
 from taskformer.core.tokenize import CJK, SPECIALS, characters, subword, symbols
 from taskformer.core.options import option
-from taskformer.plugins.hookspecs import Task, hookimpl
+from taskformer.plugins.hookspecs import Output, Task, hookimpl
 from taskformer.plugins.sections import cross_attention
 
 # The application sits on top of the plugin API: a plugin's ``from taskformer import hookimpl`` must
@@ -41,7 +41,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "BOS", "CJK", "EOS", "PAD", "SPECIALS", "UNK", "ClassificationHead", "Constraint", "DataError", "DecodeConfig",
-    "Generator", "Label", "Model", "ModelConfig", "Run", "RunConfig", "TaggingHead", "Task", "TaskData",
+    "Generator", "Label", "Model", "ModelConfig", "Output", "Run", "RunConfig", "TaggingHead", "Task", "TaskData",
     "TaskformerError", "beam_search", "best_labels", "best_tags", "characters", "classify", "cross_attention",
     "encode_sources", "encode_words", "find_file", "greedy", "hookimpl", "load", "max_lengths", "option", "read_lines",
     "read_parallel", "read_tsv", "search", "span_scores", "stage", "subword", "symbols", "tag_scores", "track", "translation_metrics",

@@ -81,3 +81,8 @@ def test_the_constraint_example_restricts_outputs_to_its_alphabet():
         vowels = {tokenizer.token_to_id(v) for v in "aeiou"}
         unconstrained = search(model, src, config.decode)  # this untrained model picks other tokens
         assert any(set(ids) - vowels for ids in unconstrained), unconstrained
+
+
+def test_the_testing_section_shows_the_example_plugins_test():
+    shown = DOC.split("## 11. Test it")[1].split("```\n")[1]
+    assert shown == (ROOT / "examples" / "taskformer-reverse" / "tests" / "test_taskformer_reverse.py").read_text()

@@ -71,3 +71,40 @@ def test_a_bio_tagger_prints_word_tag_pairs_and_span_f1(tmp_path):
         as_json = cli("predict", trained.dir, "--json", sentence)
         assert json.loads(as_json.stdout) == pairs
         assert trained.model.predict([sentence]) == [[tuple(pair) for pair in pairs]]
+
+
+class Domains:
+    """A plugin whose data hook attaches a field to each example and whose metric and report hooks read it."""
+
+    @hookimpl
+    def taskformer_tasks(self):
+        return [Task(name="domains", description="copy digits, two domains", metric="exact_match",
+                     defaults={"model": {"d_model": 16, "n_heads": 2, "enc_layers": 1, "dec_layers": 1, "d_ff": 32,
+                                         "max_len": 16}, "decode": {"strategy": "greedy"}})]
+
+    @hookimpl
+    def taskformer_data(self):
+        rows = [(f"{i % 10} {i % 7}", f"{i % 10} {i % 7}", {"domain": "even" if i % 2 else "odd"}) for i in range(60)]
+        rows.append(("1 2", "1 2"))  # a plain pair among them: its fields are {}
+        return TaskData(tokenizer=symbols(list("0123456789")), splits={"train": rows, "val": rows, "test": rows})
+
+    @hookimpl
+    def taskformer_metrics(self, hypotheses, references, fields):
+        domains = [f.get("domain", "none") for f in fields]
+        right = [h == r for h, r in zip(hypotheses, references)]
+        return {"exact_match": 100.0 * sum(right) / len(right),
+                **{f"examples_{d}": float(domains.count(d)) for d in set(domains)}}
+
+    @hookimpl
+    def taskformer_report_sections(self, run):
+        return [("Domains", " ".join(sorted({row.fields.get("domain", "none") for row in run.outputs["test"]})))]
+
+
+def test_metric_and_report_hooks_receive_the_fields_the_data_hook_attached(tmp_path):
+    with plugin(Domains(), "domains-plugin"):
+        trained = run_task("domains", tmp_path / "run", steps=2)
+        assert {k: v for k, v in trained.metrics["test"].items() if k.startswith("examples_")} == {
+            "examples_even": 30.0, "examples_odd": 30.0, "examples_none": 1.0}
+        assert "even none odd" in trained.report
+        shown = cli("report", trained.dir)  # the fields are kept with the run's outputs
+        assert shown.exit_code == 0 and "even none odd" in shown.stdout

@@ -39,7 +39,7 @@ from taskformer.core.errors import TaskformerError
 from taskformer.core.model import BOS, UNK, Ensemble, Transformer
 from taskformer.core.tokenize import check_specials
 from taskformer.plugins.builtin import defaults as default_decoder
-from taskformer.plugins.hookspecs import Task
+from taskformer.plugins.hookspecs import Output, Task
 from taskformer.plugins.manager import PluginError, plugins
 from taskformer.app.resources import check_memory, pick_device, use_threads
 from taskformer.app.resources import keep_freed_memory  # noqa: F401 -- tests and bench/allocator.py import it from here
@@ -278,11 +278,12 @@ def use_average(run: Run, n: int) -> str:
     return ckpt.weights_name(steps)
 
 
-def score(task: Task, pairs: list[tuple[str, str]], hyps: list[Prediction]) -> dict:
+def score(task: Task, pairs: list[tuple], hyps: list[Prediction]) -> dict:
     """Merge the metrics every plugin that hears this task reports."""
     merged: dict = {}
-    for plugin, part in plugins().answers("taskformer_metrics", task, sources=[s for s, _ in pairs],
-                                          hypotheses=hyps, references=[r for _, r in pairs]):
+    for plugin, part in plugins().answers("taskformer_metrics", task, sources=[row[0] for row in pairs],
+                                          hypotheses=hyps, references=[row[1] for row in pairs],
+                                          fields=[row[2] if len(row) > 2 else {} for row in pairs]):
         if not isinstance(part, dict):
             raise PluginError(f"plugin {plugin!r}: taskformer_metrics for task {task.name!r} must return a dict "
                               f"of metric name to number, got {type(part).__name__}")
@@ -293,8 +294,9 @@ def score(task: Task, pairs: list[tuple[str, str]], hyps: list[Prediction]) -> d
 def evaluate_split(run: Run, pairs: list[tuple[str, str]], config: RunConfig | None = None, name: str = "decoding"):
     """Decode and score one split; returns (metrics, [(source, prediction, reference), ...])."""
     hyps, _ = decode_texts(run.task, run.model, run.tokenizer, run.labels, config or run.config,
-                           [s for s, _ in pairs], name)
-    return score(run.task, pairs, hyps), [(s, h, r) for (s, r), h in zip(pairs, hyps)]
+                           [row[0] for row in pairs], name)
+    return score(run.task, pairs, hyps), [Output(row[0], h, row[1], row[2] if len(row) > 2 else None)
+                                          for row, h in zip(pairs, hyps)]
 
 
 def load_data(task: Task, config: RunConfig, data_dir: str | None, splits=SPLITS,
@@ -318,10 +320,11 @@ def load_data(task: Task, config: RunConfig, data_dir: str | None, splits=SPLITS
         data.tokenizer = tokenizer
     for split in splits:
         bad = next((i for i, row in enumerate(data.splits[split]) if not (
-            isinstance(row, (tuple, list)) and len(row) == 2 and all(isinstance(x, str) for x in row))), None)
+            isinstance(row, (tuple, list)) and len(row) in (2, 3) and all(isinstance(x, str) for x in row[:2])
+            and (len(row) == 2 or isinstance(row[2], dict)))), None)
         if bad is not None:
-            raise PluginError(f"{where}: {split} row {bad} must be a (source, target) pair of strings, "
-                              f"got {data.splits[split][bad]!r:.80}")
+            raise PluginError(f"{where}: {split} row {bad} must be a (source, target) pair of strings or a "
+                              f"(source, target, fields) triple with a dict, got {data.splits[split][bad]!r:.80}")
     try:
         check_specials(data.tokenizer)
     except ValueError as e:
@@ -338,7 +341,7 @@ def check_labels(data: TaskData, tagging: bool, where: str, splits=SPLITS) -> No
         raise PluginError(f"{where} must give the {'tag' if tagging else 'class'} names in TaskData.labels")
     known = set(data.labels)
     for split in splits:
-        for i, (source, target) in enumerate(data.splits[split]):
+        for i, (source, target, *_) in enumerate(data.splits[split]):
             tags = target.split() if tagging else [target]
             bad = next((t for t in tags if t not in known), None)
             if bad is not None:
@@ -572,7 +575,8 @@ def row_json(row: tuple[str, Prediction, str]) -> dict:
     """One output as outputs-*.jsonl stores it; a Label as ``{"label", "probability"}``."""
     source, prediction, reference = row
     output = prediction._asdict() if isinstance(prediction, Label) else prediction
-    return {"source": source, "output": output, "reference": reference}
+    fields = getattr(row, "fields", None)
+    return {"source": source, "output": output, "reference": reference, **({"fields": fields} if fields else {})}
 
 
 def row_from_json(row: dict, classify: bool) -> tuple[str, Prediction, str]:
@@ -582,7 +586,7 @@ def row_from_json(row: dict, classify: bool) -> tuple[str, Prediction, str]:
         output = Label(output["label"], output["probability"])
     elif classify:
         output = compat.label_from_line(output)
-    return row["source"], output, row["reference"]
+    return Output(row["source"], output, row["reference"], row.get("fields"))
 
 
 class Interrupted(TaskformerError):
