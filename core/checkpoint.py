@@ -129,6 +129,19 @@ def atomic_write(path: Path, data: str | bytes) -> None:
         raise
 
 
+def append_line(path: Path, line: str) -> None:
+    """Append one line to a log (metrics.jsonl): too small and frequent a write to rename a copy of
+    the whole file, so a link at ``path`` is refused (O_NOFOLLOW) instead of written through."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise TaskformerError(f"{path}: a link, not a file; taskformer writes its run files itself") from None
+    with os.fdopen(fd, "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+
+
 def write_json(path: Path, obj) -> None:
     atomic_write(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 

@@ -270,8 +270,7 @@ class Trainer:
     def log(self, **event) -> None:
         event.setdefault("step", self.state["step"])
         if self.rank == 0:
-            with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-                f.write(json.dumps(event) + "\n")
+            ckpt.append_line(self.run_dir / "metrics.jsonl", json.dumps(event))
         self.on_event(event)
 
     # -- the learning rate -------------------------------------------------------------------

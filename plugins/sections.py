@@ -6,19 +6,30 @@ application's report (``taskformer.app.report``) renders them; so they sit here,
 """
 from __future__ import annotations
 
+import io
 import re
 import warnings
+from pathlib import Path
 
 import torch
 from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from taskformer.core.checkpoint import atomic_write
 from taskformer.core.data import encode_sources
 from taskformer.core.model import BOS, EOS
 from taskformer.core.tokenize import CJK
 
 HEATMAP = "attention.png"
+
+
+def save_figure(fig, path: str | Path, **savefig) -> None:
+    """Save a matplotlib figure as a PNG by atomic rename: never half-written, and a link at
+    ``path`` is replaced, not written through."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", **savefig)
+    atomic_write(Path(path), buffer.getvalue())
 
 
 def simple_table(*columns: str, **kw) -> Table:
@@ -113,5 +124,5 @@ def _plot_attention(run, source: str, output: str, source_language: str, target_
     with warnings.catch_warnings():  # a missing glyph is said once, in the report, not per character
         warnings.filterwarnings("ignore", message="Glyph .* missing from font")
         fig.tight_layout()
-        fig.savefig(run.dir / HEATMAP, dpi=100)
+        save_figure(fig, run.dir / HEATMAP, dpi=100)
     return bool(cjk) or not needs_cjk

@@ -26,7 +26,7 @@ from taskformer.core.progress import stage, track
 from taskformer.core.tokenize import CJK, SPECIALS, characters, subword, symbols
 from taskformer.core.options import option
 from taskformer.plugins.hookspecs import Output, Task, hookimpl
-from taskformer.plugins.sections import cross_attention
+from taskformer.plugins.sections import cross_attention, save_figure
 
 # The application sits on top of the plugin API: a plugin's ``from taskformer import hookimpl`` must
 # not load it, so these names are imported on first use.
@@ -44,5 +44,5 @@ __all__ = [
     "Generator", "Label", "Model", "ModelConfig", "Output", "Run", "RunConfig", "TaggingHead", "Task", "TaskData",
     "TaskformerError", "beam_search", "best_labels", "best_tags", "characters", "classify", "cross_attention",
     "encode_sources", "encode_words", "find_file", "greedy", "hookimpl", "load", "max_lengths", "option", "read_lines",
-    "read_parallel", "read_tsv", "search", "span_scores", "stage", "subword", "symbols", "tag_scores", "track", "translation_metrics",
+    "read_parallel", "read_tsv", "save_figure", "search", "span_scores", "stage", "subword", "symbols", "tag_scores", "track", "translation_metrics",
 ]

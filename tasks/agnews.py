@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 from tokenizers import normalizers
 
-from taskformer import DataError, Task, TaskData, find_file, hookimpl, option, read_lines, subword
+from taskformer import DataError, Task, TaskData, find_file, hookimpl, option, read_lines, save_figure, subword
 
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]  # class indices 1..4 of the release
 
@@ -192,7 +192,7 @@ def save_confusion_png(counts: list[list[int]], path: Path) -> None:
             ax.text(j, i, str(n), ha="center", va="center", color="white" if n > top / 2 else "black")
     ax.set_title("AG_News test confusion matrix")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

@@ -1,12 +1,14 @@
 """Reports a person can read: the HTML with its plots in a real browser, run history, re-rendering."""
+import base64
 import json
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import TINY, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +106,51 @@ def test_plugins_report_their_own_stages_through_core_progress():
     assert [e["n"] for e in events if e["event"] == "advance"] == [2, 2, 1, 1]
     assert [e["name"] for e in events if e["event"] == "stage-done"] == ["counting", "unsized"]
     assert list(progress.track("ab", "nobody listens")) == ["a", "b"]  # no listener: plain iteration
+
+
+@pytest.fixture
+def own_run(tmp_path_factory, tmp_path):
+    """A finished tiny run with a training plot, copied for one test to change."""
+    made = tmp_path_factory.getbasetemp() / "report-own-run"
+    if not made.exists():
+        result = run_cli("run", "copy", "--out", str(made), *TINY, "--set", "train.log_every=1")
+        assert result.returncode == 0, result.stderr
+    return Path(shutil.copytree(made, tmp_path / "run", symlinks=True))
+
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_writes_no_file_through_a_link_and_embeds_only_the_plots_it_wrote(own_run, tmp_path):
+    secret = tmp_path / "id_rsa"
+    secret.write_bytes(PNG + b"-----BEGIN OPENSSH PRIVATE KEY-----")  # even one that looks like a PNG
+    (own_run / "leak.png").symlink_to(secret)
+    (own_run / "old.png").write_bytes(PNG + b"a file the report did not write")
+    victims = {}
+    for name in ("training.png", "report.txt", "report.html"):
+        victims[name] = tmp_path / f"victim-{name}"
+        victims[name].write_bytes(b"mine")
+        (own_run / name).unlink(missing_ok=True)
+        (own_run / name).symlink_to(victims[name])
+    result = run_cli("report", str(own_run))
+    assert result.returncode == 0, result.stderr
+    assert all(v.read_bytes() == b"mine" for v in victims.values())  # each link was replaced, not written through
+    assert not any((own_run / name).is_symlink() for name in victims)
+    assert (own_run / "training.png").read_bytes().startswith(PNG)
+    page = (own_run / "report.html").read_text()
+    assert re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,', page) == ["training"]
+    assert base64.b64encode(secret.read_bytes()).decode()[:40] not in page
+
+
+HOSTILE = "\x1b]0;pwned\x07\x1b[2J\x9b31m [/] [bold]x \u202egnp."
+
+
+def test_text_from_data_is_shown_with_its_control_characters_visible_and_never_read_as_markup(own_run):
+    path = own_run / "outputs-test.jsonl"
+    rows = [{**json.loads(line), "source": HOSTILE, "reference": HOSTILE} for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = run_cli("report", str(own_run))
+    assert result.returncode == 0, result.stderr
+    for shown in (result.stdout, (own_run / "report.txt").read_text(), (own_run / "report.html").read_text()):
+        assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e]", shown)  # no control character left
+        assert "\\x1b]0;pwned\\x07" in shown and "[/] [bold]x" in shown and "\\u202egnp." in shown

@@ -8,8 +8,12 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import html
+import os
+import re
+import stat
 import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console, Group
@@ -20,9 +24,11 @@ from rich.text import Text
 
 from taskformer.core import checkpoint
 from taskformer.core.checkpoint import atomic_write
+from taskformer.core.decoding import Label
 from taskformer.core.errors import TaskformerError
+from taskformer.plugins.hookspecs import Output
 from taskformer.plugins.manager import PluginError, plugins
-from taskformer.plugins.sections import fmt, simple_table
+from taskformer.plugins.sections import fmt, save_figure, simple_table
 
 
 def sections(run) -> list[tuple[str, object]]:
@@ -59,36 +65,103 @@ def plot_training(run) -> Path | None:
     ax_lr.set(xlabel="step", ylabel="learning rate", title="Learning rate")
     fig.tight_layout()
     path = run.dir / "training.png"
-    fig.savefig(path, dpi=90)
+    save_figure(fig, path, dpi=90)
     plt.close(fig)
     return path
 
 
-def _figures_html(run) -> str:
-    """Every PNG in the run directory, embedded (the HTML stays one self-contained file)."""
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")  # C0/C1 but tab and newline; bidi
+
+
+def visible(text) -> str:
+    """``text`` with its control characters shown as escapes (ESC as ``\\x1b``): text from data
+    must not clear the screen, set the terminal's title or reorder what is around it."""
+    return CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
+
+
+def shown(run):
+    """The run as the report shows it: every text that comes from data (sources, outputs,
+    references, labels, the data's notes) with its control characters visible. Report sections,
+    the task's included, read this copy."""
+    def row(r):
+        source, prediction, reference = r
+        prediction = (Label(visible(prediction.label), prediction.probability) if isinstance(prediction, Label)
+                      else visible(prediction))
+        return Output(visible(source), prediction, visible(reference), getattr(r, "fields", None))
+
+    notes = {visible(k): visible(v) if isinstance(v, str) else v for k, v in run.info.get("notes", {}).items()}
+    return replace(run, outputs={split: [row(r) for r in rows] for split, rows in run.outputs.items()},
+                   labels=[visible(label) for label in run.labels] if run.labels else run.labels,
+                   info={**run.info, "notes": notes} if "notes" in run.info else run.info)
+
+
+MAX_PLOT = 32 << 20  # bytes; a plot the report embeds is far smaller
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _pngs(run_dir: Path) -> dict[str, tuple]:
+    """Each ``*.png`` of the run directory with what identifies its contents (inode, size, mtime)."""
+    found = {}
+    for path in run_dir.glob("*.png"):
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        found[path.name] = (info.st_ino, info.st_size, info.st_mtime_ns)
+    return found
+
+
+def _plot(path: Path) -> bytes | None:
+    """A plot's bytes, or None unless it is a regular file (a link is not followed), a PNG and at
+    most :data:`MAX_PLOT` bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = f.read(MAX_PLOT + 1)
+    return data if len(data) <= MAX_PLOT and data.startswith(PNG) else None
+
+
+def _figures_html(run_dir: Path, names: list[str]) -> str:
+    """The plots ``names`` of the run directory, embedded (the HTML stays one self-contained file)."""
     parts = []
-    for png in sorted(run.dir.glob("*.png"), key=lambda p: (p.name != "training.png", p.name)):
-        data = base64.b64encode(checkpoint.read_bytes(png)).decode("ascii")
-        parts.append(f'<figure><img alt="{html.escape(png.stem)}" src="data:image/png;base64,{data}">'
-                     f"<figcaption>{html.escape(png.name)}</figcaption></figure>")
+    for name in names:
+        data = _plot(run_dir / name)
+        if data is None:
+            warnings.warn(f"{run_dir / name}: not embedded in report.html (not a regular PNG file of at most "
+                          f"{MAX_PLOT >> 20} MB)")
+            continue
+        parts.append(f'<figure><img alt="{html.escape(Path(name).stem)}" src="data:image/png;base64,'
+                     f'{base64.b64encode(data).decode("ascii")}"><figcaption>{html.escape(name)}</figcaption></figure>')
     if not parts:
         return ""
     return '<section><h2 style="font-family:sans-serif">Figures</h2>' + "\n".join(parts) + "</section>"
 
 
 def render(run, console: Console | None = None) -> None:
-    """Print the report and save it as report.txt and a self-contained report.html (with figures)."""
+    """Print the report and save it as report.txt and a self-contained report.html (with figures).
+
+    Text from data is shown with its control characters visible (:func:`shown`) and never read as
+    rich markup. The HTML embeds the plots written while the report is made (the training plot and
+    those the report sections write), by name, never a file that was there before or a link.
+    """
+    before = _pngs(run.dir)
     plot_training(run)
-    body = [Text(f"{run.task.name}: {run.task.description}", style="bold"), Text(f"run directory: {run.dir}")]
-    for title, renderable in sections(run):
+    body = [Text(f"{run.task.name}: {run.task.description}", style="bold"), Text(f"run directory: {visible(run.dir)}")]
+    for title, renderable in sections(shown(run)):
         body += [Text(""), Text(title, style="bold cyan"), renderable]
+    after = _pngs(run.dir)
+    plots = sorted((n for n in after if after[n] != before.get(n)), key=lambda n: (n != "training.png", n))
     panel = Panel(Group(*body), title="taskformer report", border_style="cyan")
-    (console or Console()).print(panel)
-    record = Console(record=True, width=110, file=_Null())
+    (console or Console(markup=False, emoji=False)).print(panel, markup=False)
+    record = Console(record=True, width=110, file=_Null(), markup=False, emoji=False)
     record.print(panel)
     atomic_write(run.dir / "report.txt", record.export_text(clear=False))
     page = record.export_html(inline_styles=True)
-    atomic_write(run.dir / "report.html", page.replace("</body>", _figures_html(run) + "\n</body>"))
+    atomic_write(run.dir / "report.html", page.replace("</body>", _figures_html(run.dir, plots) + "\n</body>"))
 
 
 def listing_console() -> Console:

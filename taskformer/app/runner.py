@@ -501,7 +501,7 @@ def _train(task_name, data_dir, out, time_limit, seed, config_file, overrides, r
     torch.manual_seed(config.train.seed)
     model = build_model(task, config, data.tokenizer.get_vocab_size(), data.labels, training=True).to(device)
     if not resume and shard[0] == 0:
-        data.tokenizer.save(str(run_dir / "tokenizer.json"))
+        ckpt.atomic_write(run_dir / "tokenizer.json", data.tokenizer.to_str(pretty=True))
         binding = {"run": ckpt.run_mark(run_dir), "tokenizer_sha256": ckpt.sha256(run_dir / "tokenizer.json")}
         stamp = {"task": task.name, **binding}
         ckpt.write_json(run_dir / "config.json", {"task": task.name, "labels": data.labels,
