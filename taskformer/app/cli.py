@@ -126,10 +126,12 @@ def config_cmd(task, config_file, overrides, as_json) -> None:
 @click.argument("task", required=False)
 @click.option("--data-dir", type=click.Path(file_okay=False), help="Folder with the task's data files.")
 @click.option("--out", type=click.Path(), help="Run directory to create (default runs/TASK/<time>).")
-@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), help="Training budget in minutes.")
+@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True),
+              help="Training budget in minutes (fewer updates on a busier machine; train.max_steps is the same anywhere).")
 @click.option("--seed", type=int, help="Random seed (overrides train.seed).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML or JSON config file.")
-@click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override one config value.")
+@click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
+              help="Override one config value (`taskformer config TASK` lists every key, its range and help).")
 @click.option("--resume", type=click.Path(file_okay=False), help="Continue an interrupted run directory.")
 @click.option("--nproc", type=click.IntRange(min=1), default=1, help="Training processes (DistributedDataParallel).")
 @click.option("--quiet", is_flag=True, help="No progress display.")
