@@ -1,8 +1,9 @@
 """The model that decodes: the trained one, or an int8 copy of it (``decode.quantize``).
 
 ``int8`` is PyTorch's dynamic quantization (``torch.ao.quantization.quantize_dynamic``): every
-``nn.Linear`` of a copy of the model gets int8 weights, packed once, and quantizes its input on the
-fly at each call; embeddings, layer norms and attention stay fp32. Cross-attention's query and
+``nn.Linear`` of a copy of the model gets int8 weights with a scale per output row (as CTranslate2's
+int8), packed once, and quantizes its input on the fly at each call; embeddings, layer norms and
+attention stay fp32. Cross-attention's query and
 key/value rows of ``in_proj`` become modules of their own first (``split_cross``), so that they are
 quantized too. The saved weights and training never see the copy.
 
@@ -35,7 +36,8 @@ def int8(model: nn.Module) -> nn.Module:
             m.split_cross()
     with warnings.catch_warnings():  # torch.ao.quantization announces its move to torchao
         warnings.filterwarnings("ignore", ".*deprecated")
-        return torch.ao.quantization.quantize_dynamic(twin, {nn.Linear}, dtype=torch.qint8)
+        return torch.ao.quantization.quantize_dynamic(
+            twin, {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig})  # a scale per output row
 
 
 def for_decoding(model: nn.Module, quantize: str) -> nn.Module:

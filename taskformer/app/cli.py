@@ -206,14 +206,17 @@ def eval_cmd(run_dir, split, data_dir, overrides, average, as_json) -> None:
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.argument("text", nargs=-1)
 @click.option("--beam", type=click.IntRange(min=1), help="Beam size (1 = greedy).")
+@click.option("--set", "overrides", multiple=True, metavar="decode.KEY=VALUE",
+              help="Override a decoding setting (e.g. decode.quantize=int8).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON value per input line: the output string, "
               "{label, probability} for a classifier, [[word, tag], ...] for a tagger.")
-def predict_cmd(run_dir, text, beam, as_json) -> None:
+def predict_cmd(run_dir, text, beam, overrides, as_json) -> None:
     """Run a trained model on TEXT, or on each line of stdin (one output line per input line).
 
     A tagger prints WORD<TAB>TAG per word, the words as given, and a blank line after each input.
     """
     run = runner.load(run_dir)
+    runner.set_decoding(run, overrides, "predict")
     config = runner.with_search(run.config, beam)
     tagger, cut = run.model.cfg.kind.per_word, 0
     try:
