@@ -153,7 +153,7 @@ def greedy(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, constra
     live = torch.arange(src.size(0), device=src.device)  # the rows still searched
     limit, done = max_len, torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
     cache = model.new_cache(steps)
-    drop = _DROP_FINISHED and cache is not None and constraint is None
+    drop = _DROP_FINISHED and constraint is None
     for step in range(steps):
         logp = _next_logprobs(model, ys[live, : step + 1], memory, cache, step, limit, ignore_eos, constraint,
                               normalize=constraint is not None)
@@ -274,6 +274,29 @@ def best_labels(model: Transformer, src: torch.Tensor, labels: list[str]) -> lis
     """
     prob, index = classify(model, src).max(-1)
     return [Label(labels[i], p) for p, i in zip(prob.tolist(), index.tolist())]
+
+
+class Attention(NamedTuple):
+    """Where an encoder-decoder looked while writing an output (see :func:`cross_attention_map`)."""
+
+    source: list[str]  # source tokens, EOS last
+    output: list[str]  # output tokens, EOS last
+    weights: list[list[float]]  # (output, source): row t is the attention while predicting output token t
+
+
+@torch.no_grad()
+def cross_attention_map(model: Transformer, tokenizer, source: str, output: str) -> Attention:
+    """The last decoder layer's cross-attention, mean over heads, with ``output`` fed in as the target
+    (teacher forcing). Both sides are truncated to the model's positions, as in decoding."""
+    room = model.cfg.max_len - 1
+    src_ids = tokenizer.encode(source).ids[:room] + [EOS]
+    out_ids = tokenizer.encode(output).ids[:room]
+    device = next(model.parameters()).device
+    model.eval()
+    src, tgt_in = torch.tensor([src_ids], device=device), torch.tensor([[BOS] + out_ids], device=device)
+    weights = model.attention_maps(src, tgt_in)
+    tokens = lambda ids: [tokenizer.id_to_token(i) for i in ids]  # noqa: E731
+    return Attention(tokens(src_ids), tokens(out_ids + [EOS]), weights[0].float().cpu().tolist())
 
 
 @torch.no_grad()

@@ -45,10 +45,13 @@ class Model:
     def dir(self) -> Path:
         return self._run.dir
 
-    def predict(self, texts: Iterable[str], *, beam: int | None = None, batch_size: int | None = None) -> list:
+    def predict(self, texts: Iterable[str], *, beam: int | None = None, batch_size: int | None = None,
+                return_attention: bool = False) -> list:
         """One prediction per text, in order; a blank text gives an empty prediction.
 
         ``beam`` overrides the run's search (1 = greedy), ``batch_size`` the sentences decoded at once.
+        ``return_attention`` (encoder-decoder runs) gives ``(prediction, taskformer.Attention)`` pairs:
+        the cross-attention of the last decoder layer (``None`` for a blank text).
         """
         if isinstance(texts, str):
             raise TaskformerError("predict takes a list of texts, not one string: model.predict([text])")
@@ -56,7 +59,8 @@ class Model:
         wrong = next((t for t in texts if not isinstance(t, str)), None)
         if wrong is not None:
             raise TaskformerError(f"predict takes strings, got {type(wrong).__name__}")
-        outputs, _ = runner.predict(self._run, texts, runner.with_search(self.config, beam, batch_size))
+        outputs, _ = runner.predict(self._run, texts, runner.with_search(self.config, beam, batch_size),
+                                    return_attention=bool(return_attention))
         if self._run.model.cfg.kind.per_word:  # a tagger: the user's words, each with its tag
             return [word_tags(text, tags) for text, tags in zip(texts, outputs)]
         return outputs

@@ -258,6 +258,11 @@ def taskformer_decode(model, src, tokenizer, config):
     return [tokenizer.decode(x) for x in search(model, src, config.decode, constraint, max_len=limit)]
 
 
+@hookimpl
+def taskformer_annotate(text):
+    return [{LEVEL: "平", OBLIQUE: "仄"}.get(tone(ch), "") for ch in text]
+
+
 def form_checks(source: str, output: str) -> tuple[bool, bool, int]:
     """(same length, punctuation at the same positions, characters copied at the same position)."""
     marks = lambda s: [(i, c) for i, c in enumerate(s) if is_punct(c)]  # noqa: E731

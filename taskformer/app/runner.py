@@ -201,10 +201,24 @@ def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, c
     return outputs, cut
 
 
-def predict(run: Run, lines: list[str], config: RunConfig | None = None):
-    """Predictions for raw input lines (normalized by the task first) and how many were truncated."""
-    return decode_texts(run.task, run.model, run.tokenizer, run.labels, config or run.config,
-                        normalize(run.task, lines))
+def predict(run: Run, lines: list[str], config: RunConfig | None = None, return_attention: bool = False):
+    """Predictions for raw input lines (normalized by the task first) and how many were truncated.
+
+    The command line, :meth:`taskformer.Model.predict` and ``taskformer serve`` all decode here. With
+    ``return_attention`` (encoder-decoder runs) each prediction comes as ``(prediction, Attention)``,
+    the attention ``None`` for a blank line.
+    """
+    config = config or run.config
+    if return_attention and run.task.variant != "encoder-decoder":
+        raise TaskformerError(f"return_attention is for encoder-decoder models; task {run.task.name!r} is "
+                              f"{run.task.variant}")
+    sources = normalize(run.task, lines)
+    outputs, cut = decode_texts(run.task, run.model, run.tokenizer, run.labels, config, sources)
+    if return_attention:
+        with autocast(config.train.bf16, run.device):
+            outputs = [(out, decoding.cross_attention_map(run.model, run.tokenizer, src, str(out)) if src.strip()
+                        else None) for src, out in zip(sources, outputs)]
+    return outputs, cut
 
 
 def with_search(config: RunConfig, beam: int | None = None, batch_size: int | None = None) -> RunConfig:

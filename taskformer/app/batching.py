@@ -1,0 +1,140 @@
+"""Dynamic batching for ``taskformer serve``: concurrent requests to one model share a decode.
+
+Each served model has one :class:`Batcher`. Requests queue their sentences; a collector task on the
+event loop waits until ``max_batch`` sentences are queued or the oldest has waited ``max_wait``
+seconds, then hands the batch to the model's single decode thread, so the event loop never blocks
+on a decode. ``runner.predict`` sorts the batch by length and returns the outputs in input order;
+each request gets its own slice back. Only requests with the same decode options share a batch.
+
+A request cancelled while it waits (its client went away) leaves the queue at once; one already
+being decoded finishes and its outputs are dropped.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+
+class QueueFull(Exception):
+    """More sentences are waiting than the server accepts; the client should retry later."""
+
+
+@dataclass
+class Pending:
+    texts: list[str]
+    options: Hashable  # requests with equal options may share a decode
+    future: asyncio.Future
+    arrived: float = field(default_factory=time.monotonic)
+
+
+class Batcher:
+    """Merges concurrent requests to one model into decode batches of at most ``max_batch`` sentences.
+
+    ``decode(texts, options)`` runs in the batcher's own thread and returns one result per text.
+    ``on_batch(sentences)`` and ``on_queue(sentences)`` report batch sizes and queue depth (metrics).
+    """
+
+    def __init__(self, decode: Callable[[list[str], Hashable], list], name: str, max_batch: int, max_wait: float,
+                 max_queue: int, on_batch=lambda n: None, on_queue=lambda n: None):
+        self.decode, self.max_batch, self.max_wait, self.max_queue = decode, max_batch, max_wait, max_queue
+        self.on_batch, self.on_queue = on_batch, on_queue
+        self.queue: deque[Pending] = deque()
+        self.queued = 0  # sentences waiting
+        self.arrival = asyncio.Event()
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix=f"decode-{name}")
+        self.collector: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.collector = self.loop.create_task(self._collect())
+
+    def flush(self) -> None:
+        """From now on decode what is queued without waiting for more (the server is stopping).
+        Safe to call from a signal handler or another thread."""
+        def now():
+            self.max_wait = 0.0
+            self.arrival.set()
+        if self.collector:
+            self.loop.call_soon_threadsafe(now)
+
+    async def stop(self) -> None:
+        if self.collector:
+            self.collector.cancel()
+            await asyncio.gather(self.collector, return_exceptions=True)
+        self.thread.shutdown(wait=True)
+
+    async def predict(self, texts: list[str], options: Hashable) -> list:
+        """The outputs for ``texts``, in order, decoded together with whatever else is queued."""
+        if self.queued + len(texts) > self.max_queue:
+            raise QueueFull(f"{self.queued} sentences are waiting (at most {self.max_queue})")
+        item = Pending(texts, options, asyncio.get_running_loop().create_future())
+        self._change(item, +1)
+        try:
+            return await item.future
+        finally:
+            if item in self.queue:  # cancelled while waiting: free its place
+                self._change(item, -1)
+
+    def _change(self, item: Pending, sign: int) -> None:
+        if sign > 0:
+            self.queue.append(item)
+            self.arrival.set()
+        else:
+            self.queue.remove(item)
+        self.queued += sign * len(item.texts)
+        self.on_queue(self.queued)
+
+    async def _collect(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            while not self.queue:
+                self.arrival.clear()
+                await self.arrival.wait()
+            while self.queue and self.queued < self.max_batch:
+                left = self.queue[0].arrived + self.max_wait - time.monotonic()  # max_wait drops to 0 on flush()
+                if left <= 0:
+                    break
+                self.arrival.clear()
+                try:
+                    await asyncio.wait_for(self.arrival.wait(), left)
+                except TimeoutError:
+                    break
+            batch = self._take()
+            if not batch:
+                continue
+            texts = [t for item in batch for t in item.texts]
+            self.on_batch(len(texts))
+            try:
+                outputs = await loop.run_in_executor(self.thread, self.decode, texts, batch[0].options)
+            except Exception as e:  # a failed decode fails its requests only
+                for item in batch:
+                    if not item.future.done():
+                        item.future.set_exception(e)
+                continue
+            start = 0
+            for item in batch:
+                if not item.future.done():  # its client may have gone
+                    item.future.set_result(outputs[start : start + len(item.texts)])
+                start += len(item.texts)
+
+    def _take(self) -> list[Pending]:
+        """The oldest request and the next ones with its options, up to ``max_batch`` sentences (a
+        request larger than that goes alone: the decode splits it into batches itself)."""
+        if not self.queue:
+            return []
+        first = self.queue[0]
+        batch, size = [], 0
+        for item in list(self.queue):
+            if item.options != first.options or (batch and size + len(item.texts) > self.max_batch):
+                continue
+            batch.append(item)
+            size += len(item.texts)
+            if size >= self.max_batch:
+                break
+        for item in batch:
+            self._change(item, -1)
+        return batch

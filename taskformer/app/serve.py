@@ -1,0 +1,96 @@
+"""``taskformer serve``: trained runs behind an HTTP API and a web page (docs/serve.md).
+
+The server itself is :mod:`taskformer.app.server` (FastAPI) run by uvicorn; both come with the
+``serve`` extra and are imported only when the command runs.
+"""
+from __future__ import annotations
+
+import ipaddress
+import socket
+
+import click
+
+from taskformer.core.errors import TaskformerError
+from taskformer.app import runner
+
+API_KEY_ENV = "TASKFORMER_API_KEY"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
+def named_runs(specs: tuple[str, ...]) -> dict[str, runner.Run]:
+    """``RUN_DIR`` or ``NAME=RUN_DIR`` -> loaded runs by name (a run's default name is its task's)."""
+    runs = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep:
+            name, path = "", spec
+        run = runner.load(path)
+        name = name or run.task.name
+        if name in runs:
+            raise TaskformerError(f"two runs are served as {name!r}; name them apart with NAME=RUN_DIR")
+        if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+            raise TaskformerError(f"{spec}: a model name may hold letters, digits, '-', '_' and '.' only")
+        runs[name] = run
+    return runs
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (port 0: a free one), refused with one Error line if taken."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as e:
+        raise TaskformerError(f"--host/--port: cannot listen on {host}:{port} ({e.strerror or e})") from None
+    return sock
+
+
+@click.command("serve")
+@click.argument("run_dirs", nargs=-1, required=True, metavar="[NAME=]RUN_DIR ...")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (not loopback: "
+              "needs an API key).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port (0: any free one).")
+@click.option("--max-batch", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Sentences decoded together across concurrent requests.")
+@click.option("--max-wait-ms", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="How long a request waits for others to share its batch.")
+@click.option("--max-inputs", type=click.IntRange(min=1), default=64, show_default=True, help="Inputs per request.")
+@click.option("--max-chars", type=click.IntRange(min=1), default=2000, show_default=True, help="Characters per input.")
+@click.option("--max-queue", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="Sentences waiting per model before requests get 503.")
+@click.option("--api-key", envvar=API_KEY_ENV, help=f"Bearer token every API request must carry (or ${API_KEY_ENV}, "
+              "which other users cannot read from the process list).")
+def command(run_dirs, host, port, max_batch, max_wait_ms, max_inputs, max_chars, max_queue, api_key) -> None:
+    """Serve trained runs over HTTP: a JSON API, a web page at /, metrics at /metrics.
+
+    Each RUN_DIR is served under its task's name, or as NAME=RUN_DIR. SIGTERM or Ctrl-C finishes
+    the requests in flight, then exits. docs/serve.md has the API.
+    """
+    try:
+        import uvicorn
+
+        from taskformer.app.server import Limits, Uvicorn, create_app
+    except ImportError as e:
+        raise TaskformerError(f"taskformer serve needs the serve extra ({e.name} is missing): "
+                              "pip install 'taskformer[serve]'") from None
+    if not is_loopback(host) and not api_key:
+        raise TaskformerError(f"--host {host} is reachable from other machines: give --api-key (or set "
+                              f"${API_KEY_ENV}); without one, serve on 127.0.0.1")
+    runs = named_runs(run_dirs)
+    limits = Limits(max_batch=max_batch, max_wait_ms=max_wait_ms, max_inputs=max_inputs, max_chars=max_chars,
+                    max_queue=max_queue)
+    app = create_app(runs, limits, api_key or None)
+    sock = bind(host, port)
+    shown = f"[{host}]" if ":" in host else host
+    click.echo(f"serving {', '.join(runs)} on http://{shown}:{sock.getsockname()[1]}/ (Ctrl-C or SIGTERM stops)",
+               err=True)
+    Uvicorn(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])

@@ -1,0 +1,387 @@
+"""The HTTP side of ``taskformer serve``: a FastAPI app over one :class:`Batcher` per served run.
+
+Every answer goes through :func:`taskformer.app.runner.predict`, the function behind
+``taskformer predict`` and :meth:`taskformer.Model.predict`, so a result equals what they give for
+the same run and options. Errors are JSON ``{"error": ..., "field": ...}`` naming what was wrong.
+docs/serve.md describes the API, the limits and the security model.
+"""
+import asyncio
+import json
+import math
+import secrets
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from importlib import resources
+from typing import Annotated
+from urllib.parse import parse_qs
+
+import torch
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.sse import EventSourceResponse, format_sse_event
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from taskformer.core import decoding, precision
+from taskformer.core.data import encode_sources, pad
+from taskformer.core.decoding import Label, word_tags
+from taskformer.core.engine import autocast
+from taskformer.plugins.manager import plugins
+from taskformer.app import runner
+from taskformer.app.batching import Batcher, QueueFull
+
+MAX_BEAM = 16
+OPEN_PATHS = ("/", "/health", "/docs", "/docs/oauth2-redirect", "/openapi.json")  # hold no model data
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_batch: int = 32  # sentences decoded together
+    max_wait_ms: float = 5.0  # how long the first queued sentence waits for others
+    max_inputs: int = 64  # per request
+    max_chars: int = 2000  # per input
+    max_body: int = 1 << 20  # bytes
+    max_queue: int = 1024  # sentences waiting per model
+
+
+class Uvicorn(uvicorn.Server):
+    """uvicorn's server, which on SIGTERM or Ctrl-C stops accepting and finishes the requests in flight;
+    queued sentences are then decoded at once instead of waiting ``max_wait_ms`` for company."""
+
+    def handle_exit(self, sig, frame) -> None:
+        super().handle_exit(sig, frame)
+        for model in self.config.app.state.served.values():
+            model.batcher.flush()
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, field: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.field, self.headers = status, message, field, headers
+
+
+def error(status: int, message: str, field: str | None = None, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": message, "field": field}, status, headers=headers)
+
+
+class Served:
+    """One run being served: its batcher and the conversion of predictions to JSON."""
+
+    def __init__(self, name: str, run: runner.Run, limits: Limits, metrics: "Metrics"):
+        self.name, self.run = name, run
+        self.batcher = Batcher(self.decode, name, limits.max_batch, limits.max_wait_ms / 1000, limits.max_queue,
+                               on_batch=metrics.batch.labels(name).observe, on_queue=metrics.queue.labels(name).set)
+
+    def describe(self) -> dict:
+        run, task = self.run, self.run.task
+        bf16, why = precision.choose(run.config.train.bf16, run.device)
+        options = {"beam": {"default": run.config.decode.beam if run.config.decode.strategy == "beam" else 1,
+                            "min": 1, "max": MAX_BEAM}}
+        if task.variant == "encoder-decoder":
+            options["return_attention"] = {"default": False}
+        return {"name": self.name, "task": task.name, "variant": task.variant, "metric": task.metric,
+                "metrics": {k: v for k, v in (run.metrics.get("test") or run.metrics.get("val") or {}).items()
+                            if not isinstance(v, float) or math.isfinite(v)},  # JSON has no NaN
+                "precision": f"{'bf16' if bf16 else 'fp32'} ({why})", "labels": run.labels, "options": options}
+
+    def decode(self, texts: list[str], options: tuple[int | None, bool]) -> list[dict]:
+        """One JSON result per text (runs in the batcher's thread)."""
+        beam, attention = options
+        outputs, _ = runner.predict(self.run, texts, runner.with_search(self.run.config, beam), attention)
+        pairs = outputs if attention else [(out, None) for out in outputs]
+        distributions = self.distributions(texts) if self.run.task.variant == "encoder-only" else None
+        return [self.result(text, out, att, distributions[i] if distributions else None)
+                for i, (text, (out, att)) in enumerate(zip(texts, pairs))]
+
+    def result(self, text: str, prediction, attention, distribution) -> dict:
+        """``output`` is the value ``taskformer predict --json`` prints for the same input."""
+        if isinstance(prediction, Label):
+            out = {"output": prediction._asdict(), "probabilities": distribution}
+        elif self.run.task.variant == "tagging":
+            out = {"output": [list(pair) for pair in word_tags(text, prediction)]}
+        else:
+            out = {"output": prediction}
+            marks = [self.marks(text), self.marks(prediction)]
+            if any(marks):
+                out["marks"] = {"input": marks[0], "output": marks[1]}
+        if attention is not None:
+            out["attention"] = attention._asdict()
+        return out
+
+    def marks(self, text: str) -> list[str] | None:
+        return plugins().first("taskformer_annotate", self.run.task, text=text)[1]
+
+    @torch.no_grad()
+    def distributions(self, texts: list[str]) -> list[dict[str, float] | None]:
+        """Every label's probability for each text (the page's bars), each text on its own."""
+        run, found = self.run, []
+        for text in runner.normalize(run.task, texts):
+            if not text.strip():
+                found.append(None)
+                continue
+            src, _ = encode_sources(run.tokenizer, [text], run.model.cfg.max_len, classify=True)
+            with autocast(run.config.train.bf16, run.device):
+                probs = decoding.classify(run.model, pad(src).to(run.device))[0].tolist()
+            found.append(dict(zip(run.labels, probs)))
+        return found
+
+
+class Metrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        self.requests = Counter("taskformer_requests", "HTTP requests by route and status code", ["route", "status"],
+                                registry=self.registry)
+        self.latency = Histogram("taskformer_request_seconds", "Time to answer a request", ["route"],
+                                 registry=self.registry)
+        self.batch = Histogram("taskformer_batch_sentences", "Sentences per decode batch", ["model"],
+                               buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=self.registry)
+        self.queue = Gauge("taskformer_queue_sentences", "Sentences waiting to be decoded", ["model"],
+                           registry=self.registry)
+
+
+class Guard:
+    """ASGI middleware in front of every route: body size, API key, request metrics.
+
+    The body is read here, up to ``max_body`` bytes, before any route sees it; the key is checked
+    before anything is parsed or decoded. LibreTranslate clients send the key as ``api_key`` in the
+    body of ``/translate``, so that field is accepted there as well.
+    """
+
+    def __init__(self, app, limits: Limits, api_key: str | None, metrics: Metrics):
+        self.app, self.limits, self.api_key, self.metrics = app, limits, api_key, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started, status = time.perf_counter(), [500]
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            body = await self.body(scope, receive)
+            refused = (error(413, f"request body larger than {self.limits.max_body} bytes", "body") if body is None
+                       else self.unauthorized(scope, body))
+            if refused:
+                return await refused(scope, receive, sending)
+            replayed = False
+
+            async def replay():
+                nonlocal replayed
+                if replayed:
+                    return await receive()  # later calls: the client's disconnect
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+
+            await self.app(scope, replay, sending)
+        finally:
+            route = getattr(scope.get("route"), "path", "other")
+            self.metrics.requests.labels(route, str(status[0])).inc()
+            self.metrics.latency.labels(route).observe(time.perf_counter() - started)
+
+    async def body(self, scope, receive) -> bytes | None:
+        """The whole request body, or None if it is larger than allowed."""
+        declared = dict(scope["headers"]).get(b"content-length", b"0")
+        if declared.isdigit() and int(declared) > self.limits.max_body:
+            return None
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limits.max_body:
+                return None
+            more = message.get("more_body", False)
+        return b"".join(chunks)
+
+    def unauthorized(self, scope, body: bytes) -> JSONResponse | None:
+        if self.api_key is None or scope["path"] in OPEN_PATHS:
+            return None
+        header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" and scope["path"] == "/translate":
+            given = libretranslate_fields(dict(scope["headers"]), body).get("api_key", "")
+        if isinstance(given, str) and given and secrets.compare_digest(given.encode(), self.api_key.encode()):
+            return None
+        return error(401, "missing or wrong API key: send it as the header 'Authorization: Bearer KEY'",
+                     "Authorization", {"WWW-Authenticate": "Bearer"})
+
+
+def libretranslate_fields(headers: dict, body: bytes) -> dict:
+    """A LibreTranslate request's fields, sent as JSON or as a form; {} if the body is neither."""
+    try:
+        if b"application/x-www-form-urlencoded" in headers.get(b"content-type", b""):
+            return {k: v[0] if len(v) == 1 else v for k, v in parse_qs(body.decode("utf-8")).items()}
+        fields = json.loads(body or b"{}")
+        return fields if isinstance(fields, dict) else {}
+    except (UnicodeDecodeError, ValueError):
+        return {}
+
+
+def field_name(loc) -> str:
+    """``("body", "inputs", 3)`` -> ``inputs[3]``."""
+    name = ""
+    for part in loc[1:] if loc and loc[0] == "body" else loc:
+        name += f"[{part}]" if isinstance(part, int) else f".{part}" if name else str(part)
+    return name or "body"
+
+
+def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None = None) -> FastAPI:
+    metrics = Metrics()
+    served = {name: Served(name, run, limits, metrics) for name, run in runs.items()}
+
+    Text = Annotated[str, StringConstraints(max_length=limits.max_chars)]
+
+    class PredictRequest(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        inputs: list[Text] = Field(max_length=limits.max_inputs)
+        beam: int | None = Field(None, ge=1, le=MAX_BEAM)
+        return_attention: bool = False
+
+    class TranslateRequest(BaseModel):  # LibreTranslate's /translate
+        q: Text | list[Text]
+        source: str = "auto"
+        target: str = ""
+        format: str = "text"
+        api_key: str = ""
+
+    @asynccontextmanager
+    async def lifespan(app):
+        for model in served.values():
+            model.batcher.start()
+        yield
+        for model in served.values():
+            await model.batcher.stop()
+
+    app = FastAPI(title="taskformer serve", lifespan=lifespan)
+    app.state.served = served
+    app.add_middleware(Guard, limits=limits, api_key=api_key, metrics=metrics)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request, exc: RequestValidationError):
+        first = exc.errors()[0]
+        if first.get("type") == "json_invalid":
+            return error(422, f"body: not valid JSON ({first.get('ctx', {}).get('error', 'decode error')})", "body")
+        field = field_name(first.get("loc", ()))
+        return error(422, f"{field}: {first.get('msg', 'invalid')}", field)
+
+    @app.exception_handler(ApiError)
+    async def refused(request, exc: ApiError):
+        return error(exc.status, exc.message, exc.field, exc.headers)
+
+    def model(name: str) -> Served:
+        if name not in served:
+            raise ApiError(404, f"no model {name!r}; served: {', '.join(served)}", "name")
+        return served[name]
+
+    def options(m: Served, body: PredictRequest) -> tuple[int | None, bool]:
+        if body.return_attention and m.run.task.variant != "encoder-decoder":
+            raise ApiError(422, f"return_attention: only encoder-decoder models have cross-attention; "
+                                f"{m.name!r} is {m.run.task.variant}", "return_attention")
+        return body.beam, body.return_attention
+
+    async def answer(m: Served, texts: list[str], opts, request: Request) -> list[dict]:
+        """The batcher's results, or ApiError; a client that goes away cancels its queued work."""
+        work = asyncio.ensure_future(m.batcher.predict(texts, opts))
+        gone = asyncio.ensure_future(until_disconnected(request))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():
+                raise ApiError(499, "client closed the request")
+            return work.result()
+        except QueueFull as e:
+            raise ApiError(503, f"server busy: {e}; retry shortly", None, {"Retry-After": "1"}) from None
+        except Exception as e:
+            if isinstance(e, ApiError):
+                raise
+            raise ApiError(500, f"decoding failed: {type(e).__name__}: {e}") from None
+        finally:
+            work.cancel()
+            gone.cancel()
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def page():
+        return resources.files(__package__).joinpath("static/index.html").read_text(encoding="utf-8")
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "models": list(served)}
+
+    @app.get("/metrics")
+    async def metrics_page():
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"models": [m.describe() for m in served.values()]}
+
+    @app.post("/v1/models/{name}/predict")
+    async def predict(name: str, body: PredictRequest, request: Request):
+        m = model(name)
+        return {"results": await answer(m, body.inputs, options(m, body), request)}
+
+    @app.post("/v1/models/{name}/predict/stream")
+    async def predict_stream(name: str, body: PredictRequest):
+        m = model(name)
+        opts = options(m, body)
+        if m.batcher.queued + len(body.inputs) > limits.max_queue:
+            raise ApiError(503, "server busy: the queue is full; retry shortly", None, {"Retry-After": "1"})
+
+        async def one(i: int, text: str):
+            return i, (await m.batcher.predict([text], opts))[0]
+
+        async def events():
+            tasks = [asyncio.ensure_future(one(i, t)) for i, t in enumerate(body.inputs)]
+            try:
+                for done in asyncio.as_completed(tasks):
+                    try:
+                        i, result = await done
+                        data = {"index": i, **result}
+                    except Exception as e:
+                        data = {"error": f"{type(e).__name__}: {e}"}
+                    yield format_sse_event(data_str=json.dumps(data, ensure_ascii=False))
+            finally:
+                for task in tasks:
+                    task.cancel()
+
+        return EventSourceResponse(events())
+
+    @app.post("/translate")
+    async def translate(request: Request):
+        fields = libretranslate_fields(dict(request.scope["headers"]), await request.body())
+        try:
+            body = TranslateRequest.model_validate(fields)
+        except ValueError as e:
+            raise RequestValidationError(e.errors()) from None
+        m = translation_model(served, body.source, body.target)
+        texts = body.q if isinstance(body.q, list) else [body.q]
+        if len(texts) > limits.max_inputs:
+            raise ApiError(422, f"q: at most {limits.max_inputs} texts per request", "q")
+        results = [r["output"] for r in await answer(m, texts, (None, False), request)]
+        return {"translatedText": results if isinstance(body.q, list) else results[0]}
+
+    return app
+
+
+def translation_model(served: dict[str, Served], source: str, target: str) -> Served:
+    """The text-to-text model for a LibreTranslate request: the only one, or the one whose name holds
+    ``SOURCE-TARGET`` (``translate-de-en`` for de -> en)."""
+    candidates = [m for m in served.values() if m.run.task.variant == "encoder-decoder"]
+    named = [m for m in candidates if f"{source}-{target}" in m.name]
+    if len(named) == 1 or len(candidates) == 1:
+        return (named or candidates)[0]
+    raise ApiError(400, f"no single translation model for source {source!r} and target {target!r}; served: "
+                        f"{', '.join(m.name for m in candidates) or 'none'}", "target")
+
+
+async def until_disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (the body has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
