@@ -17,8 +17,8 @@ import importlib
 
 from taskformer.core.config import RunConfig
 from taskformer.core.data import TaskData, encode_sources, encode_words, find_file, read_lines, read_parallel, read_tsv
-from taskformer.core.decoding import (Constraint, DecodeConfig, Label, beam_search, best_labels, best_tags, classify,
-                                      greedy, max_lengths, search, tag_scores)
+from taskformer.core.decoding import (Attention, Constraint, DecodeConfig, Label, beam_search, best_labels, best_tags,
+                                      classify, greedy, max_lengths, search, tag_scores)
 from taskformer.core.errors import DataError, TaskformerError
 from taskformer.core.metrics import span_scores, translation_metrics
 from taskformer.core.model import BOS, EOS, PAD, UNK, ClassificationHead, Generator, ModelConfig, TaggingHead
@@ -40,7 +40,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "BOS", "CJK", "EOS", "PAD", "SPECIALS", "UNK", "ClassificationHead", "Constraint", "DataError", "DecodeConfig",
+    "Attention", "BOS", "CJK", "EOS", "PAD", "SPECIALS", "UNK", "ClassificationHead", "Constraint", "DataError", "DecodeConfig",
     "Generator", "Label", "Model", "ModelConfig", "Output", "Run", "RunConfig", "TaggingHead", "Task", "TaskData",
     "TaskformerError", "beam_search", "best_labels", "best_tags", "characters", "classify", "cross_attention",
     "encode_sources", "encode_words", "find_file", "greedy", "hookimpl", "load", "max_lengths", "option", "read_lines",

@@ -20,7 +20,7 @@ from taskformer.core import export
 from taskformer.core import progress
 from taskformer.core.decoding import Label, word_tags
 from taskformer.core.errors import TaskformerError
-from taskformer.app import distributed, plan, report, runner, scaffold
+from taskformer.app import distributed, plan, report, runner, scaffold, serve
 from taskformer.plugins.manager import plugins
 from taskformer.plugins.sections import metric_list
 
@@ -335,3 +335,6 @@ def new_task_cmd(name, target, variant) -> None:
     for written in scaffold.write(name, path, variant):
         click.echo(f"wrote {written}")
     click.echo(f"next: pip install -e {path} && taskformer run {name}")
+
+
+main.add_command(serve.command)
