@@ -21,14 +21,12 @@ record in its config.json: files from different runs are never mixed (:func:`che
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import json
 import os
 import shutil
 import stat
 import tempfile
-import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -44,73 +42,8 @@ PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")  # safetensors' names of the dtypes weights may have
 
 
-class RunDirBusy(TaskformerError):
-    """Another process holds the run directory's lock (see :func:`locked`)."""
-
-
 class DiskFull(TaskformerError):
     """The disk filled up while a run directory was written (see :func:`disk_space`)."""
-
-
-@contextmanager
-def locked(run_dir: Path):
-    """Hold an exclusive lock on a run directory (flock on the directory itself) while writing it: a
-    second writer (another run with the same ``--out``, a ``--resume`` of a run in progress) is
-    refused instead of interleaving its files. The kernel drops the lock when the process ends,
-    however it ends, so it never goes stale, and no lock file is left behind."""
-    try:
-        fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError as e:
-        raise TaskformerError(f"{run_dir}: cannot open the run directory ({e.strerror})") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise RunDirBusy(f"{run_dir} is being written by another taskformer process") from None
-    try:
-        yield
-    finally:
-        os.close(fd)
-
-
-MARKER = ".taskformer-run"  # in a run directory: {"taskformer_run": RUN_ID}, the first file a run writes
-
-
-def mark_run(run_dir: Path) -> str:
-    """Claim a new, empty run directory: write the marker with a fresh run id (the one config.json's
-    binding records) before any other file. Only a folder holding it is ever cleared by taskformer."""
-    run_id = uuid.uuid4().hex
-    write_json(Path(run_dir) / MARKER, {"taskformer_run": run_id})
-    return run_id
-
-
-def run_mark(run_dir: Path) -> str | None:
-    """The run id in ``run_dir``'s marker, or None where there is no marker taskformer wrote (a
-    link, a non-regular file or anything but our one-key JSON is not ours)."""
-    path = Path(run_dir) / MARKER
-    try:
-        if not stat.S_ISREG(os.lstat(path).st_mode):
-            return None
-        mark = json.loads(read_bytes(path, limit=4096))
-    except (OSError, TaskformerError, ValueError):
-        return None
-    run_id = mark.get("taskformer_run") if isinstance(mark, dict) and len(mark) == 1 else None
-    return run_id if isinstance(run_id, str) and len(run_id) == 32 and set(run_id) <= set("0123456789abcdef") else None
-
-
-def is_locked(run_dir: Path) -> bool:
-    """Whether a process holds ``run_dir``'s lock (see :func:`locked`): the run is in progress."""
-    try:
-        fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released by the close below
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
 
 
 def atomic_write(path: Path, data: str | bytes) -> None:

@@ -20,7 +20,7 @@ from taskformer.core import export
 from taskformer.core import progress
 from taskformer.core.decoding import Label, word_tags
 from taskformer.core.errors import TaskformerError
-from taskformer.app import distributed, plan, report, runner, scaffold, serve
+from taskformer.app import distributed, plan, report, rundir, runner, scaffold, training, serve
 from taskformer.plugins.manager import plugins
 from taskformer.plugins.sections import metric_list
 
@@ -157,22 +157,20 @@ def run_cmd(task, data_dir, out, time_limit, seed, config_file, overrides, resum
                                   f"{', '.join(given)} cannot be given with it")
     if time_limit is not None and not math.isfinite(time_limit):
         raise TaskformerError(f"--time-limit must be a finite number of minutes, got {time_limit}")
-    if task:
-        plugins().task(task)  # unknown names fail here, before any process starts
-    options = dict(task_name=task, data_dir=data_dir, out=out, time_limit=time_limit, seed=seed,
-                   config_file=config_file, overrides=overrides, resume=resume, quiet=quiet)
+    request = training.TrainRequest(plugins().task(task) if task else None,  # an unknown name fails here, once
+                                    data_dir, out, time_limit, seed, config_file, overrides, resume)
     if nproc > 1:
         if not out and not resume:
-            options["out"] = str(runner.default_run_dir(task))
-        distributed.launch(nproc, train_and_report, **options)
+            request.out = str(rundir.default_run_dir(request.task.name))
+        distributed.launch(nproc, train_and_report, request=request, quiet=quiet)
     else:
-        train_and_report(shard=distributed.from_environment() or (0, 1), **options)
+        train_and_report(request, quiet, shard=distributed.from_environment() or (0, 1))
 
 
-def train_and_report(quiet: bool, shard: tuple[int, int] = (0, 1), **options) -> None:
+def train_and_report(request: training.TrainRequest, quiet: bool, shard: tuple[int, int] = (0, 1)) -> None:
     """One rank's work: train with a progress display; rank 0 prints and saves the report."""
     with report.ProgressDisplay(quiet or shard[0] != 0) as display:
-        run = runner.train(on_event=display, shard=shard, **options)
+        run = training.train(request, on_event=display, shard=shard)
     if shard[0] == 0:
         report.render(run)
 

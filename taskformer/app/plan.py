@@ -8,19 +8,19 @@ from __future__ import annotations
 
 from taskformer.core.data import encode, token_batches
 from taskformer.plugins.manager import plugins
-from taskformer.app import runner
+from taskformer.app import hooks, resources, training
 
 
 def dry_run(task_name: str, data_dir: str | None = None, config_file: str | None = None,
             overrides: tuple[str, ...] = (), seed: int | None = None, time_limit: float | None = None) -> dict:
     """What ``taskformer run`` would do with these arguments, as a dict (see :func:`describe`)."""
     task = plugins().task(task_name)
-    config = runner.make_config(task, config_file, list(overrides), seed)
+    config = training.make_config(task, config_file, list(overrides), seed)
     footprint = getattr(config.data, "footprint", None)
     if footprint:
-        runner.check_memory(task, config, **footprint())
-    data = runner.load_data(task, config, data_dir)
-    model = runner.build_model(task, config, data.tokenizer.get_vocab_size(), data.labels, training=True)
+        resources.check_memory(task, config, **footprint())
+    data = hooks.load_data(task, config, data_dir)
+    model = hooks.build_model(task, config, data.tokenizer.get_vocab_size(), data.labels, training=True)
     train = encode(data, "train", config.model.max_len, task.variant)
     per_epoch = max(len(token_batches(train.lengths(), config.train.max_tokens)) // config.train.accumulate, 1)
     planned = per_epoch * config.train.epochs

@@ -28,6 +28,7 @@ from taskformer.core.decoding import Label
 from taskformer.core.errors import TaskformerError
 from taskformer.plugins.hookspecs import Output
 from taskformer.plugins.manager import PluginError, plugins
+from taskformer.app import rundir
 from taskformer.plugins.sections import fmt, save_figure, simple_table
 
 
@@ -185,7 +186,7 @@ def find_runs(root: Path) -> list[dict]:
                     continue  # another tool's config.json (a CTranslate2 export, say): not a run
                 started = dt.datetime.fromtimestamp(path.stat().st_mtime).isoformat(timespec="seconds")
                 runs.append({"path": str(folder), "task": saved["task"],
-                             "status": "running" if checkpoint.is_locked(folder) else "unfinished",
+                             "status": "running" if rundir.is_locked(folder) else "unfinished",
                              "date": started, "wall_seconds": None, "metric": None, "metrics": {}})
                 continue
             metric, info = saved["metric"], saved["info"]

@@ -1,0 +1,214 @@
+"""Every call of a task's hooks, with the check of its answer.
+
+The trainer in :mod:`taskformer.core.engine` never sees a task; these functions ask the task's
+plugin for data, head, normalizer, decoder and metrics and hand the core plain tensors. Each checks
+what the plugin handed back, so that a wrong answer is reported with the plugin, the hook and what
+was expected, instead of surfacing later as an error deep inside the core.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from taskformer.core import decoding
+from taskformer.core import progress
+from taskformer.core import quantize
+from taskformer.core import variants
+from taskformer.core.config import RunConfig
+from taskformer.core.data import TaskData, encode_sources, encode_words, pad
+from taskformer.core.decoding import Label
+from taskformer.core.engine import autocast
+from taskformer.core.errors import TaskformerError
+from taskformer.core.model import BOS, UNK, Ensemble, Transformer
+from taskformer.core.tokenize import check_specials
+from taskformer.plugins.builtin import defaults as default_decoder
+from taskformer.plugins.hookspecs import Output, Task
+from taskformer.plugins.manager import PluginError, plugins
+from taskformer.app.resources import check_memory
+from taskformer.app.run import SPLITS, Prediction, Run
+
+def build_model(task: Task, config: RunConfig, vocab_size: int, labels: list[str] | None,
+                training: bool = False) -> Transformer | Ensemble:
+    mc = replace(config.model, vocab_size=vocab_size, num_classes=len(labels) if labels else 0)
+    check_memory(task, config, vocab_size, mc.num_classes, training=training)
+
+    def network() -> Transformer:  # each ensemble member asks the plugin for a head of its own
+        plugin, head = plugins().first("taskformer_head", task, model_config=mc)
+        where = f"plugin {plugin!r}: taskformer_head for task {task.name!r}"
+        if head is not None and not isinstance(head, torch.nn.Module):
+            raise PluginError(f"{where} must return a torch.nn.Module, got {type(head).__name__}")
+        model = Transformer(mc) if head is None else Transformer(mc, head)
+        if head is not None:
+            check_head(model, where)
+        return model
+
+    try:
+        return network() if mc.members == 1 else Ensemble([network() for _ in range(mc.members)])
+    except RuntimeError as e:
+        if "allocate" not in str(e):
+            raise
+        raise TaskformerError(f"config: the model does not fit in memory (model.d_model={mc.d_model}, "
+                              f"model.d_ff={mc.d_ff}, vocabulary {vocab_size}): {str(e).splitlines()[0][:200]}") from None
+
+
+@torch.no_grad()
+def check_head(model: Transformer, where: str) -> None:
+    """Run a plugin's head once on a tiny batch: a wrong contract fails here, named, not mid-training."""
+    src, tgt_in = torch.tensor([[BOS, UNK, UNK]]), torch.tensor([[BOS, UNK]])
+    kind = model.cfg.kind
+    expected = kind.logits_shape(1, src.size(1), tgt_in.size(1), model.cfg.vocab_size, model.cfg.num_classes)
+    model.eval()  # no dropout: the check draws no random numbers
+    try:
+        shape = tuple((model(src, tgt_in) if kind.decoder else model(src)).shape)
+    except Exception as e:
+        shape = f"an error ({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__})"
+    finally:
+        model.train()
+    if shape != expected:
+        raise PluginError(f"{where}: head(hidden, src_mask) must return logits of shape {expected} for this "
+                          f"test batch, but gave {shape}")
+
+
+def normalize(task: Task, texts: list[str]) -> list[str]:
+    """Raw input lines through the task's ``taskformer_normalize`` (lines it leaves alone stay as they are)."""
+    out = []
+    for text in texts:
+        plugin, clean = plugins().first("taskformer_normalize", task, text=text)
+        if clean is not None and not isinstance(clean, str):
+            raise PluginError(f"plugin {plugin!r}: taskformer_normalize for task {task.name!r} must return a "
+                              f"string, got {type(clean).__name__}")
+        out.append(text if clean is None else clean)
+    return out
+
+
+def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, config: RunConfig,
+                 texts: list[str], name: str = "decoding"):
+    """Decode raw source lines through the task's decoder, batched by source length; blank lines give blank outputs.
+
+    Returns the predictions in input order and how many inputs were truncated to ``model.max_len``.
+    A tagging task's decoder also receives where each word starts (``words``; ``None`` otherwise).
+    """
+    model = quantize.for_decoding(model.eval(), config.decode.quantize)  # int8: a CPU copy, fp32 inputs
+    kind = model.cfg.kind
+    blank = Label("", 0.0) if kind.labelled and not kind.per_word else ""  # one type of answer per task
+    outputs: list[Prediction] = [blank] * len(texts)
+    todo = [i for i, t in enumerate(texts) if t.strip()]
+    inputs = [texts[i] for i in todo]
+    if kind.per_word:
+        src, words, cut = encode_words(tokenizer, inputs, model.cfg.max_len)
+    else:
+        words = None
+        src, cut = encode_sources(tokenizer, inputs, model.cfg.max_len, classify=kind.labelled)
+    dc, device = config.decode, next(model.parameters()).device
+    # A batch holds sources of one length. Padding changes a row's rounding (in bf16, its words), and a
+    # sentence must decode to the same output alone, in eval's batches or beside a stranger's on a server.
+    chunks = []
+    for _, same in itertools.groupby(sorted(range(len(todo)), key=lambda j: len(src[j])), lambda j: len(src[j])):
+        same = list(same)
+        chunks += [same[start : start + dc.batch_size] for start in range(0, len(same), dc.batch_size)]
+
+    def run(chunk: list[int]) -> list[Prediction]:
+        batch = pad([src[j] for j in chunk]).to(device)
+        starts = None if words is None else [words[j] for j in chunk]
+        with autocast(config.train.bf16 if dc.quantize == "none" else False, device):
+            plugin, outs = plugins().first("taskformer_decode", task, model=model, src=batch, tokenizer=tokenizer,
+                                           labels=labels, words=starts, config=config)
+        wrong = "not a list" if not isinstance(outs, list) else (
+            f"{len(outs)} for {len(chunk)} rows" if len(outs) != len(chunk) else
+            next((f"{type(o).__name__} at row {i}" for i, o in enumerate(outs) if not isinstance(o, (str, Label))), ""))
+        if wrong:
+            raise PluginError(f"plugin {plugin!r}: taskformer_decode for task {task.name!r} must return one "
+                              f"prediction (a str or a Label) per source row, got {wrong}")
+        return outs
+
+    workers = decoding.decode_workers(dc.workers, device, len(chunks))
+    with progress.stage(name, len(todo)) as advance:
+        for chunk, outs in zip(chunks, decoding.parallel_map(run, chunks, workers)):
+            for j, out in zip(chunk, outs):
+                outputs[todo[j]] = out
+            advance(len(chunk))
+    return outputs, cut
+
+
+def score(task: Task, pairs: list[tuple], hyps: list[Prediction]) -> dict:
+    """Merge the metrics every plugin that hears this task reports."""
+    merged: dict = {}
+    for plugin, part in plugins().answers("taskformer_metrics", task, sources=[row[0] for row in pairs],
+                                          hypotheses=hyps, references=[row[1] for row in pairs],
+                                          fields=[row[2] if len(row) > 2 else {} for row in pairs]):
+        if not isinstance(part, dict):
+            raise PluginError(f"plugin {plugin!r}: taskformer_metrics for task {task.name!r} must return a dict "
+                              f"of metric name to number, got {type(part).__name__}")
+        merged.update(part)
+    return merged
+
+
+def evaluate_split(run: Run, pairs: list[tuple[str, str]], config: RunConfig | None = None, name: str = "decoding"):
+    """Decode and score one split; returns (metrics, [(source, prediction, reference), ...])."""
+    hyps, _ = decode_texts(run.task, run.model, run.tokenizer, run.labels, config or run.config,
+                           [row[0] for row in pairs], name)
+    return score(run.task, pairs, hyps), [Output(row[0], h, row[1], row[2] if len(row) > 2 else None)
+                                          for row, h in zip(pairs, hyps)]
+
+
+def load_data(task: Task, config: RunConfig, data_dir: str | None, splits=SPLITS,
+              tokenizer: Tokenizer | None = None) -> TaskData:
+    """The task's data, checked: a wrong answer is an error naming the plugin and what was expected.
+
+    ``splits`` are the ones the caller uses (the hook may read only those); a saved run's
+    ``tokenizer`` is handed to the hook and replaces whatever tokenizer it returns, so a saved run
+    is always encoded the way it was trained.
+    """
+    plugin, data = plugins().first("taskformer_data", task, config=config, splits=tuple(splits), tokenizer=tokenizer,
+                                   data_dir=Path(data_dir) if data_dir else None)
+    where = f"plugin {plugin or task.plugin!r}: taskformer_data for task {task.name!r}"
+    if not isinstance(data, TaskData):
+        raise PluginError(f"{where} must return a TaskData, got {type(data).__name__}")
+    missing = [s for s in splits if not data.splits.get(s)]
+    if missing:
+        raise PluginError(f"{where} returned no {', '.join(missing)} split (if a data option or file made it "
+                          "empty, e.g. a size of 0, change that)")
+    if tokenizer is not None:
+        data.tokenizer = tokenizer
+    for split in splits:
+        bad = next((i for i, row in enumerate(data.splits[split]) if not (
+            isinstance(row, (tuple, list)) and len(row) in (2, 3) and all(isinstance(x, str) for x in row[:2])
+            and (len(row) == 2 or isinstance(row[2], dict)))), None)
+        if bad is not None:
+            raise PluginError(f"{where}: {split} row {bad} must be a (source, target) pair of strings or a "
+                              f"(source, target, fields) triple with a dict, got {data.splits[split][bad]!r:.80}")
+    try:
+        check_specials(data.tokenizer)
+    except ValueError as e:
+        raise PluginError(f"{where}: {e} (see 'Bring your own tokenizer' in docs/plugins.md)") from None
+    kind = variants.of(task.variant)
+    if kind.labelled:
+        check_labels(data, kind.per_word, where, splits)
+    return data
+
+
+def check_labels(data: TaskData, tagging: bool, where: str, splits=SPLITS) -> None:
+    """Every target of a classifier is one of ``labels``; a tagger's is one of them per source word."""
+    if not data.labels:
+        raise PluginError(f"{where} must give the {'tag' if tagging else 'class'} names in TaskData.labels")
+    known = set(data.labels)
+    for split in splits:
+        for i, (source, target, *_) in enumerate(data.splits[split]):
+            tags = target.split() if tagging else [target]
+            bad = next((t for t in tags if t not in known), None)
+            if bad is not None:
+                raise PluginError(f"{where}: {split} target {bad!r} is not one of its labels {data.labels!r:.120}")
+            if tagging and len(tags) != len(source.split()):
+                raise PluginError(f"{where}: {split} row {i} has {len(source.split())} words but {len(tags)} tags "
+                                  f"(a tagging target is one label per whitespace-separated source word)")
+
+
+def own_decoder(task: Task) -> str | None:
+    """The plugin that decodes ``task`` with a search of its own (its ``taskformer_decode`` comes
+    before the built-in default's), or None where the default decoder decodes it."""
+    first, _ = next(iter(plugins().listeners("taskformer_decode", task)), ("", None))
+    return first if first and first != default_decoder.__name__ else None

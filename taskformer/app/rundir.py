@@ -1,0 +1,244 @@
+"""The run directory: its name, creation, lock and marker, and the files that say what the run is
+(config.json's record, tokenizer.json, the best weights, outputs-*.jsonl).
+
+Checkpoints and weights themselves are :mod:`taskformer.core.checkpoint`'s; older formats that
+still load are :mod:`taskformer.core.compat`'s. Errors state the facts; what to type next is said
+by the command that hit them.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import stat
+import uuid
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from taskformer.core import checkpoint as ckpt
+from taskformer.core import compat
+from taskformer.core.decoding import Label
+from taskformer.core.errors import TaskformerError
+from taskformer.core.model import Transformer
+from taskformer.core.tokenize import check_specials
+from taskformer.plugins.hookspecs import Output
+from taskformer.app.run import Prediction
+
+class RunDirBusy(TaskformerError):
+    """Another process holds the run directory's lock (see :func:`locked`)."""
+
+
+@contextmanager
+def locked(run_dir: Path):
+    """Hold an exclusive lock on a run directory (flock on the directory itself) while writing it: a
+    second writer (another run with the same ``--out``, a ``--resume`` of a run in progress) is
+    refused instead of interleaving its files. The kernel drops the lock when the process ends,
+    however it ends, so it never goes stale, and no lock file is left behind."""
+    try:
+        fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        raise TaskformerError(f"{run_dir}: cannot open the run directory ({e.strerror})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RunDirBusy(f"{run_dir} is being written by another taskformer process") from None
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+MARKER = ".taskformer-run"  # in a run directory: {"taskformer_run": RUN_ID}, the first file a run writes
+
+
+def mark_run(run_dir: Path) -> str:
+    """Claim a new, empty run directory: write the marker with a fresh run id (the one config.json's
+    binding records) before any other file. Only a folder holding it is ever cleared by taskformer."""
+    run_id = uuid.uuid4().hex
+    ckpt.write_json(Path(run_dir) / MARKER, {"taskformer_run": run_id})
+    return run_id
+
+
+def run_mark(run_dir: Path) -> str | None:
+    """The run id in ``run_dir``'s marker, or None where there is no marker taskformer wrote (a
+    link, a non-regular file or anything but our one-key JSON is not ours)."""
+    path = Path(run_dir) / MARKER
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+        mark = json.loads(ckpt.read_bytes(path, limit=4096))
+    except (OSError, TaskformerError, ValueError):
+        return None
+    run_id = mark.get("taskformer_run") if isinstance(mark, dict) and len(mark) == 1 else None
+    return run_id if isinstance(run_id, str) and len(run_id) == 32 and set(run_id) <= set("0123456789abcdef") else None
+
+
+def is_locked(run_dir: Path) -> bool:
+    """Whether a process holds ``run_dir``'s lock (see :func:`locked`): the run is in progress."""
+    try:
+        fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released by the close below
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def default_run_dir(task: str) -> Path:
+    """A new, empty ``runs/TASK/<time>``; runs started in the same second get ``<time>-2``, ``-3``, ...
+    The directory is created here, exclusively, so two processes can never be handed the same one."""
+    stamp = Path("runs") / task / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    make_dir(stamp.parent, exist_ok=True)
+    for n in itertools.count(1):
+        path = stamp if n == 1 else stamp.with_name(f"{stamp.name}-{n}")
+        if make_dir(path, exist_ok=False):
+            return path
+
+
+def make_dir(path: Path, exist_ok: bool) -> bool:
+    """mkdir -p; False if ``path`` already existed (and ``exist_ok``), an Error line if it cannot be made."""
+    try:
+        path.mkdir(parents=True, exist_ok=exist_ok)
+        return True
+    except FileExistsError:
+        if path.is_dir():
+            return False
+        raise TaskformerError(f"{path}: exists and is not a directory") from None
+    except OSError as e:
+        raise TaskformerError(f"{path}: cannot create the run directory ({e.strerror})") from None
+
+
+STARTED = {MARKER, "config.json", "tokenizer.json", "metrics.jsonl", "checkpoints"}  # written before a checkpoint
+
+
+def failed_before_checkpoint(path: Path) -> list[Path] | None:
+    """What a run that stopped before its first checkpoint left in ``path`` (it cannot be resumed, so
+    a new run may replace it), or None if ``path`` holds anything else. That is :data:`STARTED`, the
+    best weights of its first evaluation beside its config.json, and temporary files of writes that
+    were cut short."""
+    ours = STARTED | ({ckpt.WEIGHTS} if (path / "config.json").is_file() else set())
+    temporary = tuple(f".{name}." for name in ours)  # atomic_write's names: .NAME.<random>.tmp
+    entries = list(path.iterdir())
+    left = [p for p in entries if p.name in ours or (p.name.startswith(temporary) and p.name.endswith(".tmp"))]
+    if len(left) < len(entries) or ckpt.latest_training_state(path / "checkpoints"):
+        return None
+    return left
+
+
+def holds_run(path: Path) -> bool:
+    """Whether ``path`` is a taskformer run: it carries our marker, or (runs written before the marker)
+    a taskformer config.json recording a run id. Only a marked run is ever cleared."""
+    if run_mark(path):
+        return True
+    try:
+        binding = read_run_config(path).get("binding")
+    except TaskformerError:
+        return False
+    return isinstance(binding, dict) and isinstance(binding.get("run"), str)
+
+
+def new_run_dir(task: str, out: str | None, lock: ExitStack) -> Path:
+    """The run directory, created, locked for this process (see :func:`locked`) and
+    marked as ours (:func:`mark_run`). ``--out`` may name a new or empty folder, or a
+    marked run that stopped before its first checkpoint (it starts afresh); anything else is refused
+    with nothing in it changed: a folder is never cleared because its files look like a run's."""
+    path = Path(out) if out else default_run_dir(task)
+    make_dir(path, exist_ok=True)
+    lock.enter_context(locked(path))
+    for left in (failed_before_checkpoint(path) or []) if run_mark(path) else []:  # start afresh
+        if left.is_dir() and not left.is_symlink():
+            shutil.rmtree(left)
+        else:
+            left.unlink()
+    if holds_run(path):
+        raise TaskformerError(f"{path} already holds a run; choose another --out or resume it with --resume {path} "
+                              "(nothing in it was changed)")
+    if any(path.iterdir()):
+        raise TaskformerError(f"{path} is not empty and holds no taskformer run; --out must name a new or empty "
+                              "folder (nothing in it was changed)")
+    mark_run(path)
+    return path
+
+
+def row_json(row: tuple[str, Prediction, str]) -> dict:
+    """One output as outputs-*.jsonl stores it; a Label as ``{"label", "probability"}``."""
+    source, prediction, reference = row
+    output = prediction._asdict() if isinstance(prediction, Label) else prediction
+    fields = getattr(row, "fields", None)
+    return {"source": source, "output": output, "reference": reference, **({"fields": fields} if fields else {})}
+
+
+def row_from_json(row: dict, classify: bool) -> tuple[str, Prediction, str]:
+    """Back from outputs-*.jsonl (a classifier's prediction as a line: see core/compat.py)."""
+    output = row["output"]
+    if isinstance(output, dict):
+        output = Label(output["label"], output["probability"])
+    elif classify:
+        output = compat.label_from_line(output)
+    return Output(row["source"], output, row["reference"], row.get("fields"))
+
+
+def read_run_config(run_dir: Path) -> dict:
+    """A run's config.json, checked for the shape taskformer writes before anything is read from it."""
+    saved = ckpt.read_json(run_dir / "config.json")
+    cfg = saved.get("config") if isinstance(saved, dict) else None
+    if not isinstance(cfg, dict) or not isinstance(saved.get("task"), str) or not all(
+            isinstance(v, dict) for v in cfg.values()):
+        raise TaskformerError(f"{run_dir / 'config.json'}: not a taskformer run config")
+    return saved
+
+
+def bound_files(run_dir: Path, saved: dict) -> dict[str, str] | None:
+    """The stamp the run's weights must carry (its task, run id and tokenizer hash, from config.json),
+    after checking that tokenizer.json is the one the run was trained with (``None`` for a run
+    without the record: see core/compat.py)."""
+    binding = saved.get("binding")
+    if binding is None:
+        return compat.unbound_run(run_dir)
+    if not isinstance(binding, dict) or not all(isinstance(binding.get(k), str) for k in ("run", "tokenizer_sha256")):
+        raise TaskformerError(f"{run_dir / 'config.json'}: damaged 'binding' record (expected a run id and the "
+                              "tokenizer's SHA-256)")
+    marked = run_mark(run_dir)
+    if marked and marked != binding["run"]:
+        raise TaskformerError(f"{run_dir / 'config.json'}: the config of another run (run id {binding['run'][:12]}, "
+                              f"but this run directory is run {marked[:12]}); put the run's own config.json back")
+    path = run_dir / "tokenizer.json"
+    if hashlib.sha256(ckpt.read_bytes(path)).hexdigest() != binding["tokenizer_sha256"]:  # bounded read
+        raise TaskformerError(f"{path}: not the tokenizer this run was trained with (its SHA-256 differs from the "
+                              "one config.json records); put the run's own tokenizer.json back")
+    return {"task": saved["task"], "run": binding["run"], "tokenizer_sha256": binding["tokenizer_sha256"]}
+
+
+def read_tokenizer(run_dir: Path) -> Tokenizer:
+    """A run's tokenizer.json, with the special ids the core relies on."""
+    path = run_dir / "tokenizer.json"
+    try:
+        tokenizer = Tokenizer.from_str(ckpt.read_bytes(path).decode("utf-8"))  # bounded, regular files only
+    except TaskformerError:
+        raise
+    except Exception as e:
+        raise TaskformerError(f"{run_dir}: unreadable run ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    try:
+        check_specials(tokenizer)
+    except ValueError as e:
+        raise TaskformerError(f"{path}: {e}; this is not the tokenizer the model was trained with") from None
+    return tokenizer
+
+
+def load_run_weights(model: Transformer, run_dir: Path, stamp: dict[str, str] | None) -> None:
+    """The run's model.safetensors into ``model``, refused if its stamp is not this run's (checked
+    after the weights themselves, so that a damaged file is named as such)."""
+    ckpt.load_weights(model, run_dir / ckpt.WEIGHTS)
+    if stamp:
+        ckpt.check_stamp(run_dir / ckpt.WEIGHTS, stamp, run_dir / "config.json")
