@@ -39,6 +39,11 @@ class Variant:
         return not self.decoder
 
     @property
+    def classifies(self) -> bool:
+        """One label per input: a classifier, whose prediction is a ``Label(label, probability)``."""
+        return self.labelled and not self.per_word
+
+    @property
     def exportable(self) -> bool:
         """CTranslate2 can run it: its Transformer spec is an encoder-decoder ending in a vocabulary
         projection, with its own greedy and beam search (docs/export.md)."""

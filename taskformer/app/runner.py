@@ -35,7 +35,7 @@ def predict(run: Run, lines: list[str], config: RunConfig | None = None, return_
     the attention ``None`` for a blank line.
     """
     config = config or run.config
-    if return_attention and run.task.variant != "encoder-decoder":
+    if return_attention and not run.model.cfg.kind.decoder:
         raise TaskformerError(f"return_attention is for encoder-decoder models; task {run.task.name!r} is "
                               f"{run.task.variant}")
     sources = normalize(run.task, lines)
@@ -142,7 +142,7 @@ def load(run_dir: str | Path) -> Run:
     run.metrics, run.info = saved_result.get("metrics", {}), saved_result.get("info", {})
     for path in run_dir.glob("outputs-*.jsonl"):
         try:
-            run.outputs[path.stem.removeprefix("outputs-")] = [row_from_json(r, task.variant == "encoder-only")
+            run.outputs[path.stem.removeprefix("outputs-")] = [row_from_json(r, config.model.kind.classifies)
                                                                for r in ckpt.read_jsonl(path)]
         except (LookupError, TypeError, ValueError) as e:
             raise TaskformerError(f"{path}: not a taskformer outputs file ({type(e).__name__}: {e})") from None

@@ -80,7 +80,7 @@ class Served:
         bf16, why = precision.choose(run.config.train.bf16, run.device)
         options = {"beam": {"default": run.config.decode.beam if run.config.decode.strategy == "beam" else 1,
                             "min": 1, "max": MAX_BEAM}}
-        if task.variant == "encoder-decoder":
+        if run.model.cfg.kind.decoder:
             options["return_attention"] = {"default": False}
         return {"name": self.name, "task": task.name, "variant": task.variant, "metric": task.metric,
                 "metrics": {k: v for k, v in (run.metrics.get("test") or run.metrics.get("val") or {}).items()
@@ -92,7 +92,7 @@ class Served:
         beam, attention = options
         outputs, _ = runner.predict(self.run, texts, runner.with_search(self.run.config, beam), attention)
         pairs = outputs if attention else [(out, None) for out in outputs]
-        distributions = self.distributions(texts) if self.run.task.variant == "encoder-only" else None
+        distributions = self.distributions(texts) if self.run.model.cfg.kind.classifies else None
         return [self.result(text, out, att, distributions[i] if distributions else None)
                 for i, (text, (out, att)) in enumerate(zip(texts, pairs))]
 
@@ -100,7 +100,7 @@ class Served:
         """``output`` is the value ``taskformer predict --json`` prints for the same input."""
         if isinstance(prediction, Label):
             out = {"output": prediction._asdict(), "probabilities": distribution}
-        elif self.run.task.variant == "tagging":
+        elif self.run.model.cfg.kind.per_word:
             out = {"output": [list(pair) for pair in word_tags(text, prediction)]}
         else:
             out = {"output": prediction}
@@ -282,7 +282,7 @@ def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None 
         return served[name]
 
     def options(m: Served, body: PredictRequest) -> tuple[int | None, bool]:
-        if body.return_attention and m.run.task.variant != "encoder-decoder":
+        if body.return_attention and not m.run.model.cfg.kind.decoder:
             raise ApiError(422, f"return_attention: only encoder-decoder models have cross-attention; "
                                 f"{m.name!r} is {m.run.task.variant}", "return_attention")
         return body.beam, body.return_attention
@@ -373,7 +373,7 @@ def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None 
 def translation_model(served: dict[str, Served], source: str, target: str) -> Served:
     """The text-to-text model for a LibreTranslate request: the only one, or the one whose name holds
     ``SOURCE-TARGET`` (``translate-de-en`` for de -> en)."""
-    candidates = [m for m in served.values() if m.run.task.variant == "encoder-decoder"]
+    candidates = [m for m in served.values() if m.run.model.cfg.kind.decoder]
     named = [m for m in candidates if f"{source}-{target}" in m.name]
     if len(named) == 1 or len(candidates) == 1:
         return (named or candidates)[0]
