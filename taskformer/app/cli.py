@@ -20,7 +20,7 @@ from taskformer.core import export
 from taskformer.core import progress
 from taskformer.core.decoding import Label, word_tags
 from taskformer.core.errors import TaskformerError
-from taskformer.app import distributed, plan, report, rundir, runner, scaffold, training, serve
+from taskformer.app import distributed, plan, report, rundir, runner, scaffold, serve, training
 from taskformer.plugins.manager import plugins
 from taskformer.plugins.sections import metric_list
 
@@ -307,6 +307,7 @@ def runs_cmd(root, as_json) -> None:
         click.echo(json.dumps(runs, indent=2, ensure_ascii=False))
         return
     report.listing_console().print(report.list_runs(runs, Path(root)))
+
 
 @main.command("report")
 @click.argument("run_dir", type=click.Path(file_okay=False))
