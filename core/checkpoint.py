@@ -11,6 +11,9 @@ Layout of a run directory::
                          with train.average_last=N: the weights of the last N evaluations, averaged
     report.txt/.html     the end-of-run report
 
+The directory itself (its name, lock and marker, what ``--out`` accepts) is the application's,
+:mod:`taskformer.app.rundir`; this module writes and reads the files in it.
+
 Weights are safetensors (a plain tensor container: loading it cannot run code). Optimizer state
 goes through ``torch.save`` and is read back with ``weights_only=True``, which refuses pickled
 objects other than tensors and plain containers. Every file is written to a temporary name in the
