@@ -31,6 +31,7 @@ from taskformer.plugins.manager import PluginError, plugins
 from taskformer.app.resources import check_memory
 from taskformer.app.run import SPLITS, Prediction, Run
 
+
 def build_model(task: Task, config: RunConfig, vocab_size: int, labels: list[str] | None,
                 training: bool = False) -> Transformer | Ensemble:
     mc = replace(config.model, vocab_size=vocab_size, num_classes=len(labels) if labels else 0)

@@ -30,6 +30,7 @@ from taskformer.core.tokenize import check_specials
 from taskformer.plugins.hookspecs import Output
 from taskformer.app.run import Prediction
 
+
 class RunDirBusy(TaskformerError):
     """Another process holds the run directory's lock (see :func:`locked`)."""
 

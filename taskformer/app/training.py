@@ -28,6 +28,7 @@ from taskformer.app.run import SPLITS, Run
 from taskformer.app.rundir import (RunDirBusy, bound_files, locked, load_run_weights, new_run_dir, read_run_config,
                                    read_tokenizer, row_json, run_mark)
 
+
 @dataclass
 class TrainRequest:
     """What a training run is asked to do: a new run of ``task``, or the continuation of the run in
