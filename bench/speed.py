@@ -22,7 +22,12 @@ Workloads (model shape for all: vocab 8000, d_model 256, 3+3 layers, 8 heads, FF
    rounds: greedy and beam 5, the same 24 steps (``min_decoding_length`` = ``max_decoding_length``;
    its outputs are checked to hold 24 tokens), length-sorted batches of 128, and the same threads
    (one batch per ``inter_threads`` worker, ``intra_threads=1``, as taskformer's workers). Printed
-   beside taskformer's rows, with taskformer/CTranslate2 ratios.
+   beside taskformer's rows, with taskformer/CTranslate2 ratios; taskformer int8
+   (``decode.quantize=int8``) races CTranslate2 int8, and both race again one sentence at a time
+   (batch 1);
+6. what each decoding change bought (``ABLATIONS``: the current code against the same with one change
+   undone by monkeypatching from here), and the training step with ``core/model.py`` at ``--before``
+   against today's.
 
 taskformer runs in fp32 always and in bf16 only where bf16 is native (``core.precision``); the
 table's title names the CPU, its kernel capability and the bf16 decision, and the ratios are given
@@ -42,6 +47,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
@@ -58,7 +65,7 @@ SHARED = ROOT.parent / "shared"
 sys.path.insert(0, str(SHARED / "bench"))
 import reference_transformer as ref  # noqa: E402
 
-from taskformer.core import decoding, export, precision  # noqa: E402
+from taskformer.core import decoding, export, precision, quantize  # noqa: E402
 from taskformer.core.data import encode_sources, pad, read_parallel, token_batches  # noqa: E402
 from taskformer.core.engine import TrainConfig, Trainer, autocast  # noqa: E402
 from taskformer.core.model import BOS, EOS, PAD, ModelConfig, Transformer  # noqa: E402
@@ -87,10 +94,14 @@ def make_reference():
     return model, step
 
 
-def make_taskformer(bf16: bool):
+def make_taskformer(bf16: bool, module=None):
+    """taskformer's network and the engine's training step; ``module``: another version of core/model.py."""
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(vocab_size=V, d_model=D, n_heads=HEADS, enc_layers=LAYERS, dec_layers=LAYERS,
-                                    d_ff=FF, dropout=0.1, tie_embeddings=False, max_len=128))
+    shape = dict(vocab_size=V, d_model=D, n_heads=HEADS, enc_layers=LAYERS, dec_layers=LAYERS, d_ff=FF, dropout=0.1,
+                 tie_embeddings=False, max_len=128)
+    module = module or sys.modules[Transformer.__module__]
+    model = module.Transformer(module.ModelConfig(**shape))
+    model.cfg = ModelConfig(**shape)  # the same values; an older model's config may lack what today's engine reads
     trainer = Trainer(model, TrainConfig(bf16=bf16, lr=1e-4, warmup=0), train=None, evaluate=dict,
                       select=("loss", False), run_dir=Path("."), device=CPU)
 
@@ -173,7 +184,7 @@ def real_training(src, tgt, rounds: int, steps: int, max_tokens: int, precisions
 
 
 def ctranslate2_contenders(model: Transformer, sources: list[list[int]], batch_size: int, workers: int,
-                           folder: Path) -> dict:
+                           folder: Path, suffix: str = "") -> dict:
     """CTranslate2 decoding the same weights and sources: ``{name: fn}`` for the timing rounds.
 
     CTranslate2 takes token strings: the ids become synthetic tokens (``t4`` ...) of a tokenizer that
@@ -195,17 +206,28 @@ def ctranslate2_contenders(model: Transformer, sources: list[list[int]], batch_s
                 if any(len(r.hypotheses[0]) != L for r in out):  # the workload must match ours step for step
                     raise RuntimeError(f"CTranslate2 {search} did not decode exactly {L} steps")
                 return len(out)
-            contenders[f"ctranslate2 {search} {'fp32' if quantization == 'float32' else quantization}"] = run
+            contenders[f"ctranslate2 {search} {'fp32' if quantization == 'float32' else quantization}{suffix}"] = run
     return contenders
 
 
+def decode_fixed(model, chunk: torch.Tensor, search: str, steps: int = L, budgets: torch.Tensor | None = None):
+    """One batch decoded for exactly ``steps`` tokens a sentence (EOS ignored), or for ``budgets`` (B,)."""
+    limit = torch.full((chunk.size(0),), steps) if budgets is None else budgets
+    if search == "greedy":
+        return decoding.greedy(model, chunk, limit, ignore_eos=True)
+    return decoding.beam_search(model, chunk, limit, beam=5, ignore_eos=True)
+
+
 def decoding_speed(val_src, n_baseline: int, n_taskformer: int, rounds: int, precisions: tuple[str, ...],
-                   folder: Path | None = None) -> dict:
-    """Sentences/s of each contender; with ``folder`` (a scratch directory) CTranslate2 races too."""
+                   folder: Path | None = None, batch_size: int | None = None) -> dict:
+    """Sentences/s of each contender; with ``folder`` (a scratch directory) CTranslate2 races too.
+
+    ``batch_size`` (default: decode.batch_size, 128) sentences per batch for taskformer and CTranslate2
+    alike; below the default, the rows are named ``... (batch N)`` and the baseline is left out.
+    """
     base_model = make_reference()[0].eval()
     tf_model = make_taskformer(False)[0].eval()
     sources = [s for s in val_src]
-    limit = lambda n: torch.full((n,), L)  # noqa: E731  (24 steps for every sentence)
 
     def baseline(_):
         with torch.no_grad():
@@ -217,16 +239,17 @@ def decoding_speed(val_src, n_baseline: int, n_taskformer: int, rounds: int, pre
     # As `taskformer run`, `eval` and `predict` decode (runner.decode_texts): length-sorted batches of
     # decode.batch_size sentences, decode.workers batches at a time.
     cfg = decoding.DecodeConfig()
+    size = batch_size or cfg.batch_size
+    suffix = "" if size == cfg.batch_size else f" (batch {size})"
     order = sorted(range(n_taskformer), key=lambda i: len(sources[i]))
-    batches = [pad([sources[j] for j in order[i : i + cfg.batch_size]]) for i in range(0, n_taskformer, cfg.batch_size)]
+    batches = [pad([sources[j] for j in order[i : i + size]]) for i in range(0, n_taskformer, size)]
     workers = decoding.decode_workers(cfg.workers, CPU, len(batches))
+    int8_model = quantize.for_decoding(tf_model, "int8")
 
-    def ours(search, bf16, workers=workers):
+    def ours(search, bf16, workers=workers, model=tf_model):
         def one(chunk):
             with autocast(bf16, CPU):
-                if search == "greedy":
-                    return decoding.greedy(tf_model, chunk, limit(chunk.size(0)), ignore_eos=True)
-                return decoding.beam_search(tf_model, chunk, limit(chunk.size(0)), beam=5, ignore_eos=True)
+                return decode_fixed(model, chunk, search)
 
         def run(_):
             for _ in decoding.parallel_map(one, batches, workers):
@@ -234,13 +257,16 @@ def decoding_speed(val_src, n_baseline: int, n_taskformer: int, rounds: int, pre
             return n_taskformer
         return run
 
-    contenders = {"baseline greedy (bs 1, no cache)": baseline}
+    contenders = {"baseline greedy (bs 1, no cache)": baseline} if not suffix else {}
     for search in ("greedy", "beam5"):
-        contenders |= {f"taskformer {search} {p}": ours(search, p == "bf16") for p in precisions}
+        contenders |= {f"taskformer {search} {p}{suffix}": ours(search, p == "bf16") for p in precisions}
+        contenders[f"taskformer {search} int8{suffix}"] = ours(search, False, model=int8_model)
     fastest = precisions[-1]
-    contenders[f"taskformer greedy {fastest}, 1 worker"] = ours("greedy", fastest == "bf16", workers=1)
+    if not suffix:
+        contenders[f"taskformer greedy {fastest}, 1 worker"] = ours("greedy", fastest == "bf16", workers=1)
     if folder is not None:
-        contenders |= ctranslate2_contenders(tf_model, sources[:n_taskformer], cfg.batch_size, workers, folder)
+        contenders |= ctranslate2_contenders(tf_model, sources[:n_taskformer], size, workers, folder / f"batch{size}",
+                                             suffix)
 
     def work(name, fn):
         t = time.perf_counter()
@@ -248,6 +274,104 @@ def decoding_speed(val_src, n_baseline: int, n_taskformer: int, rounds: int, pre
         return (time.perf_counter() - t) / n
     secs = alternate(contenders, work, rounds)
     return {name: 1.0 / s for name, s in secs.items()} | {"workers": workers}
+
+
+@contextmanager
+def patched(obj, name: str, value):
+    """``obj.name = value`` for the duration (the ablation's way to undo one change, outside the core's API)."""
+    kept = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, kept)
+
+
+def memory_per_hypothesis():
+    """Beam search as before: every hypothesis with its own copy of the encoder memory and cross keys/values."""
+    shared = decoding.Memory.of
+
+    def of(cls, model, src, rows_per_sentence=1):
+        m = shared(model, src, rows_per_sentence)
+        rows = torch.arange(src.size(0)).repeat_interleave(rows_per_sentence)
+        return cls(m.states[rows], m.mask, None if m.cross_mask is None else m.cross_mask[rows])
+    return patched(decoding.Memory, "of", classmethod(of))
+
+
+def no_inference_mode():
+    """The searches under ``torch.no_grad`` instead of ``torch.inference_mode``."""
+    stack = ExitStack()
+    for f in ("greedy", "beam_search"):
+        stack.enter_context(patched(decoding, f, torch.no_grad()(getattr(decoding, f).__wrapped__)))
+    return stack
+
+
+# Each change of the decoding issue, undone alone (with every other change kept); only where it acts:
+# the shared cross-attention memory in beam search, dropping ended rows where sentences have budgets of
+# their own (as in real decoding: a * source length + b), the rest everywhere.
+ABLATIONS = {
+    "beam hypotheses share the cross-attention memory": (("beam5",), False, memory_per_hypothesis),
+    "ended rows leave the batch": (("greedy", "beam5"), True, lambda: patched(decoding, "_DROP_FINISHED", False)),
+    "inference_mode (not no_grad)": (("greedy", "beam5"), False, no_inference_mode),
+    "key/value cache sized once": (("greedy", "beam5"), False, lambda: patched(
+        Transformer, "new_cache", lambda self, steps=0, _new=Transformer.new_cache: _new(self))),
+}
+
+
+def ablation(val_src, n: int, rounds: int, workers: int) -> dict:
+    """``{change: {workload: speed with the change / speed without it}}``, fp32, batches of 128, taskformer alone.
+
+    Side by side in the same rounds: the current code, and the current code with one change undone
+    by monkeypatching from here (``ABLATIONS``). Above 1: the change made decoding faster.
+    """
+    model = make_taskformer(False)[0].eval()
+    order = sorted(range(n), key=lambda i: len(val_src[i]))
+    batches = [pad([val_src[j] for j in order[i : i + 128]]) for i in range(0, n, 128)]
+
+    def work(search, budgets, undo):
+        def run(_):
+            with undo():
+                for _ in decoding.parallel_map(lambda b: decode_fixed(model, b, search, budgets=decoding.max_lengths(
+                        b, 1.2, 10, 128) if budgets else None), batches, workers):
+                    pass
+            return n
+        return run
+
+    contenders = {}
+    for change, (searches, budgets, undo) in ABLATIONS.items():
+        for search in searches:
+            workload = f"{search}, {'own budgets' if budgets else f'{L} steps'}"
+            contenders.setdefault((workload, "now"), work(search, budgets, ExitStack))
+            contenders[(workload, change)] = work(search, budgets, undo)
+    secs = alternate(contenders, lambda name, fn: timed(fn, None), rounds)
+    out: dict = {}
+    for (workload, change), s in secs.items():
+        if change != "now":
+            out.setdefault(change, {})[workload] = s / secs[(workload, "now")]
+    return out
+
+
+def model_module_at(rev: str):
+    """``core/model.py`` as it was at git revision ``rev``, imported beside the current one."""
+    code = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:core/model.py"], capture_output=True, text=True,
+                          check=True).stdout
+    module = types.ModuleType("taskformer.core._model_at_" + rev)
+    module.__package__ = "taskformer.core"
+    sys.modules[module.__name__] = module  # dataclasses look their module up there
+    exec(compile(code, f"{rev}:core/model.py", "exec"), module.__dict__)
+    return module
+
+
+def training_before_after(rev: str, rounds: int, steps: int) -> dict:
+    """Training tokens/s (fp32, the synthetic batch) with ``rev``'s model code and with today's, side by side."""
+    gen = torch.Generator().manual_seed(0)
+    src, tgt = torch.randint(4, V, (B, L), generator=gen), torch.randint(4, V, (B, L + 1), generator=gen)
+    tgt[:, 0] = BOS
+    contenders = {f"model code at {rev}": make_taskformer(False, model_module_at(rev))[1], "model code now": make_taskformer(False)[1]}
+    for step in contenders.values():
+        step(src, tgt)
+    secs = alternate(contenders, lambda name, step: timed(lambda: [step(src, tgt) for _ in range(steps)]) / steps, rounds)
+    return {name: B * L / s for name, s in secs.items()}
 
 
 def matmul_peak(repeats: int, bf16: bool) -> dict:
@@ -301,6 +425,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="reduced workloads, the auto precision only")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument("--max-tokens", type=int, default=4096, help="taskformer batch size in tokens (real data)")
+    ap.add_argument("--before", default="568e46a", metavar="REV",
+                    help="git revision whose core/model.py the training step is compared with (default: before the "
+                         "decoding issue's changes)")
     args = ap.parse_args()
     torch.manual_seed(0)
     quick = args.quick
@@ -331,12 +458,19 @@ def main() -> None:
         dec = decoding_speed(val_src, n_baseline=4 if quick else 50, n_taskformer=192 if quick else 1000,
                              rounds=1 if quick else 3, precisions=precisions,
                              folder=Path(folder) if ctranslate2 else None)
+        stage("decoding one sentence at a time (batch 1)")
+        dec |= decoding_speed(val_src, n_baseline=0, n_taskformer=16 if quick else 200, rounds=1 if quick else 3,
+                              precisions=precisions, folder=Path(folder) if ctranslate2 else None, batch_size=1)
     ct2 = {k: dec.pop(k) for k in list(dec) if k.startswith("ctranslate2")}
+    stage("ablation: each decoding change undone alone")
+    changes = ablation(val_src, n=128 if quick else 512, rounds=1 if quick else 3, workers=dec["workers"])
+    stage(f"training step: model code at {args.before} vs now")
+    train_ab = training_before_after(args.before, rounds=1 if quick else 5, steps=1 if quick else 4)
     stage("peak memory")
     memory = peak_memory(1 if quick else 5, precisions)
 
-    def best(d, prefix):
-        return max((v, k) for k, v in d.items() if k.startswith(prefix))
+    def best(d, prefix):  # the best precision (fp32 or bf16; int8 has rows of its own)
+        return max((v, k) for k, v in d.items() if k.startswith(prefix) and k.split()[-1] in ("fp32", "bf16"))
 
     def fp32(d, prefix):
         return next((v for k, v in d.items() if k.startswith(prefix) and k.endswith("fp32")), float("nan"))
@@ -371,6 +505,9 @@ def main() -> None:
                         "train_real": fp32(real, "taskformer") / real["baseline"],
                         "greedy": fp32(dec, "taskformer greedy") / base_greedy,
                         "beam5_vs_baseline_greedy": fp32(dec, "taskformer beam5") / base_greedy},
+        "decode_ablation": changes,
+        "train_before_after": train_ab,
+        "train_now_vs_before_ratio": train_ab["model code now"] / train_ab[f"model code at {args.before}"],
         "seconds": time.perf_counter() - started,
     }
     if ct2:
@@ -380,11 +517,15 @@ def main() -> None:
         # where bf16 is native: taskformer then decodes in bf16 alone)
         vs = result["vs_ctranslate2"] = {}
         for search in ("greedy", "beam5"):
-            mine = (("fp32", fp32(dec, f"taskformer {search}")), ("best", best(dec, f"taskformer {search}")[0]))
-            for ours, v in mine:
-                for theirs in ("fp32", "int8"):
-                    if v == v:  # not NaN
-                        vs[f"{search}_{ours}_vs_ct2_{theirs}"] = v / ct2[f"ctranslate2 {search} {theirs}"]
+            for size, suffix in (("", ""), ("_batch1", " (batch 1)")):
+                mine = {"fp32": dec.get(f"taskformer {search} fp32{suffix}", float("nan")),
+                        "int8": dec[f"taskformer {search} int8{suffix}"]}
+                if not suffix:
+                    mine["best"] = best(dec, f"taskformer {search}")[0]
+                for ours, v in mine.items():
+                    for theirs in ("fp32", "int8"):
+                        if v == v and (ours != "int8" or theirs == "int8"):  # not NaN; int8 races int8
+                            vs[f"{search}{size}_{ours}_vs_ct2_{theirs}"] = v / ct2[f"ctranslate2 {search} {theirs}{suffix}"]
     try:
         result["cpu"] = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if "model name" in line)
     except (OSError, StopIteration):
@@ -413,6 +554,8 @@ def print_table(r: dict) -> None:
     base = r["decode_sentences_per_s"]["baseline greedy (bs 1, no cache)"]
     for name, v in r["decode_sentences_per_s"].items():
         t.add_row("decode 24 steps", name, f"{v:,.1f} sent/s", f"{v / base:.1f}x")
+    for name, v in r["train_before_after"].items():
+        t.add_row("train synthetic fp32", name, f"{v:,.0f} tgt tok/s", "")
     for name, v in r.get("ctranslate2_decode_sentences_per_s", {}).items():
         c = r["ctranslate2"]
         t.add_row("decode 24 steps", f"{name} ({c['inter_threads']} x {c['intra_threads']} thread)",
@@ -431,6 +574,10 @@ def print_table(r: dict) -> None:
     if "vs_ctranslate2" in r:
         print(f"taskformer / CTranslate2 {r['ctranslate2']['version']} (above 1: taskformer faster): "
               + ", ".join(f"{k} {v:.2f}x" for k, v in r["vs_ctranslate2"].items()))
+    print(f"training step, model code now / before: {r['train_now_vs_before_ratio']:.3f}x")
+    print("each decoding change, speed with it / with it undone (above 1: it helps):")
+    for change, ratios in r["decode_ablation"].items():
+        print(f"  {change}: " + ", ".join(f"{w} {v:.3f}x" for w, v in ratios.items()))
 
 
 if __name__ == "__main__":

@@ -223,3 +223,20 @@ def test_search_calls_the_head_with_hidden_states_and_the_source_mask():
         model.head = Recording(model.head, src, beam)
         assert decoding.search(model, src, DecodeConfig(strategy=strategy, beam=beam)) == plain
         assert model.head.calls > 1
+
+
+def test_int8_reaches_predict_eval_and_the_python_api(default_copy_run, cli):
+    import taskformer
+
+    out, _ = default_copy_run
+    inputs = ["1 4 7 2 9 3 5 8 2 6", "3 3 1 5 9 8 7 6 5 4"]
+    fp32 = cli("predict", str(out), *inputs)
+    int8 = cli("predict", str(out), "--set", "decode.quantize=int8", *inputs)
+    assert fp32.exit_code == 0 and int8.exit_code == 0, fp32.output + int8.output
+    assert int8.stdout == fp32.stdout == "".join(f"{x}\n" for x in inputs)  # the copy task, learned to the end
+    assert cli("eval", str(out), "--split", "test", "--set", "decode.quantize=int8").exit_code == 0
+    model = taskformer.load(out)
+    model.config.decode.quantize = "int8"
+    assert model.predict(inputs) == inputs
+    bad = cli("predict", str(out), "--set", "decode.quantize=int4", *inputs)
+    assert bad.exit_code == 2 and "decode.quantize" in bad.output and "Traceback" not in bad.output
