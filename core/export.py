@@ -41,6 +41,10 @@ class ExportError(TaskformerError):
     """The model or the output folder cannot be exported as asked; the message says why."""
 
 
+class ExportExists(ExportError):
+    """The output folder holds an earlier export, and replacing it was not asked for."""
+
+
 def _numpy(t: torch.Tensor):
     return t.detach().to("cpu", torch.float32).numpy()
 
@@ -178,7 +182,7 @@ def _replaceable(out_dir: Path, overwrite: bool) -> list[str]:
         raise ExportError(f"{out_dir}: exists and is not empty, and holds no export of taskformer's (no {MANIFEST} "
                           "listing the files it wrote); choose a new directory (nothing in it was changed)")
     if not overwrite:
-        raise ExportError(f"{out_dir}: already holds a CTranslate2 model; pass --overwrite to replace it")
+        raise ExportExists(f"{out_dir}: already holds a CTranslate2 model")
     return files
 
 

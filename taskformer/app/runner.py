@@ -97,7 +97,10 @@ def export(run: Run, out_dir: str | Path, quantization: str, overwrite: bool = F
         warnings.warn(why)
     info = {"task": run.task.name, "run_dir": str(run.dir), "quantization": quantization,
             "max_input_length": run.model.cfg.max_len, "decode": run.config.to_dict()["decode"]}
-    export_model.to_ctranslate2(run.model, run.tokenizer, out_dir, quantization, overwrite, info)
+    try:
+        export_model.to_ctranslate2(run.model, run.tokenizer, out_dir, quantization, overwrite, info)
+    except export_model.ExportExists as e:
+        raise TaskformerError(f"{e}; pass --overwrite to replace it") from None
 
 
 def use_average(run: Run, n: int) -> str:
