@@ -148,12 +148,13 @@ def test_a_run_evaluates_the_average_and_says_which_weights_it_kept(averaged_run
 
 def test_eval_average_scores_the_mean_of_the_last_checkpoints(averaged_run, cli):
     out, _ = averaged_run
-    result = cli("eval", str(out), "--split", "val", "--average", "2")
+    result = cli("eval", str(out), "--split", "val", "--average", "2", "--json")
     assert result.exit_code == 0, result.output
+    shown = json.loads(result.stdout)
     last = events(out)[-1]  # the trainer's evaluation of the same two weights
-    assert last["averaged"] and f"weights: {ckpt.weights_name(last['averaged'])}" in result.stdout
-    row = next(line for line in result.stdout.splitlines() if line.strip("│ ").startswith("val"))
-    assert [cell.strip() for cell in row.split("│")[2:4]] == [f"{last[m]:.4g}" for m in ("exact_match", "token_accuracy")]
+    assert last["averaged"] and shown["weights"] == ckpt.weights_name(last["averaged"])
+    assert [shown["metrics"]["val"][m] for m in ("exact_match", "token_accuracy")] == pytest.approx(
+        [last[m] for m in ("exact_match", "token_accuracy")])
 
 
 def test_eval_average_of_more_checkpoints_than_kept_is_an_error(averaged_run, cli):

@@ -194,9 +194,8 @@ def eval_cmd(run_dir, split, data_dir, overrides, average, as_json) -> None:
         click.echo(json.dumps({"task": run.task.name, "run_dir": str(run.dir), "weights": weights,
                                "metrics": results}, indent=2, ensure_ascii=False))
         return
-    table = metric_list(results, run.task.metric, run.task.metric_groups)
-    table.title = f"{run.task.name}: {run.dir}"
-    report.listing_console().print(table)
+    click.echo(f"{run.task.name}: {run.dir}")  # a line of its own: a table title would wrap the path
+    report.listing_console().print(metric_list(results, run.task.metric, run.task.metric_groups))
     click.echo(f"weights: {weights}")
 
 
