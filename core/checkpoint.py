@@ -2,6 +2,7 @@
 
 Layout of a run directory::
 
+    .taskformer-run      the marker: this folder is a run taskformer made (its run id)
     config.json          task name + full nested config (model shape included)
     tokenizer.json       the trained tokenizer
     model.safetensors    best weights so far (what eval and predict load)
@@ -14,9 +15,8 @@ Layout of a run directory::
 The directory itself (its name, lock and marker, what ``--out`` accepts) is the application's,
 :mod:`taskformer.app.rundir`; this module writes and reads the files in it.
 
-Weights are safetensors (a plain tensor container: loading it cannot run code). Optimizer state
-goes through ``torch.save`` and is read back with ``weights_only=True``, which refuses pickled
-objects other than tensors and plain containers. Every file is written to a temporary name in the
+Weights and optimizer state are safetensors (a plain tensor container: loading it cannot run
+code; see :mod:`taskformer.core.optimizer_state`). Every file is written to a temporary name in the
 same directory and renamed into place, so a crash mid-write leaves the previous file intact.
 A run's weights carry a stamp in their metadata (task, run id, tokenizer hash) that must match the
 record in its config.json: files from different runs are never mixed (:func:`check_stamp`).
@@ -37,7 +37,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from taskformer.core import compat
+from taskformer.core import compat, optimizer_state
 from taskformer.core.errors import TaskformerError
 
 WEIGHTS = "model.safetensors"
@@ -300,8 +300,7 @@ def save_training_state(ckpt_root: Path, step: int, model, optimizer, scheduler,
     tmp = Path(tempfile.mkdtemp(dir=ckpt_root, prefix=".tmp-"))
     try:
         save_model(model, tmp / WEIGHTS, metadata=stamp)
-        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                    "torch_rng": torch.get_rng_state()}, tmp / "optimizer.pt")
+        optimizer_state.save(tmp / optimizer_state.FILE, optimizer, scheduler)
         (tmp / "state.json").write_text(json.dumps(state), encoding="utf-8")
         if final.exists():
             shutil.rmtree(final)
@@ -327,13 +326,7 @@ def _count(value) -> bool:
 def load_training_state(path: Path, model, optimizer, scheduler) -> dict:
     """Restore model, optimizer, schedule and RNG from ``checkpoints/step-N``; returns the trainer state."""
     load_weights(model, path / WEIGHTS)
-    try:
-        blob = torch.load(path / "optimizer.pt", weights_only=True)
-    except Exception as e:  # weights_only refuses code objects with an UnpicklingError
-        raise TaskformerError(f"{path / 'optimizer.pt'}: refused or corrupt ({str(e).splitlines()[0]})") from None
-    optimizer.load_state_dict(blob["optimizer"])
-    scheduler.load_state_dict(blob["scheduler"])
-    torch.set_rng_state(blob["torch_rng"])
+    optimizer_state.load(path / optimizer_state.FILE, optimizer, scheduler)  # checked before anything is loaded
     state = read_json(path / "state.json")
     bad = next((k for k in ("step", "epoch", "batch", "tokens", "best_step", "stale") if not _count(state.get(k))), None)
     if bad or not isinstance(state.get("elapsed"), (int, float)):
@@ -352,14 +345,13 @@ def disk_space(run_dir: Path, needed: int):
     """Report a full disk while writing ``run_dir`` as such, with what a checkpoint needs.
 
     Each writer says it its own way: Python raises ENOSPC, safetensors "No space left on device (os
-    error 28)", and torch only that its file ended short ("unexpected pos N vs M"). Every write is
-    atomic, so the files and checkpoints written before are intact.
+    error 28)". Every write is atomic, so the files and checkpoints written before are intact.
     """
     try:
         yield
     except (OSError, RuntimeError, SafetensorError) as e:
         if getattr(e, "errno", None) not in (errno.ENOSPC, errno.EDQUOT) and not any(
-                sign in str(e) for sign in ("No space left on device", "Disk quota exceeded", "unexpected pos")):
+                sign in str(e) for sign in ("No space left on device", "Disk quota exceeded")):
             raise
         mount = Path(run_dir).resolve()
         while mount.parent != mount and mount.parent.stat().st_dev == mount.stat().st_dev:

@@ -124,6 +124,12 @@ def test_damaged_or_foreign_run_directories_are_refused(small_run, tmp_path, cli
     assert expected in result.stderr and "Traceback" not in result.output
 
 
+def unfinished_copy(small_run, dst):
+    """A copy of the finished run made unfinished again (result.json removed), and its last checkpoint."""
+    run = damaged_copy(small_run, dst, lambda d: (d / "result.json").unlink())
+    return run, sorted((run / "checkpoints").glob("step-*"))[-1]
+
+
 def test_optimizer_state_with_code_is_refused_on_resume(small_run, tmp_path, cli):
     import pickle
 
@@ -131,12 +137,72 @@ def test_optimizer_state_with_code_is_refused_on_resume(small_run, tmp_path, cli
         def __reduce__(self):
             return (print, ("pwned",))
 
-    bad = damaged_copy(small_run, tmp_path / "bad", lambda d: (d / "result.json").unlink())  # unfinished again
-    step = sorted((bad / "checkpoints").glob("step-*"))[-1]
+    bad, step = unfinished_copy(small_run, tmp_path / "bad")
+    (step / "optimizer.safetensors").unlink()  # as an earlier version wrote it: a torch pickle
     (step / "optimizer.pt").write_bytes(pickle.dumps(Evil()))
+    result = cli("run", "--resume", str(bad), "--quiet")
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert f"{step / 'optimizer.pt'}: optimizer state in torch's pickle format" in result.stderr
+    assert "loads no pickle" in result.stderr and "pwned" not in result.stdout
+
+
+def rewrite_optimizer_state(step, change_tensors=lambda t: None, change_meta=lambda m: None):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    path = step / "optimizer.safetensors"
+    with safe_open(path, "pt") as f:
+        tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    change_tensors(tensors)
+    change_meta(meta)
+    save_file(tensors, path, metadata=meta)
+
+
+def first_moment(tensors):
+    return next(k for k in tensors if k.endswith(".exp_avg"))
+
+
+def set_lr(meta, value):
+    groups = json.loads(meta["param_groups"])
+    groups[0]["lr"] = value
+    meta["param_groups"] = json.dumps(groups)
+
+
+DAMAGED_OPTIMIZER = {  # each would reach fused AdamW's kernel (out-of-bounds writes) or the schedule unchecked
+    "a moment of the wrong shape": (lambda t: t.update({first_moment(t): t[first_moment(t)][:1].clone()}), None,
+                                    ".exp_avg is ["),
+    "a moment of the wrong dtype": (lambda t: t.update({first_moment(t): t[first_moment(t)].double()}), None,
+                                    "torch.float64, but its parameter needs"),
+    "a moment missing": (lambda t: t.pop(first_moment(t)), None, "lacks ['exp_avg']"),
+    "a tensor of no parameter": (lambda t: t.update({"state.99999.exp_avg": torch_zeros()}), None, "unexpected tensor"),
+    "a learning rate as text": (None, lambda m: set_lr(m, "0.1"), "parameter groups do not match"),
+    "a learning rate of NaN": (None, lambda m: set_lr(m, float("nan")), "parameter groups do not match"),
+    "a damaged schedule": (None, lambda m: m.update(scheduler='{"last_epoch": "x"}'), "schedule state is damaged"),
+}
+
+
+def torch_zeros():
+    import torch
+
+    return torch.zeros(3)
+
+
+@pytest.mark.parametrize("tensors, meta, expected", DAMAGED_OPTIMIZER.values(), ids=DAMAGED_OPTIMIZER)
+def test_damaged_optimizer_state_is_refused_before_the_first_step(small_run, tmp_path, tensors, meta, expected):
+    bad, step = unfinished_copy(small_run, tmp_path / "bad")
+    rewrite_optimizer_state(step, tensors or (lambda t: None), meta or (lambda m: None))
+    result = run_cli("run", "--resume", str(bad), "--quiet")  # a subprocess: a heap corruption must not hit pytest
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"Error: {step / 'optimizer.safetensors'}: ") and expected in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_truncated_optimizer_state_is_named(small_run, tmp_path, cli):
+    bad, step = unfinished_copy(small_run, tmp_path / "bad")
+    path = step / "optimizer.safetensors"
+    path.write_bytes(path.read_bytes()[:100])
     result = cli("run", "--resume", str(bad))
-    assert result.exit_code == 2
-    assert "refused or corrupt" in result.stderr and "pwned" not in result.stdout
+    assert result.exit_code == 2 and f"{path}: corrupt optimizer state" in result.stderr
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
