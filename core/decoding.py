@@ -67,7 +67,7 @@ Item, Result = TypeVar("Item"), TypeVar("Result")
 def max_lengths(src: torch.Tensor, a: float, b: int, cap: int) -> torch.Tensor:
     """Per-sentence output budget ``a * source_length + b`` (without BOS), capped by the model's positions."""
     n = (src != PAD).sum(1)
-    return (n.float() * a + b).long().clamp(1, cap - 1)
+    return (n.float() * a + b).clamp(1, cap - 1).long()  # clamped before the cast: a huge a means the cap
 
 
 def _strip(row: list[int]) -> list[int]:
@@ -373,8 +373,8 @@ class DecodeConfig:
     length_penalty: float = option(1.0, "Finished beams are ranked by score / ((5 + length) / 6) ** length_penalty "
                                    "(Wu et al., 2016); 0: by score alone.", variants=SEARCHED)
     max_len_a: float = option(1.2, "Output length limit: max_len_a * source length + max_len_b tokens.",
-                              variants=SEARCHED)
-    max_len_b: int = option(10, "See max_len_a.", variants=SEARCHED)
+                              at_least=0, variants=SEARCHED)
+    max_len_b: int = option(10, "See max_len_a.", at_least=0, variants=SEARCHED)
     batch_size: int = option(128, "Inputs per decoding batch.", at_least=1)
     workers: int = option(0, "Batches decoded at once (CPU threads); 0: one per torch thread on CPU, one on GPUs.",
                           at_least=0)

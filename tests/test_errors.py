@@ -204,3 +204,14 @@ def test_resume_names_a_config_that_is_not_a_run(tmp_path, cli):
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "config.json").write_text("[]")
     one_line_error(cli("run", "--resume", str(tmp_path / "r")), "config.json: not a taskformer run config")
+
+
+def test_output_length_limits_are_checked_and_a_huge_one_means_the_models_positions(finished, cli):
+    from taskformer import max_lengths
+
+    one_line_error(cli("predict", str(finished), "--set", "decode.max_len_a=-1", "1 2"), "decode.max_len_a")
+    one_line_error(cli("predict", str(finished), "--set", "decode.max_len_b=-5", "1 2"), "decode.max_len_b")
+    src = torch.tensor([[5, 6, 7, 2]])  # three tokens and EOS
+    assert max_lengths(src, 1e300, 0, 64).tolist() == [63]  # once overflowed to a one-token budget
+    assert max_lengths(src, 0.0, 10**18, 64).tolist() == [63]
+    assert max_lengths(src, 1.5, 2, 64).tolist() == [8]
