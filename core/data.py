@@ -56,7 +56,10 @@ def find_file(data_dir: str | Path, name: str) -> Path:
 def read_lines(path: str | Path) -> list[str]:
     """All lines of a UTF-8 text file, plain or gzip, without line endings or a leading byte-order mark.
 
-    Undecodable bytes are reported with the file name and line number, not a traceback.
+    Lines end in LF or CRLF, or, in a file without LF, in CR alone (classic Mac OS), which would
+    otherwise make the whole file one example. Undecodable bytes are reported with the file name and
+    line number, and a file with no text (only blank lines) is refused, not a traceback or a model
+    trained on nothing.
     """
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
@@ -65,7 +68,7 @@ def read_lines(path: str | Path) -> list[str]:
             raw = f.read().removeprefix(b"\xef\xbb\xbf")  # a BOM is not part of the first line's text
     except (OSError, EOFError) as e:
         raise DataError(f"{path}: cannot read ({e})") from None
-    lines = raw.split(b"\n")
+    lines = raw.split(b"\n" if b"\n" in raw or b"\r" not in raw else b"\r")  # CR alone: classic Mac line ends
     if lines and lines[-1] == b"":
         lines.pop()
     out = []
@@ -78,6 +81,8 @@ def read_lines(path: str | Path) -> list[str]:
             advance()
     if not out:
         raise DataError(f"{path}: file is empty")
+    if not any(line.strip() for line in out):
+        raise DataError(f"{path}: holds only blank lines, no text")
     return out
 
 

@@ -434,6 +434,7 @@ class Trainer:
     def fit(self, time_limit: float | None = None) -> dict:
         """Train until the epochs, step limit or time budget (seconds) run out; returns the final state."""
         cfg, st = self.cfg, self.state
+        st["stopped"] = ""  # why an earlier attempt stopped (a signal, saved with its checkpoint) is not why this one does
         started = time.monotonic() - st["elapsed"]
         self.net.train()
         lengths = self.train_data.lengths()

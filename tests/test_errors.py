@@ -215,3 +215,15 @@ def test_output_length_limits_are_checked_and_a_huge_one_means_the_models_positi
     assert max_lengths(src, 1e300, 0, 64).tolist() == [63]  # once overflowed to a one-token budget
     assert max_lengths(src, 0.0, 10**18, 64).tolist() == [63]
     assert max_lengths(src, 1.5, 2, 64).tolist() == [8]
+
+
+def test_cr_only_line_ends_are_lines_and_a_blank_train_file_is_refused(cli, tmp_path):
+    from taskformer import read_lines
+
+    (tmp_path / "mac.txt").write_bytes(b"ein Hund\rzwei Katzen\r\rdrei\r")
+    (tmp_path / "dos.txt").write_bytes(b"ein Hund\r\nzwei Katzen\r\n\r\ndrei\r\n")
+    assert read_lines(tmp_path / "mac.txt") == read_lines(tmp_path / "dos.txt") == ["ein Hund", "zwei Katzen", "",
+                                                                                      "drei"]
+    data = multi30k(tmp_path, lambda d: (d / "train.en").write_text("\n \n\t\n"))
+    one_line_error(cli("run", "translate-de-en", "--data-dir", str(data), "--out", str(tmp_path / "r"), "--quiet"),
+                   "train.en: holds only blank lines")
