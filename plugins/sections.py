@@ -11,14 +11,12 @@ import re
 import warnings
 from pathlib import Path
 
-import torch
 from rich import box
 from rich.table import Table
 from rich.text import Text
 
 from taskformer.core.checkpoint import atomic_write
-from taskformer.core.data import encode_sources
-from taskformer.core.model import BOS, EOS
+from taskformer.core.decoding import cross_attention_map
 from taskformer.core.tokenize import CJK
 
 HEATMAP = "attention.png"
@@ -101,19 +99,11 @@ def _plot_attention(run, source: str, output: str, source_language: str, target_
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # imported here: only reports need it
     from matplotlib.figure import Figure
 
-    tok = run.tokenizer
-    src_ids, _ = encode_sources(tok, [source], run.model.cfg.max_len, classify=False)
-    out_ids = tok.encode(output).ids[: run.model.cfg.max_len - 1]
-    src = torch.tensor(src_ids, device=run.device)
-    tgt_in = torch.tensor([[BOS] + out_ids], device=run.device)
-    run.model.eval()
-    weights = run.model.attention_maps(src, tgt_in)[0].float().cpu().numpy()  # (T, S): row t predicts token t
-    xlabels = [tok.id_to_token(i) for i in src_ids[0]]
-    ylabels = [tok.id_to_token(i) for i in out_ids + [EOS]]
+    xlabels, ylabels, weights = cross_attention_map(run.model, run.tokenizer, source, output)  # (T, S) rows
     needs_cjk = any(re.search(CJK, t) for t in xlabels + ylabels)
     cjk = _cjk_fonts() if needs_cjk else []
     font = {"fontfamily": ["DejaVu Sans", *cjk]}  # matplotlib falls back along the list, glyph by glyph
-    fig = Figure(figsize=(min(2.0 + 0.35 * weights.shape[1], 20), min(1.5 + 0.3 * weights.shape[0], 20)))
+    fig = Figure(figsize=(min(2.0 + 0.35 * len(xlabels), 20), min(1.5 + 0.3 * len(ylabels), 20)))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     ax.imshow(weights, cmap="Blues", aspect="auto", vmin=0.0)

@@ -196,9 +196,14 @@ def test_bad_requests_get_a_json_error_naming_the_field_and_the_server_stays_up(
     assert server.post("/v1/models/copy/predict", {"inputs": ["3"]}).status_code == 200
 
 
-def test_api_key_is_required_off_loopback_and_checked_before_any_work(runs, cli):
-    refused = cli("serve", str(runs["copy"]), "--host", "0.0.0.0")
-    assert refused.exit_code == 2 and "--api-key" in refused.output
+def test_bad_options_get_one_error_line(runs, cli):
+    for options, named in ((["--host", "0.0.0.0"], "--api-key"), (["--max-wait-ms", "nan"], "--max-wait-ms"),
+                           (["--port", "70000"], "--port")):
+        refused = cli("serve", str(runs["copy"]), *options)
+        assert refused.exit_code == 2 and named in refused.output and "Traceback" not in refused.output
+
+
+def test_api_key_is_checked_before_any_work(runs, cli):
     server = Server(str(runs["copy"]), "--api-key", "s3cret")
     try:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
@@ -221,7 +226,7 @@ def test_api_key_is_required_off_loopback_and_checked_before_any_work(runs, cli)
 
 
 def test_a_client_that_leaves_frees_its_place_and_sigterm_finishes_in_flight_requests(runs, cli):
-    server = Server(str(runs["copy"]), "--max-wait-ms", "600000")  # a lone request waits for company
+    server = Server(str(runs["copy"]), "--max-wait-ms", "60000")  # a lone request waits for company
     queued = 'taskformer_queue_sentences{model="copy"}'
     try:
         leaving = socket.create_connection((server.client.base_url.host, server.client.base_url.port))

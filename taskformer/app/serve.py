@@ -6,6 +6,7 @@ The server itself is :mod:`taskformer.app.server` (FastAPI) run by uvicorn; both
 from __future__ import annotations
 
 import ipaddress
+import math
 import socket
 
 import click
@@ -61,7 +62,7 @@ def bind(host: str, port: int) -> socket.socket:
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port (0: any free one).")
 @click.option("--max-batch", type=click.IntRange(min=1), default=32, show_default=True,
               help="Sentences decoded together across concurrent requests.")
-@click.option("--max-wait-ms", type=click.FloatRange(min=0), default=5.0, show_default=True,
+@click.option("--max-wait-ms", type=click.FloatRange(0, 60_000), default=5.0, show_default=True,
               help="How long a request waits for others to share its batch.")
 @click.option("--max-inputs", type=click.IntRange(min=1), default=64, show_default=True, help="Inputs per request.")
 @click.option("--max-chars", type=click.IntRange(min=1), default=2000, show_default=True, help="Characters per input.")
@@ -82,6 +83,8 @@ def command(run_dirs, host, port, max_batch, max_wait_ms, max_inputs, max_chars,
     except ImportError as e:
         raise TaskformerError(f"taskformer serve needs the serve extra ({e.name} is missing): "
                               "pip install 'taskformer[serve]'") from None
+    if not math.isfinite(max_wait_ms):
+        raise TaskformerError(f"--max-wait-ms must be a number of milliseconds, got {max_wait_ms}")
     if not is_loopback(host) and not api_key:
         raise TaskformerError(f"--host {host} is reachable from other machines: give --api-key (or set "
                               f"${API_KEY_ENV}); without one, serve on 127.0.0.1")
