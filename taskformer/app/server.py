@@ -29,6 +29,7 @@ from taskformer.core import decoding, precision
 from taskformer.core.data import encode_sources, pad
 from taskformer.core.decoding import Label, word_tags
 from taskformer.core.engine import autocast
+from taskformer.core.errors import TaskformerError
 from taskformer.plugins.manager import plugins
 from taskformer.app import runner
 from taskformer.app.batching import Batcher, QueueFull
@@ -93,8 +94,16 @@ class Served:
         outputs, _ = runner.predict(self.run, texts, runner.with_search(self.run.config, beam), attention)
         pairs = outputs if attention else [(out, None) for out in outputs]
         distributions = self.distributions(texts) if self.run.model.cfg.kind.classifies else None
-        return [self.result(text, out, att, distributions[i] if distributions else None)
+        return [self.result_or_error(text, out, att, distributions[i] if distributions else None)
                 for i, (text, (out, att)) in enumerate(zip(texts, pairs))]
+
+    def result_or_error(self, *args) -> dict:
+        """An input the task cannot answer (a tagger's normalizer that changed its word count) fails its
+        own request, not the others decoded beside it."""
+        try:
+            return self.result(*args)
+        except TaskformerError as e:
+            return {"error": str(e)}
 
     def result(self, text: str, prediction, attention, distribution) -> dict:
         """``output`` is the value ``taskformer predict --json`` prints for the same input."""
@@ -295,7 +304,11 @@ def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None 
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
             if not work.done():
                 raise ApiError(499, "client closed the request")
-            return work.result()
+            results = work.result()
+            bad = next((i for i, r in enumerate(results) if "error" in r), None)
+            if bad is not None:
+                raise ApiError(422, f"inputs[{bad}]: {results[bad]['error']}", f"inputs[{bad}]")
+            return results
         except QueueFull as e:
             raise ApiError(503, f"server busy: {e}; retry shortly", None, {"Retry-After": "1"}) from None
         except Exception as e:
