@@ -109,6 +109,8 @@ def read_json(path: Path) -> dict:
         return json.loads(read_bytes(path))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise TaskformerError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise TaskformerError(f"{path}: nested too deeply to be a file taskformer wrote") from None
 
 
 def read_jsonl(path: Path) -> list[dict]:

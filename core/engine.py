@@ -251,6 +251,11 @@ class Trainer:
         if path is None:
             return False
         self.state.update(ckpt.load_training_state(path, self.model, self.optimizer, self.scheduler))
+        st, per_epoch = self.state, len(self.epoch_updates(self.train_data.lengths()))  # the same for every epoch
+        if st["epoch"] > self.cfg.epochs or st["batch"] > per_epoch or st["step"] != st["epoch"] * per_epoch + st["batch"]:
+            raise TaskformerError(f"{path / 'state.json'}: epoch {st['epoch']}, batch {st['batch']} and step {st['step']} "
+                                  f"do not agree with {self.cfg.epochs} epochs of {per_epoch} updates; the checkpoint "
+                                  "is damaged")
         log = self.run_dir / "metrics.jsonl"
         if self.rank == 0 and log.exists():
             kept = []

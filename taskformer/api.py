@@ -55,10 +55,13 @@ class Model:
         """
         if isinstance(texts, str):
             raise TaskformerError("predict takes a list of texts, not one string: model.predict([text])")
-        texts = list(texts)
-        wrong = next((t for t in texts if not isinstance(t, str)), None)
+        try:
+            texts = list(texts)
+        except TypeError:
+            raise TaskformerError(f"predict: texts must be a list of strings, got {type(texts).__name__}") from None
+        wrong = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
         if wrong is not None:
-            raise TaskformerError(f"predict takes strings, got {type(wrong).__name__}")
+            raise TaskformerError(f"predict: texts[{wrong}] must be a string, got {type(texts[wrong]).__name__}")
         outputs, _ = runner.predict(self._run, texts, runner.with_search(self.config, beam, batch_size),
                                     return_attention=bool(return_attention))
         if self._run.model.cfg.kind.per_word:  # a tagger: the user's words, each with its tag
@@ -75,4 +78,6 @@ class Model:
 
 def load(run_dir: str | Path) -> Model:
     """Load the run in ``run_dir`` (as written by ``taskformer run``) for prediction and evaluation."""
+    if not isinstance(run_dir, (str, Path)):
+        raise TaskformerError(f"load: run_dir must be a path (str or pathlib.Path), got {type(run_dir).__name__}")
     return Model(runner.load(run_dir))

@@ -42,7 +42,9 @@ def test_predict_matches_the_command_line_and_prints_nothing(workdir, capsys):
 
 @pytest.mark.parametrize("call, message", [
     (lambda m: m.predict("1 2 3"), "not one string"),
-    (lambda m: m.predict([1, 2]), "takes strings"),
+    (lambda m: m.predict([1, 2]), r"texts\[0\] must be a string, got int"),
+    (lambda m: m.predict(["1 2", None]), r"texts\[1\] must be a string, got NoneType"),
+    (lambda m: m.predict(None), "texts must be a list of strings"),
     (lambda m: m.predict(["1 2"], beam=0), "beam must be"),
     (lambda m: m.evaluate("train"), "unknown split"),
 ])
@@ -50,6 +52,12 @@ def test_bad_calls_raise_a_taskformer_error(workdir, call, message):
     model = taskformer.load(workdir / "runs" / "copy" / "example")
     with pytest.raises(taskformer.TaskformerError, match=message):
         call(model)
+
+
+@pytest.mark.parametrize("run_dir", [None, 3])
+def test_load_names_a_run_dir_that_is_not_a_path(run_dir):
+    with pytest.raises(taskformer.TaskformerError, match="load: run_dir must be a path"):
+        taskformer.load(run_dir)
 
 
 def test_loading_refuses_a_planted_pickle_with_the_cli_message(workdir, tmp_path):

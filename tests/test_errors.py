@@ -144,6 +144,8 @@ def test_damaged_run_files_are_named(finished, tmp_path, cli, command, edit, exp
     ("cooldown", [3, -2], "state.json: cooldown must be"),
     ("cooldown", [True, 4], "state.json: cooldown must be"),
     ("cooldown", 7, "state.json: cooldown must be"),
+    ("epoch", 1000, "state.json: epoch 1000, batch"),  # once "finished" early with exit 0
+    ("batch", 5, "do not agree with"),
 ])
 def test_resume_names_a_damaged_trainer_state(finished, tmp_path, cli, key, value, expected):
     def edit(d):
@@ -227,3 +229,27 @@ def test_cr_only_line_ends_are_lines_and_a_blank_train_file_is_refused(cli, tmp_
     data = multi30k(tmp_path, lambda d: (d / "train.en").write_text("\n \n\t\n"))
     one_line_error(cli("run", "translate-de-en", "--data-dir", str(data), "--out", str(tmp_path / "r"), "--quiet"),
                    "train.en: holds only blank lines")
+
+
+def test_runs_lists_every_readable_run_whatever_the_others_hold(finished, tmp_path, cli):
+    root = tmp_path / "runs"
+    shutil.copytree(finished, root / "[/]")  # a folder named like rich markup
+    result = json.loads((finished / "result.json").read_text())
+    malformed = {"number-date": {**result, "info": {**result["info"], "date": 20261125}},
+                 "text-wall": {**result, "info": {**result["info"], "wall_seconds": "long"}}}
+    for name, saved in malformed.items():
+        (root / name).mkdir()
+        (root / name / "result.json").write_text(json.dumps(saved))
+    (root / "deep").mkdir()
+    (root / "deep" / "result.json").write_text('{"task": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    shutil.copytree(finished, root / "nan")
+    metric = result["metric"]
+    (root / "nan" / "result.json").write_text(json.dumps({**result, "metrics": {"test": {metric: float("nan")}}}))
+    table = cli("runs", str(root))
+    assert table.exit_code == 0, table.output
+    assert str(root / "[/]") in table.stdout and str(root / "nan") in table.stdout
+    assert all(f"skipped {root / name / 'result.json'}" in table.stderr for name in (*malformed, "deep"))
+    listed = cli("runs", str(root), "--json")
+    assert listed.exit_code == 0, listed.output
+    runs = json.loads(listed.stdout, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+    assert {r["path"]: r["metrics"]["test"][metric] for r in runs}[str(root / "nan")] is None

@@ -303,7 +303,7 @@ def runs_cmd(root, as_json) -> None:
         raise TaskformerError(f"{root}: no such directory")
     runs = report.find_runs(Path(root))
     if as_json:
-        click.echo(json.dumps(runs, indent=2, ensure_ascii=False))
+        click.echo(json.dumps(report.finite(runs), indent=2, ensure_ascii=False, allow_nan=False))
         return
     report.listing_console().print(report.list_runs(runs, Path(root)))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import html
+import math
 import os
 import re
 import stat
@@ -189,11 +190,18 @@ def find_runs(root: Path) -> list[dict]:
                              "status": "running" if rundir.is_locked(folder) else "unfinished",
                              "date": started, "wall_seconds": None, "metric": None, "metrics": {}})
                 continue
-            metric, info = saved["metric"], saved["info"]
-            saved["metrics"]["test"].get(metric)  # a result without a test score is malformed
-            runs.append({"path": str(folder), "task": saved["task"], "status": "finished",
-                         "date": info.get("date", ""), "wall_seconds": info.get("wall_seconds"), "metric": metric,
-                         "metrics": saved["metrics"]})
+            metric, info, metrics = saved["metric"], saved["info"], saved["metrics"]
+            date, wall = info.get("date", ""), info.get("wall_seconds")
+            wrong = next((key for key, ok in [
+                ("task", isinstance(saved["task"], str)), ("metric", isinstance(metric, str)),
+                ("info.date", isinstance(date, str)),
+                ("info.wall_seconds", wall is None or type(wall) in (int, float)),
+                ("metrics", isinstance(metrics, dict) and all(isinstance(v, dict) for v in metrics.values())
+                 and "test" in metrics)] if not ok), None)  # a result without a test score is malformed too
+            if wrong:
+                raise ValueError(f"{wrong} is not what taskformer writes")
+            runs.append({"path": str(folder), "task": saved["task"], "status": "finished", "date": date,
+                         "wall_seconds": wall, "metric": metric, "metrics": metrics})
         except (TaskformerError, OSError, ValueError, LookupError, TypeError, AttributeError) as e:
             warnings.warn(f"skipped {path}: not a readable taskformer {path.stem} ({type(e).__name__}: {e})")
     return sorted(runs, key=lambda r: (r["date"], r["path"]), reverse=True)
@@ -206,10 +214,22 @@ def list_runs(runs: list[dict], root: Path) -> Table:
     table.columns[-1].overflow = "fold"  # a narrow terminal wraps a long path instead of cutting it
     for run in runs:
         metric = run["metric"]
-        table.add_row(run["task"], run["status"], run["date"].replace("T", " ")[:16],
+        table.add_row(Text(visible(run["task"])), run["status"], Text(visible(run["date"].replace("T", " ")[:16])),
                       f"{run['wall_seconds'] or 0:,.0f} s" if run["status"] == "finished" else "-",
-                      f"{metric} {fmt(run['metrics']['test'].get(metric))}" if metric else "-", run["path"])
+                      Text(visible(f"{metric} {fmt(run['metrics']['test'].get(metric))}")) if metric else "-",
+                      Text(visible(run["path"])))  # names from files and folders: never markup, nor escapes
     return table
+
+
+def finite(value):
+    """``value`` with every NaN or infinity made ``None``: JSON has no such numbers (``runs --json``)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return value
 
 
 class _Null:
