@@ -253,3 +253,15 @@ def test_runs_lists_every_readable_run_whatever_the_others_hold(finished, tmp_pa
     assert listed.exit_code == 0, listed.output
     runs = json.loads(listed.stdout, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
     assert {r["path"]: r["metrics"]["test"][metric] for r in runs}[str(root / "nan")] is None
+
+
+def test_a_text_argument_that_is_not_utf8_is_decoded_as_stdin_is(finished):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "taskformer", "predict", str(finished), b"1 \xff 2", "3 4"],
+                            capture_output=True, timeout=300)  # bytes: the shell hands $'1 \xff 2' as it is
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.decode().count("\n") == 2
+    assert result.stderr.decode().strip() == ("warning: TEXT argument 1 is not valid UTF-8; its undecodable bytes "
+                                              "were replaced by U+FFFD")

@@ -216,8 +216,12 @@ def predict_cmd(run_dir, text, beam, overrides, as_json) -> None:
     runner.set_decoding(run, overrides, "predict")
     config = runner.with_search(run.config, beam)
     tagger, cut = run.model.cfg.kind.per_word, 0
+    texts = [t.encode("utf-8", "surrogateescape").decode("utf-8", "replace") for t in text]  # as stdin's lines
+    for i in (i for i, (t, clean) in enumerate(zip(text, texts), 1) if t != clean):
+        click.echo(f"warning: TEXT argument {i} is not valid UTF-8; its undecodable bytes were replaced by U+FFFD",
+                   err=True)
     try:
-        for lines in [list(text)] if text else stdin_batches(config.decode.batch_size):
+        for lines in [texts] if text else stdin_batches(config.decode.batch_size):
             outputs, n = runner.predict(run, lines, config)
             cut += n
             for line, out in zip(lines, outputs):
