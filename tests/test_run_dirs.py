@@ -195,3 +195,16 @@ def test_a_run_written_before_the_marker_still_loads_and_is_never_cleared(finish
     again = cli("run", "copy", "--out", str(old), *TINY)
     assert again.exit_code == 2 and "already holds a run" in again.stderr
     assert tree(old) == before
+
+
+def test_a_config_json_swapped_in_from_another_run_is_named_as_such(finished, cli, tmp_path):
+    import shutil
+
+    other = tmp_path / "other"
+    assert cli("run", "copy", "--out", str(other), *TINY).exit_code == 0
+    mixed = tmp_path / "mixed"
+    shutil.copytree(finished, mixed)
+    shutil.copy(other / "config.json", mixed / "config.json")
+    result = cli("predict", str(mixed), "1 2")
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert f"{mixed / 'config.json'}: the config of another run" in result.stderr  # not blamed on tokenizer.json
