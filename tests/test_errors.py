@@ -265,3 +265,22 @@ def test_a_text_argument_that_is_not_utf8_is_decoded_as_stdin_is(finished):
     assert result.stdout.decode().count("\n") == 2
     assert result.stderr.decode().strip() == ("warning: TEXT argument 1 is not valid UTF-8; its undecodable bytes "
                                               "were replaced by U+FFFD")
+
+
+def test_predict_says_when_its_outputs_cannot_be_written(finished, tmp_path):
+    import resource
+    import subprocess
+    import sys
+
+    def command(**kw):
+        return subprocess.run([sys.executable, "-m", "taskformer", "predict", str(finished)], input="1 2\n" * 50,
+                              stderr=subprocess.PIPE, text=True, timeout=300, **kw)
+
+    closed = command(stdout=None, preexec_fn=lambda: os.close(1))  # `>&-`: once exit 0 with every output lost
+    assert closed.returncode == 2 and closed.stderr.strip() == ("Error: standard output is closed; predict has "
+                                                                "nowhere to write its outputs")
+    with open(tmp_path / "out.txt", "wb") as out:  # a file too large (as /dev/full): once an internal OSError
+        limited = command(stdout=out, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE,
+                                                                            (8, resource.RLIM_INFINITY)))
+    assert limited.returncode == 2, limited.stderr
+    assert limited.stderr.strip() == "Error: cannot write predict's outputs to standard output (File too large)"

@@ -212,6 +212,8 @@ def predict_cmd(run_dir, text, beam, overrides, as_json) -> None:
 
     A tagger prints WORD<TAB>TAG per word, the words as given, and a blank line after each input.
     """
+    if sys.stdout is None:  # started with stdout closed (`>&-`): every output would be lost without a word
+        raise TaskformerError("standard output is closed; predict has nowhere to write its outputs")
     run = runner.load(run_dir)
     runner.set_decoding(run, overrides, "predict")
     config = runner.with_search(run.config, beam)
@@ -229,6 +231,8 @@ def predict_cmd(run_dir, text, beam, overrides, as_json) -> None:
     except BrokenPipeError:  # the reader went away (`| head -1`): stop quietly, like any pipe filter
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python exits
         sys.exit(141)  # what a shell reports for a filter ended by SIGPIPE
+    except OSError as e:  # /dev/full, a file too large, a disk gone: the outputs are not where they should be
+        raise TaskformerError(f"cannot write predict's outputs to standard output ({e.strerror or e})") from None
     if cut:
         click.echo(f"warning: {cut} input(s) longer than the model's {run.model.cfg.max_len} positions were truncated",
                    err=True)
