@@ -147,6 +147,79 @@ def result_unchanged(d: Path, out: str, err: str) -> str | None:
     return None if same else "result.json was rewritten"
 
 
+def someone_elses(d: Path) -> None:
+    """A folder of another tool's files (a Hugging Face model) and a victim file outside the run."""
+    (d / "hf").mkdir()
+    for name, text in (("config.json", '{"model_type": "bert"}'), ("tokenizer.json", "{}"),
+                       ("model.safetensors", "w"), ("notes.txt", "mine")):
+        (d / "hf" / name).write_text(text)
+    (d / "victim").write_text("mine")
+
+
+def still_theirs(d: Path, out: str, err: str) -> str | None:
+    kept = all((d / "hf" / n).exists() for n in ("config.json", "tokenizer.json", "model.safetensors", "notes.txt"))
+    return None if kept and (d / "hf" / "notes.txt").read_text() == "mine" else "the folder's files were changed"
+
+
+def victim_kept(d: Path, out: str, err: str) -> str | None:
+    return None if (d / "victim").read_text() == "mine" else "a file was written through a link"
+
+
+def hostile_outputs(d: Path) -> None:
+    path = d / "run" / "outputs-test.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps({**r, "source": "\x1b]0;pwned\x07\x1b[2J [/]"}) + "\n" for r in rows))
+
+
+def no_escapes(d: Path, out: str, err: str) -> str | None:
+    shown = out + (d / "run" / "report.txt").read_text()
+    return "an escape sequence reached the terminal or report.txt" if "\x1b" in shown else None
+
+
+def leak(d: Path) -> None:
+    (d / "victim").write_text("mine")
+    (d / "secret").write_bytes(b"\x89PNG\r\n\x1a\n-----BEGIN OPENSSH PRIVATE KEY-----")
+    (d / "run" / "leak.png").symlink_to(d / "secret")
+    (d / "run" / "training.png").unlink(missing_ok=True)
+    (d / "run" / "training.png").symlink_to(d / "victim")
+
+
+def nothing_leaked(d: Path, out: str, err: str) -> str | None:
+    if "BEGIN OPENSSH" in (d / "run" / "report.html").read_text() or b"LS0tLS1CRUdJTi" in (
+            d / "run" / "report.html").read_bytes():
+        return "the secret was embedded in report.html"
+    return victim_kept(d, out, err)
+
+
+def narrow_moment(d: Path) -> None:
+    """A checkpoint whose first exp_avg has the wrong shape (fused AdamW wrote out of bounds)."""
+    unfinish(d)
+    path = sorted((d / "run" / "checkpoints").glob("step-*"))[-1] / "optimizer.safetensors"
+    from safetensors import safe_open
+
+    with safe_open(path, "pt") as f:
+        tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    key = next(k for k in tensors if k.endswith(".exp_avg"))
+    tensors[key] = tensors[key][:1].clone()
+    save_file(tensors, path, metadata=meta)
+
+
+def absurd_epoch(d: Path) -> None:
+    unfinish(d)
+    edit_json(sorted((d / "run" / "checkpoints").glob("step-*"))[-1] / "state.json", lambda s: s.update(epoch=1000))
+
+
+def export_notes(d: Path) -> None:
+    (d / "hf").mkdir()
+    (d / "hf" / "model.bin").write_text("someone's model")
+    (d / "hf" / "notes.txt").write_text("mine")
+
+
+def notes_kept(d: Path, out: str, err: str) -> str | None:
+    ok = (d / "hf" / "notes.txt").read_text() == "mine" and (d / "hf" / "model.bin").read_text() == "someone's model"
+    return None if ok else "export --overwrite changed a folder it did not write"
+
+
 # -- the cases ---------------------------------------------------------------------------------------------
 
 def copy_run(*args: str) -> list[str]:
@@ -255,6 +328,24 @@ CASES = [
          setup=lambda d: multi30k(d, lambda x: ((x / "val.de").unlink(), (x / "val.de").mkdir())),
          says="not a regular file"),
     Case("new-task copy", "error", ["new-task", "copy", "--dir", "{d}/p"], says="already installed"),
+    # Issue 35: data loss, security, silent wrong results
+    Case("--out at a Hugging Face model folder", "error", ["run", "copy", "--out", "{d}/hf", *TINY],
+         setup=someone_elses, says="hf", check=still_theirs),
+    Case("export --overwrite at a folder with a model.bin", "error",
+         ["export", "{run}", "--to", "ctranslate2", "{d}/hf", "--overwrite"], setup=export_notes, check=notes_kept),
+    Case("report with leak.png and training.png linked", "ok", ["report", "{bad}"], setup=leak, check=nothing_leaked),
+    Case("escape sequences and [/] in outputs", "ok", ["report", "{bad}"], setup=hostile_outputs, check=no_escapes),
+    Case("optimizer exp_avg of the wrong shape", "error", ["run", "--resume", "{bad}", "--quiet"],
+         setup=narrow_moment, says="optimizer.safetensors"),
+    Case("state.json with epoch 1000", "error", ["run", "--resume", "{bad}", "--quiet"], setup=absurd_epoch,
+         says="state.json"),
+    Case("decode.max_len_a=-1 for predict", "error", ["predict", "{run}", "--set", "decode.max_len_a=-1", "1 2"],
+         says="decode.max_len_a"),
+    Case("a folder named [/] for runs", "ok", ["runs", "{d}/runs"],
+         setup=lambda d: shutil.copytree(d.parent / "finished", d / "runs" / "[/]"), check=lambda d, out, err: None
+         if "[/]" in out else "the run in [/] is not listed"),
+    Case("predict with stdout closed", "error", "echo 1 | {tf} predict {run} >&-", says="standard output"),
+    Case("predict TEXT not UTF-8", "ok", "{tf} predict {run} $'1 \\xff 2'", check=lines_out(1)),
     # Added here
     Case("--config is a FIFO", "error", copy_run("--config", "{d}/fifo.toml"), says="fifo.toml",
          setup=lambda d: os.mkfifo(d / "fifo.toml")),
