@@ -21,10 +21,10 @@ from taskformer.core.decoding import (Attention, Constraint, DecodeConfig, Label
                                       classify, greedy, max_lengths, search, tag_scores)
 from taskformer.core.errors import DataError, TaskformerError
 from taskformer.core.metrics import span_scores, translation_metrics
+from taskformer.core.options import option
 from taskformer.core.model import BOS, EOS, PAD, UNK, ClassificationHead, Generator, ModelConfig, TaggingHead
 from taskformer.core.progress import stage, track
 from taskformer.core.tokenize import CJK, SPECIALS, characters, subword, symbols
-from taskformer.core.options import option
 from taskformer.plugins.hookspecs import Output, Task, hookimpl
 from taskformer.plugins.sections import cross_attention, save_figure
 
