@@ -181,8 +181,10 @@ def read_config_file(path: str | Path) -> dict:
         raise TaskformerError(f"{path}: config file not found") from None
     except OSError as e:
         raise TaskformerError(f"{path}: cannot read the config file ({e.strerror})") from None
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as e:
+    except ValueError as e:  # a syntax error, bad UTF-8, or a number past Python's 4,300-digit limit
         raise TaskformerError(f"{path}: not a valid {'JSON' if path.suffix == '.json' else 'TOML'} file ({e})") from None
+    except RecursionError:
+        raise TaskformerError(f"{path}: nested too deeply to be a config file") from None
     if not isinstance(loaded, dict):
         raise TaskformerError(f"{path}: expected sections (an object such as {{\"train\": {{\"lr\": 0.001}}}}), "
                               f"got a JSON {type(loaded).__name__}")

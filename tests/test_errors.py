@@ -48,6 +48,17 @@ def test_bad_out_and_config_paths_are_named(cli, tmp_path):
     one_line_error(cli("run", "copy", "--config", str(tmp_path / "list.json")), "list.json: expected sections")
 
 
+@pytest.mark.parametrize("name, text, expected", [
+    ("deep.json", '{"model": ' + "[" * 100_000 + "]" * 100_000 + "}", "deep.json: nested too deeply"),
+    ("deep.toml", "a = " + "[" * 100_000 + "]" * 100_000 + "\n", "deep.toml: nested too deeply"),
+    ("big.json", '{"train": {"lr": 1' + "0" * 5000 + "}}", "big.json: not a valid JSON file"),
+    ("big.toml", "[train]\nlr = 1" + "0" * 5000 + "\n", "big.toml: not a valid TOML file"),
+])
+def test_a_config_file_too_deep_or_with_a_huge_number_is_named(cli, tmp_path, name, text, expected):
+    (tmp_path / name).write_text(text)
+    one_line_error(cli("run", "copy", "--dry-run", "--config", str(tmp_path / name)), expected)
+
+
 @pytest.mark.parametrize("make", [os.mkfifo, lambda path: path.symlink_to("/dev/zero")])
 def test_a_config_file_that_is_not_a_regular_file_is_refused_not_read(tmp_path, make):
     make(tmp_path / "c.toml")  # a FIFO blocked the read, /dev/zero never ended it: a subprocess, so a regression fails
