@@ -60,7 +60,8 @@ class TrainConfig:
                                at_least=0)
     log_every: int = option(20, "Updates between training log lines.", at_least=1)
     threads: int = option(0, "torch's intra-op threads for training and decoding; 0: torch's choice (on a busy "
-                          "2-core machine one can be much faster than two).", at_least=0)
+                          "2-core machine one can be much faster than two).", at_least=0,
+                          at_most=1024)  # torch overflows past 2**31 and would start every thread it is given
 
     def validate(self) -> None:
         """Refuse values outside each field's range (its metadata) and a bf16 setting that is not one."""

@@ -27,6 +27,8 @@ def one_line_error(result, expected):
     (["--set", "model.max_len=1"], "model.max_len must be at least 3"),
     (["--set", "model.d_model=1e20"], "model.d_model expects int"),
     (["--set", "model.d_model=1099511627776", "--set", "model.n_heads=1"], "does not fit in memory"),
+    (["--set", "train.threads=100000000000"], "train.threads must be in [0, 1024]"),
+    (["--set", "model.max_len=1000000000000000"], "lower model.max_len=1000000000000000"),
     (["--set", "train.lr=inf"], "train.lr must be a finite number"),
     (["--set", "train.lr=nan"], "train.lr must be a finite number"),
     (["--set", "train.clip=-5"], "train.clip"),

@@ -86,11 +86,13 @@ def check_memory(task: Task, config: RunConfig, vocab_size: int, num_classes: in
         return
     try:
         with torch.device("meta"):
-            params = config.model.members * Transformer(
-                replace(config.model, vocab_size=vocab_size, num_classes=num_classes)).num_parameters()
+            net = Transformer(replace(config.model, vocab_size=vocab_size, num_classes=num_classes))
+            params = config.model.members * net.num_parameters()
+            # buffers are not trained but take memory: the positional table is model.max_len x model.d_model
+            buffers = config.model.members * sum(b.numel() for b in net.buffers())
     except RuntimeError:  # sizes whose product overflows 64 bits: torch cannot even describe the tensors
-        params = math.inf
-    model = params * (BYTES_PER_PARAMETER if training else 4)
+        params = buffers = math.inf
+    model = params * (BYTES_PER_PARAMETER if training else 4) + buffers * 4
     data = tokens * BYTES_PER_TOKEN + (vocab_size * BYTES_PER_ENTRY if tokens else 0)
     if model + data <= available:
         return
@@ -98,7 +100,8 @@ def check_memory(task: Task, config: RunConfig, vocab_size: int, num_classes: in
     raised = [f"{s}.{k}={v}" for s in ("model", "data") for k, v in settings[s].items()
               if type(v) in (int, float) and type(defaults[s].get(k)) in (int, float) and v > defaults[s][k]]
     gib = 2**30
-    need = (f"about {(model + data) / gib:,.1f} GiB ({params:,} parameters {'to train' if training else 'to load'}: "
+    need = (f"about {(model + data) / gib:,.1f} GiB ({params:,} parameters {'to train' if training else 'to load'} and "
+            f"{buffers:,} fixed numbers: "
             f"{model / gib:,.1f} GiB{f'; its data: {data / gib:,.1f} GiB' if data else ''})"
             if math.isfinite(params) else "more than 64-bit sizes can count")
     raise TaskformerError(f"config: this run does not fit in memory: it needs {need}, but {available / gib:,.1f} GiB "
