@@ -88,6 +88,16 @@ def test_a_beam_wider_than_the_vocabulary_still_decodes(finished, cli):
     assert len(result.stdout.split("\n")) == 2
 
 
+def test_a_huge_beam_is_cut_to_the_vocabulary_and_one_that_cannot_fit_is_refused(finished, cli):
+    result = cli("predict", str(finished), "--beam", "1000000", "1 2 3")  # it ran 95 s in 18 GB, then printed nothing
+    assert result.exit_code == 0, result.output
+    assert "beam 1000000 is wider than the vocabulary (14 tokens); it was cut to 14" in result.stderr
+    one_line_error(cli("predict", str(finished), "--beam", "10", "--set", "decode.batch_size=1000000000", "1 2 3"),
+                   "decode.beam=10: the search's key/value cache needs up to")
+    one_line_error(cli("eval", str(finished), "--set", "decode.strategy=beam", "--set", "decode.beam=10",
+                       "--set", "decode.batch_size=1000000000"), "decode.beam=10: the search's key/value cache")
+
+
 def multi30k(tmp_path, edit):
     data = tmp_path / "multi30k"
     shutil.copytree(DATA / "multi30k", data)

@@ -20,7 +20,7 @@ from taskformer.plugins.manager import plugins
 from taskformer.app import hooks, training
 from taskformer.app.hooks import build_model, decode_texts, evaluate_split, load_data, normalize
 from taskformer.app.hooks import score  # noqa: F401 -- tests and bench/couplet_tones.py use it from here
-from taskformer.app.resources import pick_device, use_threads
+from taskformer.app.resources import check_search_memory, pick_device, use_threads
 from taskformer.app.resources import keep_freed_memory  # noqa: F401 -- tests and bench/allocator.py
 from taskformer.app.run import Run, spread  # noqa: F401 -- spread: bench/couplet_tones.py
 from taskformer.app.rundir import bound_files, load_run_weights, read_run_config, read_tokenizer, row_from_json
@@ -34,7 +34,7 @@ def predict(run: Run, lines: list[str], config: RunConfig | None = None, return_
     ``return_attention`` (encoder-decoder runs) each prediction comes as ``(prediction, Attention)``,
     the attention ``None`` for a blank line.
     """
-    config = config or run.config
+    config = fit_search(config or run.config, run.model.cfg.vocab_size)
     if return_attention and not run.model.cfg.kind.decoder:
         raise TaskformerError(f"return_attention is for encoder-decoder models; task {run.task.name!r} is "
                               f"{run.task.variant}")
@@ -61,13 +61,25 @@ def with_search(config: RunConfig, beam: int | None = None, batch_size: int | No
     return replace(config, decode=decode)
 
 
+def fit_search(config: RunConfig, vocab: int) -> RunConfig:
+    """A beam wider than the vocabulary is cut to it, with a warning (its first step has no more distinct
+    tokens to keep, and each wider row costs memory); a search whose cache cannot fit is refused."""
+    decode = config.decode
+    if decode.strategy == "beam" and decode.beam > vocab:
+        warnings.warn(f"beam {decode.beam} is wider than the vocabulary ({vocab} tokens); it was cut to {vocab}")
+        config = replace(config, decode=replace(decode, beam=vocab))
+    check_search_memory(config)
+    return config
+
+
 def set_decoding(run: Run, overrides: list[str], command: str) -> None:
     """Apply ``--set decode.KEY=VALUE`` to a loaded run's configuration; other sections are refused
     (``command`` names the command in the message)."""
     updates = C.parse_overrides(list(overrides))
     if other := sorted(f"{section}.{key}" for section in set(updates) - {"decode"} for key in updates[section]):
         raise TaskformerError(f"{command} --set changes decoding only, not {', '.join(other)}: use decode.KEY=VALUE")
-    run.config = C.build(run.task, C.merge(run.config.to_dict(), updates, "--set"))
+    config = C.build(run.task, C.merge(run.config.to_dict(), updates, "--set"))
+    run.config = fit_search(config, run.model.cfg.vocab_size)
 
 
 def evaluate_saved(run: Run, splits, data_dir: str | Path | None = None) -> dict[str, dict]:
