@@ -45,7 +45,11 @@ PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")  # safetensors' names of the dtypes weights may have
 
 
-class DiskFull(TaskformerError):
+class WriteFailed(TaskformerError):
+    """A run directory could not be written: read-only, not permitted, a file too large (see :func:`disk_space`)."""
+
+
+class DiskFull(WriteFailed):
     """The disk filled up while a run directory was written (see :func:`disk_space`)."""
 
 
@@ -342,6 +346,11 @@ def load_training_state(path: Path, model, optimizer, scheduler) -> dict:
     return state
 
 
+# Failed writes other than a full disk, by errno and by the words a writer that keeps no errno uses
+WRITE_ERRORS = {errno.EROFS: "Read-only file system", errno.EACCES: "Permission denied",
+                errno.EFBIG: "File too large", errno.EIO: "Input/output error"}
+
+
 @contextmanager
 def disk_space(run_dir: Path, needed: int):
     """Report a full disk while writing ``run_dir`` as such, with what a checkpoint needs.
@@ -352,6 +361,9 @@ def disk_space(run_dir: Path, needed: int):
     try:
         yield
     except (OSError, RuntimeError, SafetensorError) as e:
+        code = getattr(e, "errno", None)
+        if why := next((sign for c, sign in WRITE_ERRORS.items() if c == code or sign in str(e)), None):
+            raise WriteFailed(f"cannot write {run_dir} ({why})") from None
         if getattr(e, "errno", None) not in (errno.ENOSPC, errno.EDQUOT) and not any(
                 sign in str(e) for sign in ("No space left on device", "Disk quota exceeded")):
             raise

@@ -98,6 +98,21 @@ def test_a_huge_beam_is_cut_to_the_vocabulary_and_one_that_cannot_fit_is_refused
                        "--set", "decode.batch_size=1000000000"), "decode.beam=10: the search's key/value cache")
 
 
+def test_a_checkpoint_too_large_for_the_file_size_limit_is_one_error_with_the_next_step(tmp_path):
+    import resource
+    import subprocess
+    import sys
+
+    def limit():  # 200 KB: config.json and tokenizer.json fit, the first checkpoint does not
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+
+    result = subprocess.run([sys.executable, "-m", "taskformer", "run", "copy", "--out", str(tmp_path / "r"), *TINY],
+                            capture_output=True, text=True, preexec_fn=limit, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (f"Error: cannot write {tmp_path / 'r'} (File too large); once it can be "
+                                     f"written, then start the run again with --out {tmp_path / 'r'}")
+
+
 def multi30k(tmp_path, edit):
     data = tmp_path / "multi30k"
     shutil.copytree(DATA / "multi30k", data)

@@ -159,10 +159,11 @@ def _train(request: TrainRequest, on_event, shard: tuple[int, int], lock: ExitSt
     try:
         with stop_on_signals(trainer, task.name), ckpt.disk_space(run_dir, checkpoint_bytes):
             state = trainer.fit(time_limit * 60 if time_limit else None)
-    except ckpt.DiskFull as e:
+    except ckpt.WriteFailed as e:
         then = (f"resume with: taskformer run --resume {run_dir}" if ckpt.latest_training_state(run_dir / "checkpoints")
                 else f"start the run again with --out {run_dir}")
-        raise TaskformerError(f"{e}; free some space, then {then}") from None
+        fix = "free some space" if isinstance(e, ckpt.DiskFull) else "once it can be written"
+        raise TaskformerError(f"{e}; {fix}, then {then}") from None
     if trainer.stop_reason:
         raise Interrupted(run_dir, trainer.stop_reason)
     if shard[0] != 0:
