@@ -259,13 +259,21 @@ class Trainer:
                                   "is damaged")
         log = self.run_dir / "metrics.jsonl"
         if self.rank == 0 and log.exists():
-            kept = []
-            for line in ckpt.read_bytes(log).decode("utf-8", errors="replace").splitlines():
+            text = ckpt.read_bytes(log).decode("utf-8", errors="replace")
+            kept, lines = [], text.splitlines()
+            for number, line in enumerate(lines, 1):
                 try:
-                    if json.loads(line).get("step", 0) <= self.state["step"]:
-                        kept.append(line)
-                except (ValueError, AttributeError):
-                    pass  # a line the lost process was writing when it died
+                    row = json.loads(line) if line.strip() else {}
+                except (ValueError, RecursionError):
+                    row = None
+                step = row.get("step", 0) if isinstance(row, dict) else None
+                if type(step) is not int:
+                    if number == len(lines) and not text.endswith("\n"):
+                        continue  # lines are appended whole with their newline: a killed append leaves only this
+                    raise TaskformerError(f"{log}: line {number} is not a JSON object with a whole-number step; "
+                                          "the log is damaged")
+                if step <= self.state["step"] and line.strip():
+                    kept.append(line)
             ckpt.atomic_write(log, "".join(line + "\n" for line in kept))
         if self.rank == 0:  # weights of evaluations after the checkpoint would join the averages too early
             for step, later in ckpt.evaluated_weights(self.run_dir).items():

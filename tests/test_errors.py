@@ -193,6 +193,25 @@ def test_resume_names_a_damaged_trainer_state(finished, tmp_path, cli, key, valu
     one_line_error(cli("run", "--resume", str(damaged(finished, tmp_path, edit)), "--quiet"), expected)
 
 
+@pytest.mark.parametrize("tail, expected", [
+    ("not json\n", "metrics.jsonl: line 2 is not a JSON object with a whole-number step"),
+    ('{"step": "x"}\n', "metrics.jsonl: line 2 is not a JSON object with a whole-number step"),
+    ("[" * 100_000 + "\n", "metrics.jsonl: line 2 is not a JSON object"),
+    ('{"step": 1, "lo', None),  # a cut last line, as a kill mid-append leaves it: dropped, the run resumes
+])
+def test_resume_names_a_damaged_metrics_log_but_drops_a_cut_last_line(finished, tmp_path, cli, tail, expected):
+    def edit(d):
+        (d / "result.json").unlink()  # unfinished again
+        lines = (d / "metrics.jsonl").read_text().splitlines(keepends=True)
+        (d / "metrics.jsonl").write_text(lines[0] + (tail + "".join(lines[1:]) if expected else "".join(lines[1:]) + tail))
+    result = cli("run", "--resume", str(damaged(finished, tmp_path, edit)), "--quiet")
+    if expected:
+        one_line_error(result, expected)
+    else:
+        assert result.exit_code == 0, result.output
+        assert all(json.loads(line) for line in (tmp_path / "bad" / "metrics.jsonl").read_text().splitlines())
+
+
 def test_runs_skips_a_malformed_result_with_a_warning(finished, tmp_path, cli):
     root = tmp_path / "runs"
     shutil.copytree(finished, root / "good")
