@@ -62,6 +62,12 @@ class Model:
         wrong = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
         if wrong is not None:
             raise TaskformerError(f"predict: texts[{wrong}] must be a string, got {type(texts[wrong]).__name__}")
+        for i, text in enumerate(texts):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:  # a lone surrogate such as "\udcff": no tokenizer can take it
+                raise TaskformerError(f"predict: texts[{i}] is not valid unicode ({e.reason} at position {e.start}); "
+                                      "decode bytes with errors='replace'") from None
         outputs, _ = runner.predict(self._run, texts, runner.with_search(self.config, beam, batch_size),
                                     return_attention=bool(return_attention))
         if self._run.model.cfg.kind.per_word:  # a tagger: the user's words, each with its tag

@@ -45,6 +45,7 @@ def test_predict_matches_the_command_line_and_prints_nothing(workdir, capsys):
     (lambda m: m.predict([1, 2]), r"texts\[0\] must be a string, got int"),
     (lambda m: m.predict(["1 2", None]), r"texts\[1\] must be a string, got NoneType"),
     (lambda m: m.predict(None), "texts must be a list of strings"),
+    (lambda m: m.predict(["1 2", "\udcff"]), r"texts\[1\] is not valid unicode"),  # was a raw TypeError
     (lambda m: m.predict(["1 2"], beam=0), "beam must be"),
     (lambda m: m.evaluate("train"), "unknown split"),
 ])
