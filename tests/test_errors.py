@@ -203,7 +203,8 @@ def test_resume_names_a_damaged_metrics_log_but_drops_a_cut_last_line(finished, 
     def edit(d):
         (d / "result.json").unlink()  # unfinished again
         lines = (d / "metrics.jsonl").read_text().splitlines(keepends=True)
-        (d / "metrics.jsonl").write_text(lines[0] + (tail + "".join(lines[1:]) if expected else "".join(lines[1:]) + tail))
+        rest = "".join(lines[1:])
+        (d / "metrics.jsonl").write_text(lines[0] + (tail + rest if expected else rest + tail))
     result = cli("run", "--resume", str(damaged(finished, tmp_path, edit)), "--quiet")
     if expected:
         one_line_error(result, expected)
