@@ -201,7 +201,7 @@ def sha256(path: Path) -> str:
 
 
 def check_stamp(path: Path, expected: dict[str, str], config: Path) -> None:
-    """Refuse weights whose metadata stamp (task, run id, tokenizer hash, written with them) is not
+    """Refuse weights whose metadata stamp (task, run id, tokenizer and architecture hashes) is not
     the one ``config`` records: weights of another task, another run or another tokenizer would
     load without a complaint when their shapes agree, and predict nonsense."""
     path = Path(path)
@@ -221,6 +221,9 @@ def check_stamp(path: Path, expected: dict[str, str], config: Path) -> None:
                               f"{expected['run'][:12]}); a run directory must hold its own weights")
     if stamp.get("tokenizer_sha256") != expected["tokenizer_sha256"]:
         raise TaskformerError(f"{path}: weights trained with another tokenizer than the one {config} records")
+    if not compat.architecture_unchecked(stamp) and stamp["model_sha256"] != expected.get("model_sha256"):
+        raise TaskformerError(f"{config}: its model section or labels are not the ones {path.name} was trained with "
+                              "(they are fixed when a run starts); put the run's own config.json back")
 
 
 def non_finite(model: torch.nn.Module) -> str | None:

@@ -1,4 +1,4 @@
-"""Run directories written by taskformer before 2026-11-24: what changed since, and how they still load.
+"""Run directories written by earlier versions of taskformer: what changed since, and how they still load.
 
 Each entry is a format a run directory once had, the date it changed, and the test that loads one.
 Nothing else in taskformer knows these formats; delete an entry with its test once no such runs
@@ -12,7 +12,12 @@ need to be read.
   warning. [tests/test_binding.py]
 - Before 2026-11-23 (commit cbcbf36), a checkpoint's ``state.json`` had no ``cooldown``:
   :func:`checkpoint_state` gives it the value of a run without one.
-  [tests/test_compat.py]
+  [tests/test_compat.py::test_a_checkpoint_from_before_the_cooldown_resumes]
+- Before 2026-11-25, the weights' stamp had no ``model_sha256`` (the architecture and labels they were
+  trained with): :func:`architecture_unchecked` lets them load without that check.
+  [tests/test_compat.py::test_weights_stamped_before_the_architecture_hash_still_load]
+- Before 2026-11-25, ``config.json`` had no ``precision`` record: :func:`unrecorded_precision`, a
+  resumed run probes the hardware again. [tests/test_compat.py::test_a_run_without_a_precision_record_resumes]
 """
 from __future__ import annotations
 
@@ -39,3 +44,13 @@ def checkpoint_state(state: dict) -> dict:
     """A checkpoint's trainer state with the keys added since it was written."""
     state.setdefault("cooldown", [])  # no cool-down was scheduled
     return state
+
+
+def architecture_unchecked(stamp: dict) -> bool:
+    """Weights stamped without the hash of their architecture and labels: nothing to check them against."""
+    return "model_sha256" not in stamp
+
+
+def unrecorded_precision(saved: dict) -> bool:
+    """A run's config.json without the precision decision it started with: the resume decides anew."""
+    return "precision" not in saved

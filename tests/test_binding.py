@@ -51,6 +51,16 @@ def test_a_config_renamed_to_another_task_of_the_same_shape_is_refused(copied, c
                    "names task 'translate-de-en'")
 
 
+@pytest.mark.parametrize("edit", [lambda c: c["config"]["model"].update(n_heads=1),
+                                  lambda c: c["config"]["model"].update(dropout=0.5),
+                                  lambda c: c.update(labels=["a", "b"])], ids=["n_heads", "dropout", "labels"])
+def test_an_edited_architecture_or_label_list_is_refused(copied, cli, edit):
+    # n_heads=1 loads into weights of the same shapes and changes every prediction; so would labels.
+    edit_json(copied / "config.json", edit)
+    one_line_error(cli("predict", str(copied), "1 2 3"), "config.json: its model section or labels are not the ones "
+                   "model.safetensors was trained with")
+
+
 def swap_pad_and_bos(path):
     text = path.read_text()
     path.write_text(text.replace('"[PAD]"', '"[TMP]"').replace('"[BOS]"', '"[PAD]"').replace('"[TMP]"', '"[BOS]"'))

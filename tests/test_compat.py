@@ -1,5 +1,9 @@
 """Run directories in the formats core/compat.py lists still load (the other two: test_agnews, test_binding)."""
+import hashlib
 import json
+
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from conftest import TINY
 
@@ -15,3 +19,32 @@ def test_a_checkpoint_from_before_the_cooldown_resumes(cli, tmp_path):
     resumed = cli("run", "--resume", str(out))
     assert resumed.exit_code == 0, resumed.output
     assert json.loads((out / "result.json").read_text())["info"]["steps"] == 2
+
+
+def test_weights_stamped_before_the_architecture_hash_still_load(cli, tmp_path):
+    out = tmp_path / "run"
+    assert cli("run", "copy", "--out", str(out), *TINY).exit_code == 0
+    weights = out / "model.safetensors"
+    with safe_open(weights, "pt") as f:
+        stamp = f.metadata()
+    del stamp["model_sha256"]
+    save_file(load_file(weights), weights, metadata=stamp)
+    result = json.loads((out / "result.json").read_text())
+    result["weights_sha256"] = hashlib.sha256(weights.read_bytes()).hexdigest()
+    (out / "result.json").write_text(json.dumps(result))
+    config = json.loads((out / "config.json").read_text())
+    config["config"]["model"]["dropout"] = 0.5  # unchecked: nothing in the stamp to compare with
+    (out / "config.json").write_text(json.dumps(config))
+    assert cli("predict", str(out), "1 2 3").exit_code == 0
+
+
+def test_a_run_without_a_precision_record_resumes(cli, tmp_path):
+    out = tmp_path / "run"
+    assert cli("run", "copy", "--out", str(out), *TINY, "--set", "train.save_every=1").exit_code == 0
+    (out / "result.json").unlink()
+    config = json.loads((out / "config.json").read_text())
+    del config["precision"]
+    (out / "config.json").write_text(json.dumps(config))
+    resumed = cli("run", "--resume", str(out))
+    assert resumed.exit_code == 0, resumed.output
+    assert json.loads((out / "result.json").read_text())["info"]["precision"].startswith(("bf16 (auto", "fp32 (auto"))

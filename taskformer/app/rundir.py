@@ -201,7 +201,7 @@ def read_run_config(run_dir: Path) -> dict:
 
 
 def bound_files(run_dir: Path, saved: dict) -> dict[str, str] | None:
-    """The stamp the run's weights must carry (its task, run id and tokenizer hash, from config.json),
+    """The stamp the run's weights must carry (its task, run id, tokenizer hash and architecture, from config.json),
     after checking that tokenizer.json is the one the run was trained with (``None`` for a run
     without the record: see core/compat.py)."""
     binding = saved.get("binding")
@@ -218,7 +218,16 @@ def bound_files(run_dir: Path, saved: dict) -> dict[str, str] | None:
     if hashlib.sha256(ckpt.read_bytes(path)).hexdigest() != binding["tokenizer_sha256"]:  # bounded read
         raise TaskformerError(f"{path}: not the tokenizer this run was trained with (its SHA-256 differs from the "
                               "one config.json records); put the run's own tokenizer.json back")
-    return {"task": saved["task"], "run": binding["run"], "tokenizer_sha256": binding["tokenizer_sha256"]}
+    return {"task": saved["task"], "run": binding["run"], "tokenizer_sha256": binding["tokenizer_sha256"],
+            "model_sha256": model_digest(saved["config"].get("model"), saved.get("labels"))}
+
+
+def model_digest(model_section, labels) -> str:
+    """The SHA-256 of a run's architecture and labels as config.json records them. The weights carry it
+    in their stamp: an edited ``model.n_heads``, pooling or label list would load into weights of the
+    same shapes and silently change every prediction."""
+    text = json.dumps({"model": model_section, "labels": labels}, sort_keys=True, ensure_ascii=True)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
 
 
 def read_tokenizer(run_dir: Path) -> Tokenizer:

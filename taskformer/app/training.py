@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from taskformer.core import checkpoint as ckpt
+from taskformer.core import compat
 from taskformer.core import config as C
 from taskformer.core import precision
 from taskformer.core import progress
@@ -25,8 +26,8 @@ from taskformer.plugins.manager import plugins
 from taskformer.app.hooks import build_model, evaluate_split, load_data
 from taskformer.app.resources import check_memory, pick_device, use_threads
 from taskformer.app.run import SPLITS, Run
-from taskformer.app.rundir import (RunDirBusy, bound_files, locked, load_run_weights, new_run_dir, read_run_config,
-                                   read_tokenizer, row_json, run_mark)
+from taskformer.app.rundir import (RunDirBusy, bound_files, locked, load_run_weights, model_digest, new_run_dir,
+                                   read_run_config, read_tokenizer, row_json, run_mark)
 
 
 @dataclass
@@ -133,7 +134,7 @@ def _train(request: TrainRequest, on_event, shard: tuple[int, int], lock: ExitSt
     if not resume and shard[0] == 0:
         ckpt.atomic_write(run_dir / "tokenizer.json", data.tokenizer.to_str(pretty=True))
         binding = {"run": run_mark(run_dir), "tokenizer_sha256": ckpt.sha256(run_dir / "tokenizer.json")}
-        stamp = {"task": task.name, **binding}
+        stamp = {"task": task.name, **binding, "model_sha256": model_digest(config.to_dict()["model"], data.labels)}
         ckpt.write_json(run_dir / "config.json", {"task": task.name, "labels": data.labels,
                                                    "config": config.to_dict(), "data_dir": data_dir,
                                                    "time_limit": time_limit, "binding": binding,
@@ -229,9 +230,9 @@ def precision_record(device: torch.device) -> dict:
 def pin_precision(saved: dict, run_dir: Path) -> None:
     """A resumed run trains in the precision it started with: a probe on a busy machine may decide
     otherwise, and then the resumed updates would not be the ones the run would have made."""
-    record = saved.get("precision")
-    if record is None:  # runs from before the record: probe as they did
+    if compat.unrecorded_precision(saved):
         return
+    record = saved["precision"]
     if not (isinstance(record, dict) and isinstance(record.get("device"), str)
             and isinstance(record.get("bf16_native"), bool) and isinstance(record.get("why"), str)):
         raise TaskformerError(f"{run_dir / 'config.json'}: damaged 'precision' record (expected device, "
