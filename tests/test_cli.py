@@ -86,7 +86,7 @@ def test_tasks_lists_the_builtin_copy_task(cli):
     (["run", "copy", "--set", "data.lenght=3"], "did you mean 'data.length'"),  # a task's typed options
     (["run", "copy", "--set", "data.length=ten"], "data.length expects int"),
     (["run", "copy", "--set", "data.vocab=2"], "data.vocab must be at least 3"),
-    (["run", "copy", "--set", "train.threads=-1"], "train.threads must not be negative"),
+    (["run", "copy", "--set", "train.threads=-1"], "train.threads must be in [0, 1024]"),
     (["predict", "no/such/run", "1 2"], "no such run directory"),
 ])
 def test_bad_input_is_one_line_error_with_exit_code_2(cli, tmp_path, args, expected):
