@@ -8,10 +8,10 @@ hardware, never a CPU's name:
 * CUDA: ``torch.cuda.is_bf16_supported()``.
 * CPU: the instruction set must have bf16 (AVX-512 BF16 or AMX, as torch reports it), oneDNN must be
   allowed to use it (``ONEDNN_MAX_CPU_ISA`` can cap it, which also lets tests force the slow path),
-  and a probe must not find bf16 matmuls slower than fp32 in every one of its rounds. A busy moment
-  slows one round, not all of them, so a single fast round (or rounds that disagree) leaves the
-  decision to the CPU's flags; only a CPU whose bf16 is slow every time (emulated behind the flags)
-  falls back to fp32.
+  and at least one of the probe's rounds must find a bf16 matmul clearly faster than fp32
+  (``PROBE_MIN_SPEEDUP``). A busy moment slows one round, not all of them, so rounds that disagree
+  leave the decision to the CPU's flags; only a CPU whose bf16 is slow in every round (emulated
+  behind the flags) falls back to fp32.
 
 The answer is cached per process, and a run records it when it starts, so that a resumed run trains in
 the precision it began with (:func:`pin`) whatever a probe on a busy machine would say then.
