@@ -29,7 +29,7 @@ from tokenizers import Tokenizer
 
 from taskformer.core.checkpoint import read_json, write_json
 from taskformer.core.errors import TaskformerError
-from taskformer.core.model import Generator, Transformer
+from taskformer.core.model import Ensemble, Generator, Transformer
 from taskformer.core.tokenize import SPECIALS
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
@@ -56,6 +56,10 @@ def check_exportable(model: Transformer) -> None:
             "only encoder-decoder models can be exported to CTranslate2: its encoder-only models "
             "(ctranslate2.Encoder) end in hidden states or a BERT first-token pooler, with no place "
             "for this model's classification head (pooling + two-layer MLP), so no labels would come out")
+    if isinstance(model, Ensemble):
+        raise ExportError(f"this model is an ensemble of {len(model.members)} networks (model.members), and CTranslate2 "
+                          "has no ensemble decoding; decode it with taskformer (predict, serve), or train with "
+                          "model.members=1 to export")
     if type(model.head) is not Generator:
         raise ExportError(f"the task's plugin gives the model its own output head ({type(model.head).__name__}); "
                           "CTranslate2 has only a linear projection to the vocabulary")

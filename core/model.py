@@ -46,8 +46,8 @@ class ModelConfig:
     tie_embeddings: bool = option(True, "Source, target and output projection share one matrix (joint vocabulary).")
     pooling: str = option("mean", "How an encoder-only head pools the encoder states: over real tokens, the "
                           "first token, or the maximum.", choices=("mean", "first", "max"), variants=("encoder-only",))
-    members: int = option(1, "Networks trained as one ensemble whose log-probabilities are averaged.", at_least=1,
-                          variants=("encoder-only", "tagging"))
+    members: int = option(1, "Networks trained as one ensemble whose log-probabilities are averaged (at every "
+                          "search step for an encoder-decoder).", at_least=1)
 
     def validate(self) -> None:
         """Reject impossible combinations (raises ValueError); each field's own range is in its metadata."""
@@ -58,9 +58,6 @@ class ModelConfig:
             raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
         if self.d_model % 2:
             raise ValueError(f"model.d_model must be even for sinusoidal positions, got {self.d_model}")
-        if self.members > 1 and self.kind.decoder:
-            raise ValueError("model.members > 1 (an ensemble) is for encoder-only and tagging models; "
-                             "an encoder-decoder's search would need every member at every step")
 
     @property
     def kind(self) -> variants.Variant:
@@ -405,7 +402,7 @@ class Transformer(nn.Module):
 
 
 class Ensemble(nn.Module):
-    """``members`` independently initialised encoder-only networks whose predictions are averaged.
+    """``members`` independently initialised networks whose log-probabilities are averaged.
 
     With little data, the errors of separately initialised networks are partly independent, so their
     average beats each of them (AG_News from 4,750 rows, docs/results.md). Each member learns from
@@ -413,9 +410,14 @@ class Ensemble(nn.Module):
     members' log-probabilities ``(K, ...)`` and the loss averages over them. Trained on the loss of
     their average instead, the members co-adapt and the ensemble gained nothing over one network.
     In evaluation the output is the mean of the members' log-probabilities, a valid set of logits.
-    """
 
-    decoder = None
+    An encoder-decoder ensemble is searched like one :class:`Transformer`: it has the same decoding
+    interface (``encode``, ``decode``, ``head``, ``new_cache``, ``reorder_cache``), with the members'
+    states side by side in one extra dimension ``K``. Each member keeps its own key/value cache; at
+    every step ``head`` gives the mean of the members' log-probabilities, the log of their geometric
+    mean. The search's ``log_softmax`` renormalises that to a distribution, so beam scores sum the
+    log of the normalised geometric mean (greedy's argmax is the same either way).
+    """
 
     def __init__(self, members: list[Transformer]):
         super().__init__()
@@ -423,7 +425,36 @@ class Ensemble(nn.Module):
         self.cfg = members[0].cfg
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor | None = None) -> torch.Tensor:
-        logp = torch.stack([torch.log_softmax(m(src).float(), dim=-1) for m in self.members])
+        logp = torch.stack([torch.log_softmax(m(src, tgt_in).float(), dim=-1) for m in self.members])
         return logp if self.training else logp.mean(0)
+
+    def encode(self, src: torch.Tensor):
+        """The members' memories stacked as (B, K, S, D) (sentences first, as the search indexes them) and
+        the key mask (B, 1, 1, S), which depends only on ``src``."""
+        encoded = [m.encode(src) for m in self.members]
+        return torch.stack([states for states, _ in encoded], dim=1), encoded[0][1]
+
+    def decode(self, tgt: torch.Tensor, memory, memory_mask, cache=None, start: int = 0) -> torch.Tensor:
+        """Each member's decoder states on its own memory and cache, stacked as (B, T, K, D)."""
+        return torch.stack([m.decode(tgt, memory[:, i], memory_mask, None if cache is None else cache[i], start)
+                            for i, m in enumerate(self.members)], dim=2)
+
+    def head(self, hidden: torch.Tensor, src_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Mean over members of their log-probabilities (B, T, V), each from its own output head."""
+        return torch.stack([torch.log_softmax(m.head(hidden[:, :, i], src_mask).float(), dim=-1)
+                            for i, m in enumerate(self.members)]).mean(0)
+
+    def new_cache(self, steps: int = 0) -> list[list[dict]]:
+        return [m.new_cache(steps) for m in self.members]
+
+    @staticmethod
+    def reorder_cache(cache: list[list[dict]], index: torch.Tensor, sentences: torch.Tensor | None = None) -> None:
+        for member in cache:
+            Transformer.reorder_cache(member, index, sentences)
+
+    @torch.no_grad()
+    def attention_maps(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """The members' mean cross-attention map (B, T, S): where the ensemble as a whole looked."""
+        return torch.stack([m.attention_maps(src, tgt_in) for m in self.members]).mean(0)
 
     num_parameters = Transformer.num_parameters

@@ -111,13 +111,14 @@ def check_memory(task: Task, config: RunConfig, vocab_size: int, num_classes: in
 def check_search_memory(config: RunConfig) -> None:
     """Refuse a beam search whose key/value cache cannot fit, before it starts: each of beam x
     decode.batch_size hypotheses keeps a key and a value per decoder layer and output position
-    (at most model.max_len), in fp32. An upper bound: a batch may hold fewer inputs, outputs end sooner."""
+    (at most model.max_len), in fp32, once for each ensemble member. An upper bound: a batch may hold fewer inputs, outputs end sooner."""
     d, m = config.decode, config.model
     if d.strategy != "beam" or (available := available_memory()) is None:
         return
-    need = d.beam * d.batch_size * m.max_len * max(m.dec_layers, 1) * m.d_model * 2 * 4
+    need = m.members * d.beam * d.batch_size * m.max_len * max(m.dec_layers, 1) * m.d_model * 2 * 4
     if need > available:
+        members = f"{m.members} members (model.members) x " if m.members > 1 else ""
         raise TaskformerError(f"decode.beam={d.beam}: the search's key/value cache needs up to {need / 2**30:,.1f} GiB "
-                              f"(beam x decode.batch_size={d.batch_size} x model.max_len={m.max_len} x "
+                              f"({members}beam x decode.batch_size={d.batch_size} x model.max_len={m.max_len} x "
                               f"{m.dec_layers} layers x d_model {m.d_model}, keys and values), but "
                               f"{available / 2**30:,.1f} GiB is available; lower the beam or decode.batch_size")
