@@ -67,8 +67,7 @@ def test_agnews_trains_saves_and_predicts_an_ensemble(cli, data_dir, tmp_path):
     assert result.exit_code == 0 and result.output.split("\t")[0] == label.label
 
 
-@pytest.mark.parametrize("members, message", [("0", "model.members must be at least 1"),
-                                              ("2", "for encoder-only and tagging models")])
-def test_bad_member_counts_are_config_errors(cli, tmp_path, members, message):
-    result = cli("run", "copy", "--out", str(tmp_path / "r"), "--set", f"model.members={members}", "--quiet")
-    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+def test_a_member_count_below_one_is_a_config_error(cli, tmp_path):
+    result = cli("run", "copy", "--out", str(tmp_path / "r"), "--set", "model.members=0", "--quiet")
+    assert result.exit_code == 2 and "model.members must be at least 1" in result.output
+    assert "Traceback" not in result.output
