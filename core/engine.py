@@ -34,8 +34,9 @@ SCHEDULES = ("inverse_sqrt", "linear")
 class TrainConfig:
     """Optimisation settings. ``lr`` is the peak rate, reached after ``warmup`` steps."""
 
-    epochs: int = option(20, "Passes over the training data (an upper bound when another budget ends first).",
-                         at_least=1)
+    epochs: int = option(20, "Passes over the training data (an upper bound when another budget ends first); 0: "
+                         "no cap, the time limit or train.max_steps is the budget (a --time-limit sets 0 unless "
+                         "epochs is set by you).", at_least=0)
     max_steps: int = option(0, "Stop after this many updates; 0: no limit. The budget that gives the same run on "
                             "a busy machine, where a --time-limit gives fewer updates.", at_least=0)
     max_tokens: int = option(4096, "Padded tokens per batch (source or target, whichever is longer).", at_least=1)
@@ -51,7 +52,9 @@ class TrainConfig:
     weight_decay: float = option(0.0, "AdamW weight decay.", at_least=0.0)
     bf16: str = option("auto", "auto: bf16 where the hardware runs it natively (else fp32); true or false force it.")
     seed: int = option(0, "Random seed of initialisation, batches and synthetic data.")
-    patience: int = option(0, "Stop after this many evaluations without improvement; 0: never.", at_least=0)
+    patience: int = option(0, "Stop after this many evaluations without improvement; 0: never (a --time-limit sets "
+                           "10 unless patience is set by you or the task: enough to ride out val noise and plateaus, "
+                           "few enough to stop over-fitting early).", at_least=0)
     eval_every: int = option(0, "Updates between evaluations; 0: once per epoch.", at_least=0)
     accumulate: int = option(1, "Batches whose gradients are summed into one update.", at_least=1)
     save_every: int = option(0, "Updates between resumable checkpoints; 0: at each evaluation only.", at_least=0)
@@ -59,6 +62,9 @@ class TrainConfig:
     average_last: int = option(0, "Also evaluate the mean of the last N evaluated weights (kept if best); 0, 1: off.",
                                at_least=0)
     log_every: int = option(20, "Updates between training log lines.", at_least=1)
+    pace: float = option(0.0, "Target tokens/s this machine trains the task's model at, from which --time-limit picks "
+                         "the task's recipe; 0: measure it before training (a few seconds). Pin it on a shared "
+                         "machine.", at_least=0.0)
     threads: int = option(0, "torch's intra-op threads for training and decoding; 0: torch's choice (on a busy "
                           "2-core machine one can be much faster than two).", at_least=0,
                           at_most=1024)  # torch overflows past 2**31 and would start every thread it is given
@@ -253,7 +259,8 @@ class Trainer:
             return False
         self.state.update(ckpt.load_training_state(path, self.model, self.optimizer, self.scheduler))
         st, per_epoch = self.state, len(self.epoch_updates(self.train_data.lengths()))  # the same for every epoch
-        if st["epoch"] > self.cfg.epochs or st["batch"] > per_epoch or st["step"] != st["epoch"] * per_epoch + st["batch"]:
+        beyond = bool(self.cfg.epochs) and st["epoch"] > self.cfg.epochs  # epochs 0: no cap
+        if beyond or st["batch"] > per_epoch or st["step"] != st["epoch"] * per_epoch + st["batch"]:
             raise TaskformerError(f"{path / 'state.json'}: epoch {st['epoch']}, batch {st['batch']} and step {st['step']} "
                                   f"do not agree with {self.cfg.epochs} epochs of {per_epoch} updates; the checkpoint "
                                   "is damaged")
@@ -306,12 +313,19 @@ class Trainer:
         Hägele et al., 2024). With a time limit the number of decay updates is the pace so far times
         the time left, fixed when the decay begins and saved with the run, so a resumed run continues
         it exactly; the run then stops when the rate reaches zero or the time runs out.
+
+        The ``linear`` schedule needs the number of updates; with no epoch cap and no step limit
+        (``train.epochs=0`` under a time limit) it is unknown, so the linear decay is this cool-down
+        over all the time left after the warm-up, at the pace of the warm-up.
         """
         cfg, st = self.cfg, self.state
-        if not cfg.cooldown or st["cooldown"]:
+        fraction = cfg.cooldown
+        if cfg.schedule == "linear" and not self.total_steps and time_limit:
+            fraction = 1.0 if st["step"] >= cfg.warmup else 0.0
+        if not fraction or st["cooldown"]:
             return
-        by_steps = bool(self.total_steps) and st["step"] >= (1 - cfg.cooldown) * self.total_steps
-        by_time = bool(time_limit) and st["elapsed"] >= (1 - cfg.cooldown) * time_limit
+        by_steps = bool(self.total_steps) and st["step"] >= (1 - fraction) * self.total_steps
+        by_time = bool(time_limit) and st["elapsed"] >= (1 - fraction) * time_limit
         left = [self.total_steps - st["step"]] if self.total_steps else []  # the updates left, by each budget
         if by_time:
             left.append(round(st["step"] * (time_limit - st["elapsed"]) / max(st["elapsed"], 1e-9)))
@@ -339,7 +353,7 @@ class Trainer:
         self.state["stale"] = 0 if improved else self.state["stale"] + 1
         self.net.train()
         if self.cfg.patience and self.state["stale"] >= self.cfg.patience:
-            raise Stop(f"no improvement in {self.cfg.patience} evaluations")
+            raise Stop(f"no improvement in {self.cfg.patience} evaluations (patience)")
 
     def _keep_if_best(self, metrics: dict, averaged: list[int] | None = None) -> bool:
         """Log an evaluation of the model's current weights, which are the mean of those of the
@@ -452,11 +466,12 @@ class Trainer:
         started = time.monotonic() - st["elapsed"]
         self.net.train()
         lengths = self.train_data.lengths()
-        planned = cfg.epochs * len(self.epoch_updates(lengths))  # every epoch has as many updates
-        self.total_steps = min(planned, cfg.max_steps) if cfg.max_steps else planned
+        # the planned updates (every epoch has as many); 0: unknown, the clock is the budget (train.epochs=0)
+        self.total_steps = min((n for n in (cfg.epochs * len(self.epoch_updates(lengths)), cfg.max_steps) if n),
+                               default=0)
         last_log, tokens_since = time.monotonic(), 0
         try:
-            while st["epoch"] < cfg.epochs:
+            while not cfg.epochs or st["epoch"] < cfg.epochs:
                 updates = self.epoch_updates(lengths)
                 while st["batch"] < len(updates):
                     micro = [tuple(t.to(self.device) for t in collate(self.train_data, b)) for b in updates[st["batch"]]]
@@ -488,7 +503,7 @@ class Trainer:
                 self.save()
                 st["elapsed"] = time.monotonic() - started  # the limit counts validation too
                 reason = self._stop_requested(time_limit)
-                if reason and st["epoch"] < cfg.epochs:
+                if reason and (not cfg.epochs or st["epoch"] < cfg.epochs):
                     raise Stop(reason)
             if st["evaluated_at"] != st["step"]:  # eval_every did not land on the last step
                 self._evaluate()

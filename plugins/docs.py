@@ -13,7 +13,7 @@ from dataclasses import asdict, fields
 import sys
 from pathlib import Path
 
-from taskformer.core import config, data, decoding, tokenize
+from taskformer.core import budget, config, data, decoding, tokenize
 from taskformer.plugins import hookspecs
 from taskformer.plugins.manager import plugins
 
@@ -81,8 +81,18 @@ data, config and memory and prints what would run, without training.
 
 **Budgets.** `train.max_steps` is the budget that gives the same run on a busy machine: the same
 seed and the same number of updates give the same weights. `--time-limit MINUTES` stops on the
-clock, so a slower or busier machine gets fewer updates (and a different model); `train.epochs` is
-an upper bound on passes over the data. The first budget reached ends training.
+clock, so a slower or busier machine gets fewer updates (and a different model). Without a time
+limit `train.epochs` is an upper bound on passes over the data. With one, the time is the budget:
+`train.epochs` caps it only where you set it (in a `--config` file or with `--set`; else it is 0,
+no cap), and unless you or the task set `train.patience` the run stops after 10 evaluations
+without improvement. The first budget reached ends training.
+
+**Recipes.** Before a time-limited run trains it measures its pace (target tokens/s of a few
+training updates; `train.pace` gives it instead) and picks the row of its task's recipe table
+(listed under each task) that pace x time limit reaches. Layers then run: the defaults, the task's
+defaults, what the time limit changes, the recipe, `--config`, `--set`: your settings override
+every choice. `run --dry-run --time-limit MIN`, the console, the report and `result.json`
+(`info.recipe`) say which recipe was picked and why.
 
 Options marked *encoder-decoder only* are left out of `taskformer config` for the other variants,
 as they have no search to set.
@@ -122,6 +132,10 @@ def config_reference() -> str:
                    for k, v in values.items() if k != "variant" and k in asdict(core[s]()) and v != asdict(core[s]())[k]]
         if changed:
             parts += ["Its defaults: " + ", ".join(changed) + ".", ""]
+        if task.recipes:
+            parts += ["Its recipes by time budget (`--time-limit`):", "",
+                      *(f"- from {budget.tokens(minimum)} target tokens: {budget.describe(overrides)} ({reason})"
+                        for minimum, overrides, reason in budget.check_table(task.recipes, task.name)), ""]
         own = [f for f in fields(kinds["decode"]) if f.name not in {g.name for g in fields(config.DecodeConfig)}]
         if own:
             parts += ["Its own `decode` options:", "", *_section("decode", kinds["decode"], base["decode"], own), ""]

@@ -68,6 +68,15 @@ class Task:
     report and in ``taskformer eval``: a title for each group and its metrics in order, e.g.
     ``{"entities": ["span_f1", "span_precision", "span_recall"]}``; the selecting ``metric`` comes
     first, metrics in no group last.
+    ``recipes`` is what a larger time budget should change, as rows of ``(minimum budget in target
+    tokens, overrides, one-line reason)``, e.g. ``(20e6, {"model": {"members": 2}}, "each member gets
+    the budget of the one-hour recipe")``. A run with ``--time-limit`` measures its pace (target
+    tokens/s; ``train.pace`` gives it instead), multiplies it by the time limit and takes the row
+    with the largest minimum that budget reaches; below every row the ``defaults`` stand. The
+    overrides (sections ``model``, ``train``, ``decode``) sit between ``defaults`` and the user's
+    ``--config`` and ``--set``, which override every choice. Choose the rows on val and record the
+    evidence with the task's results; without a time limit, or with no rows, nothing is measured
+    and the ``defaults`` are the recipe.
     """
 
     name: str
@@ -79,6 +88,7 @@ class Task:
     data_options: type | None = None
     decode_options: type | None = None
     metric_groups: dict[str, list[str]] = field(default_factory=dict)
+    recipes: tuple[tuple[float, dict[str, dict[str, Any]], str], ...] = ()
     plugin: str = ""  # filled in by the plugin manager: who provides the task
 
 

@@ -50,6 +50,14 @@ TASK = Task(
         "decode": {"strategy": "beam", "beam": 5, "length_penalty": 1.4, "eval_strategy": "greedy"},
     },
     data_options=Options,
+    # What a larger --time-limit budget buys, in target tokens. Members, not a wider model: Multi30k
+    # over-fits a single model given more (Wu et al., 2021), while each member of an ensemble gets about
+    # the budget of the one-hour 2-core AVX2 recipe (11-12 M target tokens, docs/results.md).
+    recipes=(
+        (0, {}, "one model: the budget of the validated one-hour recipe or less"),
+        (20e6, {"model": {"members": 2}}, "each member gets about the one-hour recipe's budget"),
+        (30e6, {"model": {"members": 3}}, "each member gets about the one-hour recipe's budget"),
+    ),
 )
 
 

@@ -30,6 +30,7 @@ def taskformer_report_sections(run):
             *((f"{s} inputs truncated", n) for s, n in info.get("truncated", {}).items() if n),
             *info.get("notes", {}).items(),
             ("device", info.get("device")), ("precision", info.get("precision")), ("threads", info.get("threads")),
+            ("recipe", info["recipe"].get("why") if isinstance(info.get("recipe"), dict) else None),
             ("training time", f"{info.get('train_seconds', 0):,.1f} s"),
             ("wall time (all)", f"{info.get('wall_seconds', 0):,.1f} s"), ("steps", info.get("steps")),
             ("epochs", info.get("epochs")), ("throughput", f"{info.get('tokens_per_s', 0):,} target tokens/s"),

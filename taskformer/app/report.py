@@ -283,7 +283,7 @@ class ProgressDisplay:
                 self.progress.remove_task(self.stages.pop())
             self._say(f"{e['name']}: done in {e['seconds']:.1f} s")
         elif kind == "train":
-            epoch = f"epoch {e['epoch'] + 1}/{e['epochs']}"
+            epoch = f"epoch {e['epoch'] + 1}" + (f"/{e['epochs']}" if e["epochs"] else "")  # 0: no epoch cap
             info = f"loss {e['loss']:.3f}  lr {e['lr']:.2e}  {e['tokens_per_s']:,.0f} tok/s"
             if not self.live:
                 self._say(f"step {e['step']} {epoch} {info}")
@@ -291,6 +291,8 @@ class ProgressDisplay:
                 self.train_bar = self.progress.add_task(epoch, total=1.0, completed=e["progress"], info=info)
             else:
                 self.progress.update(self.train_bar, description=epoch, completed=e["progress"], info=info)
+        elif kind == "recipe":
+            self._say(f"recipe: {e['why']}")
         elif kind == "cooldown":
             self._say(f"cool-down: after step {e['after']:,} the learning rate ({e['lr']:.2e}) falls linearly "
                       f"to zero over {e['updates']:,} updates")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from taskformer.core import budget
 from taskformer.core import checkpoint as ckpt
 from taskformer.core import compat
 from taskformer.core import config as C
@@ -45,14 +46,66 @@ class TrainRequest:
     resume: str | None = None
 
 
-def make_config(task: Task, config_file: str | None, overrides: list[str], seed: int | None) -> RunConfig:
+def make_config(task: Task, config_file: str | None, overrides: list[str], seed: int | None,
+                time_limit: float | None = None, recipe: dict | None = None) -> RunConfig:
+    """The run's config. Layers, later ones winning: the defaults (the core's and the task's), what a
+    time limit changes (no epoch cap, a patience: see core.budget), the recipe the budget picked, the
+    ``--config`` file, ``--set`` and ``--seed``: what the user sets overrides every choice."""
     cfg = C.defaults(task)
+    if time_limit:
+        C.merge(cfg, budget.time_limit_layer(cfg["train"]), "--time-limit")
+    if recipe:
+        C.merge(cfg, recipe, f"task {task.name!r} recipe")
     if config_file:
         C.merge(cfg, C.read_config_file(config_file), str(config_file))
     C.merge(cfg, C.parse_overrides(overrides), "--set")
     if seed is not None:
         C.merge(cfg, {"train": {"seed": seed}}, "--seed")
     return C.build(task, cfg)
+
+
+def check_budget(config: RunConfig, time_limit: float | None) -> None:
+    """Refuse a run that nothing would end: no epoch cap, no step limit and no time limit."""
+    if not config.train.epochs and not config.train.max_steps and not time_limit:
+        raise TaskformerError("config: train.epochs=0 (no epoch cap) needs a --time-limit or train.max_steps")
+
+
+def pick_recipe(task: Task, config: RunConfig, data, time_limit: float, device: torch.device,
+                shard: tuple[int, int] = (0, 1)) -> dict:
+    """The row of ``task.recipes`` that this machine's pace over ``time_limit`` minutes buys (the
+    record kept in config.json and result.json). The pace is ``train.pace`` if set, else measured on
+    a throwaway model of ``config`` (the task's defaults with the user's settings) under a forked
+    random generator, so the run's weights and batches are those it would have had without it.
+    With several processes rank 0 measures and every rank takes its choice."""
+    if not task.recipes:
+        return {"name": "the task's defaults", "overrides": {},
+                "why": f"the task's defaults (task {task.name!r} declares no recipes by budget)"}
+    record = [None]
+    if shard[0] == 0:
+        pace, source = config.train.pace, "train.pace"
+        if not pace:
+            with progress.stage("measuring the training pace for the recipe"):
+                with torch.random.fork_rng(devices=[]):
+                    model = build_model(task, config, data.tokenizer.get_vocab_size(), data.labels,
+                                        training=True).to(device)
+                train_enc = encode(data, "train", config.model.max_len, task.variant)
+                pace, source = budget.measure_pace(model, config.train, train_enc, device) * shard[1], "measured"
+        record[0] = budget.choose(task.recipes, f"plugin {task.plugin!r}, task {task.name!r}", pace, time_limit, source)
+    if shard[1] > 1:
+        torch.distributed.broadcast_object_list(record, src=0)
+    return record[0]
+
+
+def with_recipe(task: Task, config_file: str | None, overrides, seed: int | None, time_limit: float,
+                record: dict) -> RunConfig:
+    """:func:`make_config` with the recipe's overrides under the user's settings; ``record`` learns
+    which of its choices the user's settings overrode."""
+    config = make_config(task, config_file, list(overrides), seed, time_limit, record["overrides"])
+    record["overridden"] = [f"{section}.{key}" for section, values in record["overrides"].items()
+                            for key, value in values.items() if getattr(getattr(config, section), key) != value]
+    if record["overridden"]:
+        record["why"] += f"; overridden by your settings: {', '.join(record['overridden'])}"
+    return config
 
 
 def saved_config(task: Task, saved: dict, source: str) -> RunConfig:
@@ -110,12 +163,13 @@ def _train(request: TrainRequest, on_event, shard: tuple[int, int], lock: ExitSt
         pin_precision(saved, run_dir)
         task = plugins().task(saved["task"])
         config = saved_config(task, saved["config"], str(run_dir / "config.json"))
-        data_dir, time_limit = saved.get("data_dir"), saved.get("time_limit")
+        data_dir, time_limit, recipe = saved.get("data_dir"), saved.get("time_limit"), saved.get("recipe")
         stamp, tokenizer = bound_files(run_dir, saved), read_tokenizer(run_dir)
     else:
         task, data_dir, time_limit = request.task, request.data_dir, request.time_limit
-        config = make_config(task, request.config_file, list(request.overrides), request.seed)
-        stamp, tokenizer = None, None
+        config = make_config(task, request.config_file, list(request.overrides), request.seed, time_limit)
+        check_budget(config, time_limit)
+        stamp, tokenizer, recipe = None, None, None
         footprint = getattr(config.data, "footprint", None)  # data made from options: can it be made here?
         if footprint:
             check_memory(task, config, **footprint())
@@ -129,6 +183,10 @@ def _train(request: TrainRequest, on_event, shard: tuple[int, int], lock: ExitSt
     with progress.stage("loading data and training the tokenizer"):
         data = load_data(task, config, data_dir, tokenizer=tokenizer)
     device = pick_device()
+    if time_limit and not resume:
+        recipe = pick_recipe(task, config, data, time_limit, device, shard)
+        config = with_recipe(task, request.config_file, request.overrides, request.seed, time_limit, recipe)
+        on_event({"event": "recipe", **recipe})
     torch.manual_seed(config.train.seed)
     model = build_model(task, config, data.tokenizer.get_vocab_size(), data.labels, training=True).to(device)
     if not resume and shard[0] == 0:
@@ -138,6 +196,7 @@ def _train(request: TrainRequest, on_event, shard: tuple[int, int], lock: ExitSt
         ckpt.write_json(run_dir / "config.json", {"task": task.name, "labels": data.labels,
                                                    "config": config.to_dict(), "data_dir": data_dir,
                                                    "time_limit": time_limit, "binding": binding,
+                                                   **({"recipe": recipe} if recipe else {}),
                                                    "precision": precision_record(device)})
     with progress.stage("encoding the train and val splits"):
         train_enc, val_enc = (encode(data, s, config.model.max_len, task.variant) for s in ("train", "val"))
@@ -192,6 +251,7 @@ def _train(request: TrainRequest, on_event, shard: tuple[int, int], lock: ExitSt
         "best_step": state["best_step"],
         "kept_weights": ckpt.weights_name(state["best_weights"] or [state["best_step"]]),
         "stopped": state["stopped"] or "completed all epochs",
+        **({"recipe": recipe} if recipe else {}),
     }
     for split, rows in run.outputs.items():
         ckpt.atomic_write(run_dir / f"outputs-{split}.jsonl", "".join(

@@ -1,0 +1,110 @@
+"""A time limit as the budget: how fast this machine trains, and the recipe that budget buys.
+
+A recipe sized for one machine wastes the hour of a faster one: the same small model stops early
+(or over-fits) while the clock still runs. So before a time-limited run trains, it measures its
+pace -- target tokens per second of training updates -- and pace x time limit is its budget in
+target tokens. A task's recipe table (``Task.recipes``) says what a budget of that size should
+change: rows of (minimum budget in target tokens, config overrides, the reason), the largest row
+the budget reaches wins, and below the first row the task's defaults stand.
+
+Nothing here knows a task: the app passes the table, the model and the data.
+"""
+from __future__ import annotations
+
+import itertools
+import tempfile
+import time
+
+import torch
+
+from taskformer.core.data import Encoded, collate
+from taskformer.core.engine import Trainer, TrainConfig
+from taskformer.core.errors import TaskformerError
+
+# Evaluations without improvement after which a time-limited run stops when no train.patience is set.
+# Ten evaluations ride out the noise of val scores and the plateaus a falling rate or an average of
+# the last checkpoints climbs out of, and still stop a model that has begun to over-fit long before a
+# large budget is spent.
+TIME_LIMIT_PATIENCE = 10
+PROBE_SECONDS = 3.0  # timed updates of the pace probe: until this much time has passed ...
+PROBE_UPDATES = (2, 20)  # ... but at least 2 and at most 20 updates, after one untimed one
+RECIPE_SECTIONS = ("model", "train", "decode")
+
+
+def time_limit_layer(train_defaults: dict) -> dict:
+    """The config layer a time limit adds below the user's settings: no epoch cap (the clock is the
+    budget) and, unless the task's defaults set one, ``TIME_LIMIT_PATIENCE``."""
+    return {"train": {"epochs": 0, "patience": train_defaults.get("patience") or TIME_LIMIT_PATIENCE}}
+
+
+def check_table(recipes, owner: str) -> list[tuple[float, dict, str]]:
+    """The rows of a recipe table in order of their minimum, refusing a malformed one."""
+    rows = []
+    for row in recipes:
+        ok = isinstance(row, (tuple, list)) and len(row) == 3
+        minimum, overrides, reason = row if ok else (None, None, None)
+        if not (ok and isinstance(minimum, (int, float)) and not isinstance(minimum, bool) and minimum >= 0
+                and isinstance(overrides, dict) and isinstance(reason, str) and set(overrides) <= set(RECIPE_SECTIONS)):
+            raise TaskformerError(f"{owner}: each recipe is (minimum target tokens >= 0, {{section: {{key: value}}}} "
+                                  f"with sections {', '.join(RECIPE_SECTIONS)}, a one-line reason), got {row!r:.120}")
+        rows.append((float(minimum), overrides, reason))
+    return sorted(rows, key=lambda r: r[0])
+
+
+def choose(recipes, owner: str, pace: float, minutes: float, source: str) -> dict:
+    """The recipe for ``pace`` target tokens/s over ``minutes``, as the record a run keeps.
+
+    ``source`` says where the pace came from (measured, or ``train.pace``). The record holds the
+    pace, the budget, the overrides picked and ``why``, one line a person reads.
+    """
+    rows = check_table(recipes, owner)
+    budget = pace * minutes * 60
+    picked = [r for r in rows if r[0] <= budget]
+    minimum, overrides, reason = picked[-1] if picked else (0.0, {}, "below the smallest recipe's budget")
+    name = describe(overrides)
+    why = (f"{name}: {pace:,.0f} tok/s ({source}) × {minutes:g} min = {tokens(budget)} target tokens"
+           f" (from {tokens(minimum)}: {reason})")
+    return {"name": name, "overrides": overrides, "pace": round(pace), "pace_source": source,
+            "budget_tokens": round(budget), "minimum_tokens": round(minimum), "why": why}
+
+
+def describe(overrides: dict) -> str:
+    """``{"model": {"members": 3}}`` -> ``model.members=3``; no overrides: the task's defaults."""
+    settings = [f"{section}.{key}={value}" for section, values in overrides.items() for key, value in values.items()]
+    return ", ".join(settings) or "the task's defaults"
+
+
+def tokens(n: float) -> str:
+    """A token count as a person reads it: 36 M, 850 k."""
+    return f"{n / 1e6:,.0f} M" if n >= 1e6 else f"{n / 1e3:,.0f} k" if n >= 1e3 else f"{n:,.0f}"
+
+
+def measure_pace(model: torch.nn.Module, cfg: TrainConfig, train: Encoded, device: torch.device) -> float:
+    """Target tokens per second of training ``model`` on the first batches of ``train``.
+
+    ``model`` must be a throwaway copy: the probe makes real updates (the run's own training
+    step: loss, backward, clipping, AdamW, autocast) with their dropout drawn from a forked random
+    generator, so neither the run's weights nor its random state move. One update is not timed
+    (kernel selection, the allocator's first blocks), then updates are timed for ``PROBE_SECONDS``.
+    """
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
+            tempfile.TemporaryDirectory() as scratch:
+        trainer = Trainer(model, cfg, train, lambda: {}, ("loss", False), scratch, device)
+        model.train()
+        updates = trainer.epoch_updates(train.lengths())
+        if not updates:
+            raise TaskformerError("no training batches to measure the pace on")
+        timed, counted, started, spent = 0, 0, 0.0, 0.0
+        for number, group in enumerate(itertools.cycle(updates)):  # a tiny train split is gone over again
+            micro = [tuple(t.to(device) for t in collate(train, b)) for b in group]
+            _, count = trainer._step(micro)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if number == 0:
+                started = time.perf_counter()
+                continue
+            timed, counted = timed + 1, counted + count
+            spent = time.perf_counter() - started
+            if timed >= PROBE_UPDATES[1] or (timed >= PROBE_UPDATES[0] and spent >= PROBE_SECONDS):
+                break
+    return counted / max(spent, 1e-9)

@@ -1,0 +1,169 @@
+"""With --time-limit the clock is the budget: no epoch cap unless one is set, a default patience, and a
+recipe picked from the task's table by pace x time limit (the pace faked with train.pace: no test
+here depends on the machine's speed)."""
+import json
+import random
+import shutil
+
+import pytest
+
+from conftest import DATA
+from taskformer import Task, TaskData, hookimpl, symbols
+from taskformer.core.budget import TIME_LIMIT_PATIENCE
+
+SMALL = {"d_model": 32, "n_heads": 2, "enc_layers": 1, "dec_layers": 1, "d_ff": 64, "dropout": 0.0, "max_len": 16}
+
+
+class Sorting:
+    """A tiny task whose table changes the feed-forward width: 1 M target tokens buy d_ff 96, 10 M d_ff 128."""
+
+    TASK = Task("budget-sort", "Sort five digits (a plugin with a recipe table)", metric="exact_match",
+                defaults={"model": SMALL, "train": {"epochs": 3, "max_tokens": 256, "lr": 3e-3, "warmup": 2,
+                                                    "threads": 1}, "decode": {"workers": 1}},
+                recipes=((1e6, {"model": {"d_ff": 96}}, "a wider FFN"),
+                         (10e6, {"model": {"d_ff": 128}, "train": {"lr": 2e-3}}, "wider still")))
+
+    @hookimpl
+    def taskformer_tasks(self):
+        return [self.TASK]
+
+    @hookimpl
+    def taskformer_data(self, config):
+        rng = random.Random(config.train.seed)
+
+        def pairs(n):
+            rows = [[rng.choice("0123456789") for _ in range(5)] for _ in range(n)]
+            return [(" ".join(row), " ".join(sorted(row))) for row in rows]
+
+        return TaskData(tokenizer=symbols(list("0123456789")),
+                        splits={"train": pairs(60), "val": pairs(8), "test": pairs(8)})
+
+    @hookimpl
+    def taskformer_metrics(self, hypotheses, references):
+        return {"exact_match": 100.0 * sum(h == r for h, r in zip(hypotheses, references)) / len(references)}
+
+
+@pytest.fixture
+def sorting(register):
+    register(Sorting(), "budget-sort-plugin")
+    return "budget-sort"
+
+
+def saved(out, name):
+    return json.loads((out / name).read_text())
+
+
+def translate_plan(cli, *args):
+    # model.members=1 keeps the plan independent of the ensembles the recipe asks for
+    result = cli("run", "translate-de-en", "--data-dir", str(DATA / "multi30k"), "--dry-run", "--quiet",
+                 "--set", "train.threads=1", "--set", "model.members=1", *args)
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+@pytest.mark.parametrize("pace, picked", [(3000, "the task's defaults: 3,000 tok/s (train.pace) × 60 min = 11 M"),
+                                          (6000, "model.members=2: 6,000 tok/s (train.pace) × 60 min = 22 M"),
+                                          (10100, "model.members=3: 10,100 tok/s (train.pace) × 60 min = 36 M")])
+def test_a_given_pace_picks_the_translation_recipe_its_budget_reaches(cli, pace, picked):
+    out = translate_plan(cli, "--time-limit", "60", "--set", f"train.pace={pace}")
+    [line] = [line for line in out.splitlines() if line.startswith("recipe: ")]
+    assert line.startswith(f"recipe: {picked} target tokens")
+    assert ("overridden by your settings: model.members" in line) == (pace > 3000)
+    assert "no epoch cap" in out and f"stop after {TIME_LIMIT_PATIENCE} evaluations" in out
+
+
+def test_without_a_time_limit_there_is_no_recipe_and_the_epochs_stay(cli):
+    out = translate_plan(cli, "--set", "train.pace=10100")
+    assert "recipe" not in out and "40 epochs of" in out and "stop after" not in out
+
+
+def test_a_time_limited_run_records_its_recipe_and_why(cli, sorting, tmp_path):
+    out = tmp_path / "run"
+    result = cli("run", sorting, "--out", str(out), "--time-limit", "60", "--set", "train.pace=300",
+                 "--set", "train.max_steps=2")
+    assert result.exit_code == 0, result.output
+    why = "model.d_ff=96: 300 tok/s (train.pace) × 60 min = 1 M target tokens (from 1 M: a wider FFN)"
+    assert f"recipe: {why}" in result.stderr  # said before training
+    recipe = saved(out, "result.json")["info"]["recipe"]
+    assert recipe == {"name": "model.d_ff=96", "overrides": {"model": {"d_ff": 96}}, "pace": 300,
+                      "pace_source": "train.pace", "budget_tokens": 1_080_000, "minimum_tokens": 1_000_000,
+                      "why": why, "overridden": []}
+    config = saved(out, "config.json")
+    assert config["recipe"] == recipe and config["config"]["model"]["d_ff"] == 96
+    assert "recipe            model.d_ff=96: 300 tok/s (train.pace)" in (out / "report.txt").read_text()
+
+
+def test_your_settings_override_the_recipe_and_it_says_so(cli, sorting, tmp_path):
+    out = tmp_path / "run"
+    result = cli("run", sorting, "--out", str(out), "--quiet", "--time-limit", "60", "--set", "train.pace=3000",
+                 "--set", "train.max_steps=1", "--set", "model.d_ff=80")
+    assert result.exit_code == 0, result.output
+    config = saved(out, "config.json")
+    assert config["config"]["model"]["d_ff"] == 80 and config["config"]["train"]["lr"] == 2e-3  # the rest applies
+    recipe = saved(out, "result.json")["info"]["recipe"]
+    assert recipe["name"] == "model.d_ff=128, train.lr=0.002" and recipe["overridden"] == ["model.d_ff"]
+    assert recipe["why"].endswith("; overridden by your settings: model.d_ff")
+
+
+def test_without_a_time_limit_nothing_is_measured_and_the_task_recipe_stands(cli, sorting, tmp_path):
+    out = tmp_path / "run"
+    result = cli("run", sorting, "--out", str(out), "--set", "train.max_steps=1")
+    assert result.exit_code == 0, result.output
+    assert "pace" not in result.stderr and "recipe" not in result.stderr
+    config = saved(out, "config.json")
+    assert "recipe" not in config and "recipe" not in saved(out, "result.json")["info"]
+    assert (config["config"]["model"]["d_ff"], config["config"]["train"]["epochs"]) == (64, 3)
+    assert config["config"]["train"]["patience"] == 0
+
+
+def test_the_time_limit_is_the_budget_unless_you_cap_the_epochs(cli, sorting, tmp_path):
+    # lr 1e-30 leaves the weights as they are, so val never improves after the first evaluation
+    still = ["--quiet", "--time-limit", "60", "--set", "train.pace=1", "--set", "train.lr=1e-30"]
+    uncapped, capped = tmp_path / "uncapped", tmp_path / "capped"
+    assert cli("run", sorting, "--out", str(uncapped), *still).exit_code == 0
+    train = saved(uncapped, "config.json")["config"]["train"]
+    assert (train["epochs"], train["patience"]) == (0, TIME_LIMIT_PATIENCE)  # no cap, the default patience
+    info = saved(uncapped, "result.json")["info"]
+    assert info["stopped"] == f"no improvement in {TIME_LIMIT_PATIENCE} evaluations (patience)"
+    assert info["epochs"] == TIME_LIMIT_PATIENCE + 1 > Sorting.TASK.defaults["train"]["epochs"]
+
+    assert cli("run", sorting, "--out", str(capped), *still, "--set", "train.epochs=2").exit_code == 0
+    assert saved(capped, "config.json")["config"]["train"]["epochs"] == 2
+    assert saved(capped, "result.json")["info"]["stopped"] == "completed all epochs"
+
+
+def test_a_linear_schedule_with_no_epoch_cap_decays_over_the_time_left_after_warm_up(cli, tmp_path):
+    out = tmp_path / "run"
+    result = cli("run", "copy", "--out", str(out), "--quiet", "--time-limit", "60", "--set", "data.train_size=40",
+                 "--set", "data.val_size=4", "--set", "data.test_size=4", "--set", "train.warmup=2",
+                 "--set", "train.lr=1e-30", "--set", "train.patience=1", "--set", "train.threads=1")
+    assert result.exit_code == 0, result.output
+    events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    [cooldown] = [e for e in events if e["event"] == "cooldown"]
+    assert cooldown["after"] == 3 and cooldown["updates"] >= 1  # decided at the end of the warm-up
+    assert saved(out, "result.json")["info"]["stopped"] == "no improvement in 1 evaluations (patience)"
+
+
+def test_epochs_0_needs_another_budget(cli, tmp_path):
+    result = cli("run", "copy", "--out", str(tmp_path / "r"), "--quiet", "--set", "train.epochs=0")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == ("Error: config: train.epochs=0 (no epoch cap) needs a --time-limit or "
+                                     "train.max_steps")
+
+
+def test_a_resumed_time_limited_run_keeps_its_recipe_and_budget(cli, sorting, tmp_path):
+    full, crashed = tmp_path / "full", tmp_path / "crashed"
+    options = ["--quiet", "--time-limit", "60", "--set", "train.pace=300", "--set", "train.epochs=3",
+               "--set", "train.keep_last=10"]
+    assert cli("run", sorting, "--out", str(full), *options).exit_code == 0
+    shutil.copytree(full, crashed)
+    for later in sorted((crashed / "checkpoints").glob("step-*"))[1:]:
+        shutil.rmtree(later)
+    (crashed / "result.json").unlink()
+    resumed = cli("run", "--resume", str(crashed), "--quiet", "--set", "train.pace=1")
+    assert resumed.exit_code == 2  # a resume takes nothing new, not even a pace
+    assert cli("run", "--resume", str(crashed), "--quiet").exit_code == 0
+    assert saved(crashed, "config.json") == saved(full, "config.json")
+    before, after = (saved(d, "result.json")["info"] for d in (full, crashed))
+    assert after["recipe"] == before["recipe"] and after["steps"] == before["steps"]
+    assert saved(crashed, "result.json")["metrics"] == saved(full, "result.json")["metrics"]
