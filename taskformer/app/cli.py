@@ -127,7 +127,9 @@ def config_cmd(task, config_file, overrides, as_json) -> None:
 @click.option("--data-dir", type=click.Path(file_okay=False), help="Folder with the task's data files.")
 @click.option("--out", type=click.Path(), help="Run directory to create (default runs/TASK/<time>).")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True),
-              help="Training budget in minutes (fewer updates on a busier machine; train.max_steps is the same anywhere).")
+              help="Training budget in minutes: trains until the time is up (train.epochs caps it only if set; "
+                   "train.patience, 10 unless set, ends it early) with the recipe this machine's pace buys "
+                   "(fewer updates on a busier machine; train.max_steps is the same anywhere).")
 @click.option("--seed", type=int, help="Random seed (overrides train.seed).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML or JSON config file.")
 @click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
