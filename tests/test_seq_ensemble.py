@@ -196,3 +196,20 @@ def test_export_refuses_an_ensemble(ensemble_run, cli, tmp_path):
     assert result.stderr.startswith("Error:") and len(result.stderr.splitlines()) == 1
     assert "ensemble of 2 networks" in result.stderr and "model.members=1" in result.stderr
     assert not (tmp_path / "ct2").exists()
+
+
+def test_serve_decodes_an_ensemble_as_predict_does(ensemble_run, cli):
+    pytest.importorskip("fastapi", reason="taskformer serve needs the serve extra")
+    from test_serve import COPY_INPUTS, Server, predicted
+
+    server = Server(f"copy={ensemble_run}")
+    try:
+        response = server.post("/v1/models/copy/predict", {"inputs": COPY_INPUTS, "return_attention": True})
+        assert response.status_code == 200, response.text
+        results = response.json()["results"]
+        assert [r["output"] for r in results] == predicted(cli, ensemble_run, COPY_INPUTS)
+        texts = [i for i, t in enumerate(COPY_INPUTS) if t]  # a blank input has no attention map
+        pairs = taskformer.load(ensemble_run).predict([COPY_INPUTS[i] for i in texts], return_attention=True)
+        assert [results[i]["attention"] for i in texts] == [attention._asdict() for _, attention in pairs]
+    finally:
+        server.stop()
