@@ -213,3 +213,9 @@ def test_serve_decodes_an_ensemble_as_predict_does(ensemble_run, cli):
         assert [results[i]["attention"] for i in texts] == [attention._asdict() for _, attention in pairs]
     finally:
         server.stop()
+
+
+def test_the_search_memory_check_counts_every_members_cache(ensemble_run, cli):
+    result = cli("predict", str(ensemble_run), "--beam", "10", "--set", "decode.batch_size=1000000000", "1 2 3")
+    assert result.exit_code == 2 and result.stderr.startswith("Error:") and len(result.stderr.splitlines()) == 1
+    assert "key/value cache" in result.stderr and "2 members (model.members) x beam" in result.stderr
