@@ -87,7 +87,8 @@ def measure_pace(model: torch.nn.Module, cfg: TrainConfig, train: Encoded, devic
     generator, so neither the run's weights nor its random state move. One update is not timed
     (kernel selection, the allocator's first blocks), then updates are timed for ``PROBE_SECONDS``.
     """
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
+    gpus = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=gpus), \
             tempfile.TemporaryDirectory() as scratch:
         trainer = Trainer(model, cfg, train, lambda: {}, ("loss", False), scratch, device)
         model.train()

@@ -167,3 +167,20 @@ def test_a_resumed_time_limited_run_keeps_its_recipe_and_budget(cli, sorting, tm
     before, after = (saved(d, "result.json")["info"] for d in (full, crashed))
     assert after["recipe"] == before["recipe"] and after["steps"] == before["steps"]
     assert saved(crashed, "result.json")["metrics"] == saved(full, "result.json")["metrics"]
+
+
+def test_measuring_the_pace_leaves_the_run_as_it_would_be(cli, sorting, tmp_path):
+    measured, given = tmp_path / "measured", tmp_path / "given"
+    options = ["--quiet", "--time-limit", "60", "--set", "train.max_steps=4", "--set", "train.eval_every=2",
+               "--set", "model.dropout=0.1"]  # dropout: a random state moved by the probe would show
+    assert cli("run", sorting, "--out", str(measured), *options).exit_code == 0
+    recipe = saved(measured, "result.json")["info"]["recipe"]
+    assert recipe["pace_source"] == "measured" and recipe["pace"] > 0
+    # the same recipe from a given pace, with no probe: the same updates and evaluations
+    assert cli("run", sorting, "--out", str(given), *options, "--set", f"train.pace={recipe['pace']}").exit_code == 0
+    assert saved(given, "result.json")["info"]["recipe"]["name"] == recipe["name"]
+
+    def evals(run):
+        return [e for e in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if e["event"] == "eval"]
+    assert evals(measured) == evals(given) and len(evals(given)) == 2
+    assert saved(measured, "result.json")["metrics"] == saved(given, "result.json")["metrics"]
