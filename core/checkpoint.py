@@ -337,6 +337,8 @@ def load_training_state(path: Path, model, optimizer, scheduler) -> dict:
     load_weights(model, path / WEIGHTS)
     optimizer_state.load(path / optimizer_state.FILE, optimizer, scheduler)  # checked before anything is loaded
     state = read_json(path / "state.json")
+    if not isinstance(state, dict):
+        raise TaskformerError(f"{path / 'state.json'}: not a JSON object; the checkpoint is damaged")
     bad = next((k for k in ("step", "epoch", "batch", "tokens", "best_step", "stale") if not _count(state.get(k))), None)
     if bad or not isinstance(state.get("elapsed"), (int, float)):
         raise TaskformerError(f"{path / 'state.json'}: {bad or 'elapsed'} must be a non-negative number, "

@@ -15,11 +15,20 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from taskformer.core.checkpoint import atomic_write
+from taskformer.core.checkpoint import WriteFailed, atomic_write
 from taskformer.core.decoding import cross_attention_map
 from taskformer.core.tokenize import CJK
 
 HEATMAP = "attention.png"
+
+
+def save_file(path: Path, data: str | bytes) -> None:
+    """``atomic_write`` for the report's files: a read-only or full run directory is named as such
+    (:class:`WriteFailed`), never as a failure of the plugin whose section wrote."""
+    try:
+        atomic_write(path, data)
+    except OSError as e:
+        raise WriteFailed(f"cannot write {path.parent} ({e.strerror or e})") from None
 
 
 def save_figure(fig, path: str | Path, **savefig) -> None:
@@ -27,7 +36,7 @@ def save_figure(fig, path: str | Path, **savefig) -> None:
     ``path`` is replaced, not written through."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", **savefig)
-    atomic_write(Path(path), buffer.getvalue())
+    save_file(Path(path), buffer.getvalue())
 
 
 def simple_table(*columns: str, **kw) -> Table:

@@ -24,13 +24,13 @@ from rich.table import Table
 from rich.text import Text
 
 from taskformer.core import checkpoint
-from taskformer.core.checkpoint import atomic_write
+from taskformer.core.checkpoint import WriteFailed
 from taskformer.core.decoding import Label
 from taskformer.core.errors import TaskformerError
 from taskformer.plugins.hookspecs import Output
 from taskformer.plugins.manager import PluginError, plugins
 from taskformer.app import rundir
-from taskformer.plugins.sections import fmt, save_figure, simple_table
+from taskformer.plugins.sections import fmt, save_figure, save_file, simple_table
 
 
 def sections(run) -> list[tuple[str, object]]:
@@ -43,11 +43,26 @@ def sections(run) -> list[tuple[str, object]]:
     return out
 
 
+def plotted(run) -> list[dict]:
+    """The log's train events and evaluations with a loss: what the training plot draws, each checked
+    for the numbers it reads, so that a damaged line is named in metrics.jsonl, not by matplotlib."""
+    events = [e for e in run.history if e.get("event") == "train" or (e.get("event") == "eval" and "loss" in e)]
+    for e in events:
+        for key in ("step", "loss", "lr") if e["event"] == "train" else ("step", "loss"):
+            value = e.get(key)
+            if not (type(value) is int and 0 <= value < 1 << 63 if key == "step" else type(value) in (int, float)):
+                wanted = "a whole-number step" if key == "step" else "a number"
+                raise TaskformerError(f"{run.dir / 'metrics.jsonl'}: {key!r} of a {e['event']} event is "
+                                      f"{value!r:.40}, not {wanted}; the log is damaged")
+    return events
+
+
 def plot_training(run) -> Path | None:
     """Training and validation loss, and the learning rate, over steps -> training.png."""
-    train = [e for e in run.history if e.get("event") == "train"]
-    evals = [e for e in run.history if e.get("event") == "eval" and "loss" in e and "averaged" not in e]
-    averages = [e for e in run.history if e.get("event") == "eval" and "loss" in e and "averaged" in e]
+    events = plotted(run)
+    train = [e for e in events if e["event"] == "train"]
+    evals = [e for e in events if e["event"] == "eval" and "averaged" not in e]
+    averages = [e for e in events if e["event"] == "eval" and "averaged" in e]
     if not train:
         return None
     import matplotlib
@@ -65,10 +80,15 @@ def plot_training(run) -> Path | None:
     ax_loss.legend()
     ax_lr.plot([e["step"] for e in train], [e["lr"] for e in train])
     ax_lr.set(xlabel="step", ylabel="learning rate", title="Learning rate")
-    fig.tight_layout()
     path = run.dir / "training.png"
-    save_figure(fig, path, dpi=90)
-    plt.close(fig)
+    try:  # numbers of the right type can still be beyond what an axis can tick (an lr of 1e308)
+        fig.tight_layout()
+        save_figure(fig, path, dpi=90)
+    except (ValueError, OverflowError) as e:
+        raise TaskformerError(f"{run.dir / 'metrics.jsonl'}: its steps, losses or learning rates cannot be "
+                              f"plotted ({e}); the log is damaged") from None
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -148,8 +168,17 @@ def render(run, console: Console | None = None) -> None:
 
     Text from data is shown with its control characters visible (:func:`shown`) and never read as
     rich markup. The HTML embeds the plots written while the report is made (the training plot and
-    those the report sections write), by name, never a file that was there before or a link.
+    those the report sections write), by name, never a file that was there before or a link. A run
+    directory that cannot be written (read-only, full) is one error that says how to write it later.
     """
+    try:
+        _render(run, console)
+    except WriteFailed as e:
+        raise TaskformerError(f"{e}; once it can be written, make the report again: taskformer report {run.dir}") \
+            from None
+
+
+def _render(run, console: Console | None) -> None:
     before = _pngs(run.dir)
     plot_training(run)
     body = [Text(f"{run.task.name}: {run.task.description}", style="bold"), Text(f"run directory: {visible(run.dir)}")]
@@ -161,9 +190,9 @@ def render(run, console: Console | None = None) -> None:
     (console or Console(markup=False, emoji=False)).print(panel, markup=False)
     record = Console(record=True, width=110, file=_Null(), markup=False, emoji=False)
     record.print(panel)
-    atomic_write(run.dir / "report.txt", record.export_text(clear=False))
+    save_file(run.dir / "report.txt", record.export_text(clear=False))
     page = record.export_html(inline_styles=True)
-    atomic_write(run.dir / "report.html", page.replace("</body>", _figures_html(run.dir, plots) + "\n</body>"))
+    save_file(run.dir / "report.html", page.replace("</body>", _figures_html(run.dir, plots) + "\n</body>"))
 
 
 def listing_console() -> Console:
@@ -190,16 +219,11 @@ def find_runs(root: Path) -> list[dict]:
                              "status": "running" if rundir.is_locked(folder) else "unfinished",
                              "date": started, "wall_seconds": None, "metric": None, "metrics": {}})
                 continue
-            metric, info, metrics = saved["metric"], saved["info"], saved["metrics"]
-            date, wall = info.get("date", ""), info.get("wall_seconds")
-            wrong = next((key for key, ok in [
-                ("task", isinstance(saved["task"], str)), ("metric", isinstance(metric, str)),
-                ("info.date", isinstance(date, str)),
-                ("info.wall_seconds", wall is None or type(wall) in (int, float)),
-                ("metrics", isinstance(metrics, dict) and all(isinstance(v, dict) for v in metrics.values())
-                 and "test" in metrics)] if not ok), None)  # a result without a test score is malformed too
-            if wrong:
+            wrong = rundir.result_problem(saved) or ("metrics" if "test" not in saved["metrics"] else None)
+            if wrong:  # a result without a test score is malformed too
                 raise ValueError(f"{wrong} is not what taskformer writes")
+            metric, info, metrics = saved["metric"], saved.get("info", {}), saved["metrics"]
+            date, wall = info.get("date", ""), info.get("wall_seconds")
             runs.append({"path": str(folder), "task": saved["task"], "status": "finished", "date": date,
                          "wall_seconds": wall, "metric": metric, "metrics": metrics})
         except (TaskformerError, OSError, ValueError, LookupError, TypeError, AttributeError) as e:

@@ -197,6 +197,47 @@ def read_run_config(run_dir: Path) -> dict:
     if not isinstance(cfg, dict) or not isinstance(saved.get("task"), str) or not all(
             isinstance(v, dict) for v in cfg.values()):
         raise TaskformerError(f"{run_dir / 'config.json'}: not a taskformer run config")
+    labels, data_dir, time_limit = saved.get("labels"), saved.get("data_dir"), saved.get("time_limit")
+    wrong = next((key for key, ok in [
+        ("labels", labels is None or isinstance(labels, list) and all(isinstance(x, str) for x in labels)),
+        ("data_dir", data_dir is None or isinstance(data_dir, str)),
+        ("time_limit", time_limit is None or _number(time_limit))] if not ok), None)
+    if wrong:
+        raise TaskformerError(f"{run_dir / 'config.json'}: {wrong!r} is not what taskformer writes; "
+                              "the file is damaged")
+    return saved
+
+
+def _number(value) -> bool:
+    return type(value) in (int, float) and value == value and abs(value) != float("inf")
+
+
+def result_problem(saved) -> str | None:
+    """The first key of a result.json that is not what taskformer writes (None when all are): report
+    sections read these keys, and a damaged file must be named as such, not blamed on the section."""
+    if not isinstance(saved, dict):
+        return "the top level"
+    info, metrics = saved.get("info", {}), saved.get("metrics")
+    shape = info if isinstance(info, dict) else {}
+    checks = [("task", isinstance(saved.get("task"), str)), ("metric", isinstance(saved.get("metric"), str)),
+              ("weights_sha256", isinstance(saved.get("weights_sha256", ""), str)),
+              ("metrics", isinstance(metrics, dict) and all(isinstance(v, dict) for v in metrics.values())),
+              ("info", isinstance(info, dict)),
+              *((f"info.{k}", isinstance(shape.get(k, {}), dict)) for k in ("data", "truncated", "notes", "recipe")),
+              *((f"info.{k}", k not in shape or _number(shape[k]))
+                for k in ("train_seconds", "wall_seconds", "tokens_per_s")),
+              ("info.date", isinstance(shape.get("date", ""), str))]
+    return next((key for key, ok in checks if not ok), None)
+
+
+def read_result(run_dir: Path) -> dict:
+    """A finished run's result.json ({} before the run has finished), checked for the shape taskformer writes."""
+    path = run_dir / "result.json"
+    if not path.exists():
+        return {}
+    saved = ckpt.read_json(path)
+    if wrong := result_problem(saved):
+        raise TaskformerError(f"{path}: {wrong} is not what taskformer writes; the file is damaged")
     return saved
 
 

@@ -23,7 +23,8 @@ from taskformer.app.hooks import score  # noqa: F401 -- tests and bench/couplet_
 from taskformer.app.resources import check_search_memory, pick_device, use_threads
 from taskformer.app.resources import keep_freed_memory  # noqa: F401 -- tests and bench/allocator.py
 from taskformer.app.run import Run, spread  # noqa: F401 -- spread: bench/couplet_tones.py
-from taskformer.app.rundir import bound_files, load_run_weights, read_run_config, read_tokenizer, row_from_json
+from taskformer.app.rundir import (bound_files, load_run_weights, read_result, read_run_config, read_tokenizer,
+                                   row_from_json)
 from taskformer.app.training import make_config, saved_config  # noqa: F401 -- make_config: tests
 
 
@@ -134,21 +135,26 @@ def load(run_dir: str | Path) -> Run:
     ckpt.refuse_pickles(run_dir)
     saved = read_run_config(run_dir)
     cfg = saved["config"]
-    task = plugins().task(saved["task"])
+    try:
+        task = plugins().task(saved["task"])
+    except TaskformerError as e:  # a task no longer installed, or a damaged name
+        raise type(e)(f"{run_dir / 'config.json'}: {e}") from None
     if str(cfg.get("train", {}).get("bf16")).lower() == "true":
         cfg["train"]["bf16"] = "auto"  # a forced bf16 was for training there; decoding here follows this hardware
     if cfg.get("model", {}).get("variant") != task.variant:
-        raise TaskformerError(f"{run_dir}: config is for a {cfg.get('model', {}).get('variant')} model, "
+        raise TaskformerError(f"{run_dir / 'config.json'}: model.variant is {cfg.get('model', {}).get('variant')!r}, "
                               f"but task {task.name!r} is {task.variant}")
-    config = saved_config(task, cfg, str(run_dir / "config.json"))
+    try:
+        config = saved_config(task, cfg, str(run_dir / "config.json"))
+    except TaskformerError as e:  # a damaged value: named in its file, not as a setting the user gave
+        raise TaskformerError(f"{run_dir / 'config.json'}: {str(e).removeprefix('config: ')}") from None
     use_threads(config)
     stamp = bound_files(run_dir, saved)
     tokenizer = read_tokenizer(run_dir)
     model = build_model(task, config, tokenizer.get_vocab_size(), saved.get("labels")).to(pick_device())
     load_run_weights(model, run_dir, stamp)
     model.eval()
-    result = run_dir / "result.json"
-    saved_result = ckpt.read_json(result) if result.exists() else {}
+    saved_result = read_result(run_dir)
     finished_with = saved_result.get("weights_sha256")
     if finished_with and ckpt.sha256(run_dir / ckpt.WEIGHTS) != finished_with:
         raise TaskformerError(f"{run_dir / ckpt.WEIGHTS}: not the weights this run finished with (their SHA-256 "
