@@ -453,3 +453,49 @@ def test_a_read_only_run_directory_is_one_error_with_the_next_step(finished, tmp
     assert result.stderr.strip().splitlines() == [f"Error: cannot write {run} (Permission denied); "
                                                   + hint.format(run=run)]
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def set_in(path, *keys_and_value):
+    """Set one value of a JSON file (``set_in(p, "info", "notes", 5)``)."""
+    *keys, value = keys_and_value
+    saved = json.loads(path.read_text())
+    inner = saved
+    for key in keys[:-1]:
+        inner = inner[key]
+    inner[keys[-1]] = value
+    path.write_text(json.dumps(saved))
+
+
+def append_line(path, row):
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+TRAIN_EVENT = {"event": "train", "step": 1, "epoch": 0, "epochs": 1, "loss": 4.0, "lr": 1e-4}
+DAMAGED_FOR_REPORT = {  # each was "plugin 'taskformer.plugins.builtin.report_sections' failed ..." or internal
+    "metrics not a table": ("result.json", lambda d: set_in(d / "result.json", "metrics", "x"), "metrics is not"),
+    "a split not a table": ("result.json", lambda d: set_in(d / "result.json", "metrics", "val", 5), "metrics is not"),
+    "info not a table": ("result.json", lambda d: set_in(d / "result.json", "info", []), "info is not"),
+    "notes not a table": ("result.json", lambda d: set_in(d / "result.json", "info", "notes", 1), "info.notes is not"),
+    "train time as text": ("result.json", lambda d: set_in(d / "result.json", "info", "train_seconds", "x"),
+                           "info.train_seconds is not"),
+    "a train event without loss": ("metrics.jsonl", lambda d: append_line(
+        d / "metrics.jsonl", {k: v for k, v in TRAIN_EVENT.items() if k != "loss"}), "'loss' of a train event"),
+    "a step beyond plotting": ("metrics.jsonl", lambda d: append_line(d / "metrics.jsonl",
+                                                                      {**TRAIN_EVENT, "step": 1e308}),
+                               "'step' of a train event"),
+    "an lr beyond plotting": ("metrics.jsonl", lambda d: append_line(d / "metrics.jsonl", {**TRAIN_EVENT, "lr": 1e308}),
+                              "cannot be plotted"),
+    "labels not a list": ("config.json", lambda d: set_in(d / "config.json", "labels", 5), "'labels'"),
+    "a size as a list": ("config.json", lambda d: set_in(d / "config.json", "config", "model", "d_model", []),
+                         "model.d_model expects int"),
+}
+
+
+@pytest.mark.parametrize("name, damage, says", DAMAGED_FOR_REPORT.values(), ids=DAMAGED_FOR_REPORT)
+def test_report_names_the_damaged_file_and_key_not_the_plugin(finished, tmp_path, cli, name, damage, says):
+    run = damaged_copy(finished, tmp_path / "run", damage)
+    result = cli("report", str(run))
+    assert result.exit_code == 2, result.output
+    line = one_error_line(result, f"{run / name}: ")
+    assert says in line and "plugin" not in line
