@@ -407,7 +407,8 @@ class Ensemble(nn.Module):
     With little data, the errors of separately initialised networks are partly independent, so their
     average beats each of them (AG_News from 4,750 rows, docs/results.md). Each member learns from
     its own loss, as if alone (they share only the batches): in training the output stacks the
-    members' log-probabilities ``(K, ...)`` and the loss averages over them. Trained on the loss of
+    members' logits ``(K, ...)`` as they are (the loss normalises each row itself, so no fp32
+    log-softmax copy of K vocabularies is made) and the loss averages over them. Trained on the loss of
     their average instead, the members co-adapt and the ensemble gained nothing over one network.
     In evaluation the output is the mean of the members' log-probabilities, a valid set of logits.
 
@@ -425,8 +426,9 @@ class Ensemble(nn.Module):
         self.cfg = members[0].cfg
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor | None = None) -> torch.Tensor:
-        logp = torch.stack([torch.log_softmax(m(src, tgt_in).float(), dim=-1) for m in self.members])
-        return logp if self.training else logp.mean(0)
+        if self.training:
+            return torch.stack([m(src, tgt_in) for m in self.members])
+        return torch.stack([torch.log_softmax(m(src, tgt_in).float(), dim=-1) for m in self.members]).mean(0)
 
     def encode(self, src: torch.Tensor):
         """The members' memories stacked as (B, K, S, D) (sentences first, as the search indexes them) and
