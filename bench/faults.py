@@ -230,6 +230,10 @@ def predict_bad(*edits: Callable[[Path], None]) -> Callable[[Path], None]:
     return lambda d: [edit(d) for edit in edits]
 
 
+# Root ignores a file's mode unless it drops CAP_DAC_OVERRIDE, which setpriv does for the command it starts
+READ_ONLY = ('chmod -R a-w {{bad}}; as=""; [ "$(id -u)" = 0 ] && as="setpriv --bounding-set=-dac_override,'
+             '-dac_read_search"; $as {{tf}} {command} >/dev/null; code=$?; chmod -R u+w {{bad}}; exit $code')
+
 CASES = [
     # Losing data
     Case("two runs, one --out", "error", copy_run(), twice=True, says="{d}/r"),
@@ -373,6 +377,21 @@ CASES = [
     Case("export of a run to its own folder", "error", ["export", "{bad}", "--to", "ctranslate2", "{bad}"]),
     Case("empty stdin to predict", "ok", ["predict", "{run}"], stdin=b"", check=lines_out(0)),
     Case("blank and CRLF lines to predict", "ok", ["predict", "{run}"], stdin=b"\r\n\n1 2\r\n", check=lines_out(3)),
+    # Issue 35's last items: report errors that blamed the built-in plugin, what the fuzz tests found, read-only
+    Case("result.json metrics as text: report", "error", ["report", "{bad}"], says="result.json: metrics",
+         setup=lambda d: edit_json(d / "run" / "result.json", lambda r: r.update(metrics="x"))),
+    Case("result.json notes a number: report", "error", ["report", "{bad}"], says="result.json: info.notes",
+         setup=lambda d: edit_json(d / "run" / "result.json", lambda r: r["info"].update(notes=1))),
+    Case("metrics.jsonl event without loss: report", "error", ["report", "{bad}"], says="metrics.jsonl: 'loss'",
+         setup=lambda d: (d / "run" / "metrics.jsonl").open("a").write('{"event": "train", "step": 1, "lr": 1}\n')),
+    Case("state.json a JSON list: resume", "error", ["run", "--resume", "{bad}", "--quiet"], says="state.json",
+         setup=lambda d: (unfinish(d), [s.write_text("[]") for s in (d / "run" / "checkpoints").glob("*/state.json")])),
+    Case("config.json data_dir a number: eval", "error", ["eval", "{bad}"], says="config.json",
+         setup=lambda d: edit_json(d / "run" / "config.json", lambda c: c.update(data_dir=1))),
+    Case("read-only run directory: report", "error", READ_ONLY.format(command="report {bad}"),
+         says="taskformer report"),
+    Case("read-only run directory: resume", "error", READ_ONLY.format(command="run --resume {bad} --quiet"),
+         setup=unfinish, says="taskformer run --resume"),
 ]
 
 
