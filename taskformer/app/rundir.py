@@ -223,7 +223,8 @@ def result_problem(saved) -> str | None:
               ("weights_sha256", isinstance(saved.get("weights_sha256", ""), str)),
               ("metrics", isinstance(metrics, dict) and all(isinstance(v, dict) for v in metrics.values())),
               ("info", isinstance(info, dict)),
-              *((f"info.{k}", isinstance(shape.get(k, {}), dict)) for k in ("data", "truncated", "notes", "recipe")),
+              *((f"info.{k}", isinstance(shape.get(k, {}), dict)) for k in ("data", "truncated", "notes")),
+              ("info.recipe", shape.get("recipe") is None or isinstance(shape["recipe"], dict)),
               *((f"info.{k}", k not in shape or _number(shape[k]))
                 for k in ("train_seconds", "wall_seconds", "tokens_per_s")),
               ("info.date", isinstance(shape.get("date", ""), str))]
