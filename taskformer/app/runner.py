@@ -144,10 +144,7 @@ def load(run_dir: str | Path) -> Run:
     if cfg.get("model", {}).get("variant") != task.variant:
         raise TaskformerError(f"{run_dir / 'config.json'}: model.variant is {cfg.get('model', {}).get('variant')!r}, "
                               f"but task {task.name!r} is {task.variant}")
-    try:
-        config = saved_config(task, cfg, str(run_dir / "config.json"))
-    except TaskformerError as e:  # a damaged value: named in its file, not as a setting the user gave
-        raise TaskformerError(f"{run_dir / 'config.json'}: {str(e).removeprefix('config: ')}") from None
+    config = saved_config(task, cfg, str(run_dir / "config.json"))
     use_threads(config)
     stamp = bound_files(run_dir, saved)
     tokenizer = read_tokenizer(run_dir)

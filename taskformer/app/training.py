@@ -109,8 +109,12 @@ def with_recipe(task: Task, config_file: str | None, overrides, seed: int | None
 
 
 def saved_config(task: Task, saved: dict, source: str) -> RunConfig:
-    """A run's config.json section; options added since it was written take their defaults."""
-    return C.build(task, C.merge(C.defaults(task), saved, source))
+    """A run's config.json section; options added since it was written take their defaults. A damaged
+    value is named in ``source``, its file, not as a setting the user gave."""
+    try:
+        return C.build(task, C.merge(C.defaults(task), saved, source))
+    except TaskformerError as e:
+        raise TaskformerError(f"{source}: {str(e).removeprefix(f'{source}: ').removeprefix('config: ')}") from None
 
 
 @contextmanager
@@ -212,12 +216,13 @@ def _train(request: TrainRequest, on_event, shard: tuple[int, int], lock: ExitSt
     latest = ckpt.latest_training_state(run_dir / "checkpoints") if resume else None
     if latest and stamp:
         ckpt.check_stamp(latest / ckpt.WEIGHTS, stamp, run_dir / "config.json")
-    if resume and not trainer.resume():
-        raise TaskformerError(f"{run_dir}: no checkpoint to resume from (checkpoints/ is empty); the run stopped "
-                              f"before its first one, so start it again: taskformer run {task.name} --out {run_dir}")
     checkpoint_bytes = 3 * sum(p.numel() * p.element_size() for p in model.parameters())  # weights, Adam's 2 moments
     try:
         with stop_on_signals(trainer, task.name), ckpt.disk_space(run_dir, checkpoint_bytes):
+            if resume and not trainer.resume():  # resuming rewrites metrics.jsonl: a write like the others
+                raise TaskformerError(f"{run_dir}: no checkpoint to resume from (checkpoints/ is empty); the run "
+                                      f"stopped before its first one, so start it again: taskformer run {task.name} "
+                                      f"--out {run_dir}")
             state = trainer.fit(time_limit * 60 if time_limit else None)
     except ckpt.WriteFailed as e:
         then = (f"resume with: taskformer run --resume {run_dir}" if ckpt.latest_training_state(run_dir / "checkpoints")
