@@ -80,7 +80,7 @@ def test_tasks_lists_the_builtin_copy_task(cli):
     (["run", "copy", "--set", "train.lrr=0.1"], "did you mean 'train.lr'"),
     (["run", "copy", "--set", "train.lr=fast"], "train.lr expects float"),
     (["run", "copy", "--set", "model.d_model=30"], "divisible"),
-    (["run", "copy", "--set", "train.epochs=-1"], "train.epochs must be at least 1"),
+    (["run", "copy", "--set", "train.epochs=-1"], "train.epochs must not be negative"),
     (["run", "copy", "--set", "lr"], "SECTION.KEY=VALUE"),
     (["run", "copy", "--set", "optim.lr=1"], "unknown config section"),
     (["run", "copy", "--set", "data.lenght=3"], "did you mean 'data.length'"),  # a task's typed options
