@@ -65,7 +65,7 @@ SHARED = ROOT.parent / "shared"
 sys.path.insert(0, str(SHARED / "bench"))
 import reference_transformer as ref  # noqa: E402
 
-from taskformer.core import decoding, export, precision, quantize  # noqa: E402
+from taskformer.core import decoding, export, inference, precision  # noqa: E402
 from taskformer.core.data import encode_sources, pad, read_parallel, token_batches  # noqa: E402
 from taskformer.core.engine import TrainConfig, Trainer, autocast  # noqa: E402
 from taskformer.core.model import BOS, EOS, PAD, ModelConfig, Transformer  # noqa: E402
@@ -244,7 +244,7 @@ def decoding_speed(val_src, n_baseline: int, n_taskformer: int, rounds: int, pre
     order = sorted(range(n_taskformer), key=lambda i: len(sources[i]))
     batches = [pad([sources[j] for j in order[i : i + size]]) for i in range(0, n_taskformer, size)]
     workers = decoding.decode_workers(cfg.workers, CPU, len(batches))
-    int8_model = quantize.for_decoding(tf_model, "int8")
+    int8_model = inference.for_decoding(tf_model, "int8")
 
     def ours(search, bf16, workers=workers, model=tf_model):
         def one(chunk):

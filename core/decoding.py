@@ -21,7 +21,7 @@ from taskformer.core.errors import TaskformerError
 from taskformer.core.model import BOS, EOS, PAD, Transformer
 from taskformer.core.options import check, option
 from taskformer.core.variants import VARIANTS
-from taskformer.core.quantize import QUANTIZE
+from taskformer.core.inference import QUANTIZE
 
 
 class Constraint(Protocol):

@@ -1,7 +1,7 @@
 """Search: cached and uncached decoding agree, beam 1 is greedy, limits and constraints hold."""
 import torch
 
-from taskformer.core import decoding
+from taskformer.core import decoding, inference
 from taskformer.core.decoding import DecodeConfig
 from taskformer.core.model import BOS, EOS, ModelConfig, Transformer
 
@@ -30,6 +30,40 @@ def test_cached_greedy_gives_the_tokens_of_a_full_rerun():
         fast = decoding.greedy(model, src, torch.full((src.size(0),), 20))
         assert fast == greedy_without_cache(model, src, 20)
         assert any(len(x) > 3 for x in fast)  # the comparison covers real multi-step outputs
+        # the copy that decode_texts decodes with (packed weights on CPU) gives the same tokens
+        assert decoding.greedy(inference.for_decoding(model, "none"), src, torch.full((src.size(0),), 20)) == fast
+
+
+def test_the_decoding_copy_gives_the_models_outputs_and_leaves_it_alone():
+    """On CPU ``for_decoding(model, "none")`` is a copy with pre-packed linear layers: the same
+    parameters, the same logits up to rounding, the same searches; made again when the weights change."""
+    model, src = model_and_src(0, batch=32)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    fast = inference.for_decoding(model, "none")
+    assert fast is not model and inference.for_decoding(model, "none") is fast
+    assert any(isinstance(m, inference.PackedLinear) for m in fast.modules())
+    tgt = torch.randint(4, 30, (src.size(0), 7))
+    with torch.no_grad():
+        assert torch.allclose(fast(src, tgt), model(src, tgt), atol=1e-4)
+        for dtype in (torch.float32, torch.bfloat16):  # bf16 autocast packs bf16 weights, as nn.Linear computes
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+                assert fast(src, tgt).dtype == model(src, tgt).dtype
+                assert torch.allclose(fast(src, tgt).float(), model(src, tgt).float(), atol=0.1)
+    for seed in range(3):
+        model, src = model_and_src(seed)
+        fast = inference.for_decoding(model, "none")
+        limit = torch.full((src.size(0),), 15)
+        assert decoding.greedy(fast, src, limit) == decoding.greedy(model, src, limit)
+        assert decoding.beam_search(fast, src, limit, beam=4) == decoding.beam_search(model, src, limit, beam=4)
+    model, src = model_and_src(0, batch=32)
+    assert model.state_dict().keys() == weights.keys()
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    fast = inference.for_decoding(model, "none")
+    with torch.no_grad():
+        model.head.proj.bias.add_(0.1)  # new weights (a training step): a new copy, with them
+    assert inference.for_decoding(model, "none") is not fast
+    with torch.no_grad():
+        assert torch.allclose(inference.for_decoding(model, "none")(src, tgt), model(src, tgt), atol=1e-4)
 
 
 @torch.no_grad()
@@ -51,14 +85,11 @@ def test_rows_that_finish_leave_the_batch_without_changing_any_output():
 
 
 def test_int8_decoding_follows_the_fp32_model_and_leaves_it_alone():
-    from taskformer.core import quantize
-
     model, src = model_and_src(0, batch=32)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     limit = torch.full((src.size(0),), 12)
-    int8 = quantize.for_decoding(model, "int8")
-    assert int8 is not model and quantize.for_decoding(model, "none") is model
-    assert quantize.for_decoding(model, "int8") is int8  # one copy while the weights stay the same
+    int8 = inference.for_decoding(model, "int8")
+    assert int8 is not model and inference.for_decoding(model, "int8") is int8  # one copy while the weights stay
     # the first token of every row, from the same encoder states: int8 may flip a near tie, rarely
     first = [x[:1] for x in decoding.greedy(int8, src, torch.ones_like(limit))]
     assert sum(a == b for a, b in zip(first, [x[:1] for x in decoding.greedy(model, src, torch.ones_like(limit))])) >= 28
@@ -67,7 +98,7 @@ def test_int8_decoding_follows_the_fp32_model_and_leaves_it_alone():
     assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
     with torch.no_grad():
         model.head.proj.bias.add_(0.1)  # new weights (a training step): a new copy
-    assert quantize.for_decoding(model, "int8") is not int8
+    assert inference.for_decoding(model, "int8") is not int8
 
 
 def test_beam_of_one_equals_greedy():

@@ -13,7 +13,7 @@ import taskformer
 from taskformer.core.decoding import DecodeConfig, search
 from taskformer.core.engine import batch_loss
 from taskformer.core.model import BOS, EOS, PAD, Ensemble, ModelConfig, Transformer
-from taskformer.core.quantize import for_decoding
+from taskformer.core.inference import for_decoding
 
 V = 24
 SMALL = dict(vocab_size=V, d_model=16, n_heads=2, enc_layers=1, dec_layers=2, d_ff=32, dropout=0.0, max_len=16,

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 
 from taskformer.core import decoding
 from taskformer.core import progress
-from taskformer.core import quantize
+from taskformer.core import inference
 from taskformer.core import variants
 from taskformer.core.config import RunConfig
 from taskformer.core.data import TaskData, encode_sources, encode_words, pad
@@ -93,7 +93,7 @@ def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, c
     Returns the predictions in input order and how many inputs were truncated to ``model.max_len``.
     A tagging task's decoder also receives where each word starts (``words``; ``None`` otherwise).
     """
-    model = quantize.for_decoding(model.eval(), config.decode.quantize)  # int8: a CPU copy, fp32 inputs
+    model = inference.for_decoding(model.eval(), config.decode.quantize)  # a CPU copy: packed, or int8 (fp32 inputs)
     kind = model.cfg.kind
     blank = Label("", 0.0) if kind.labelled and not kind.per_word else ""  # one type of answer per task
     outputs: list[Prediction] = [blank] * len(texts)

@@ -1,0 +1,130 @@
+"""The model that decodes: an inference copy of the trained one, made once per set of weights.
+
+Training keeps ``nn.Linear``; decoding reads every weight matrix once per step, so how those
+products run decides its speed. On CPU the copy's linear layers are :class:`PackedLinear`: oneDNN's
+matrix product on weights laid out for it once (pre-packed), where ``nn.Linear`` calls MKL on the
+weights as stored. On an AMD EPYC, MKL ran these products at less than half the rate of oneDNN
+and streamed cold weights at a third of its speed, which is most of a step at one sentence
+(docs/benchmarks.md). Elsewhere (GPUs, a torch without oneDNN) the model decodes as it is.
+
+``decode.quantize=int8`` instead gives a copy with PyTorch's dynamic quantization
+(``torch.ao.quantization.quantize_dynamic``): every ``nn.Linear`` gets int8 weights with a scale
+per output row (as CTranslate2's int8), packed once, and quantizes its input on the fly at each
+call; embeddings, layer norms and attention stay fp32.
+
+Both copies first give cross-attention's query and key/value rows of ``in_proj`` modules of their
+own (``split_cross``), so that they are packed or quantized too. The saved weights and training
+never see a copy. A copy is made once per model and reused while the model's parameters are
+unchanged (their version counters), so repeated ``predict`` calls pay for it once and validation
+during training decodes the current weights.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import threading
+import warnings
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from taskformer.core.model import MultiHeadAttention
+
+QUANTIZE = ("none", "int8")
+_copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (key, copy)
+_lock = threading.Lock()  # decoding workers share one copy
+
+
+class PackedLinear(nn.Module):
+    """``nn.Linear`` for inference on CPU: oneDNN's product on weights packed once for it.
+
+    Under bf16 autocast (``train.bf16``) it computes in bf16 as ``nn.Linear`` would there, from a
+    bf16 packing made the first time it is needed (or through ``nn.Linear``'s product where oneDNN
+    cannot pack bf16: a CPU without bf16 instructions, forced). ``weight`` and ``bias`` stay the
+    original parameters, for code that reads them.
+    """
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.weight, self.bias = linear.weight, linear.bias
+        self.packed = {torch.float32: _pack(linear.weight.detach())}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
+        if dtype not in self.packed:
+            try:
+                self.packed[dtype] = _pack(self.weight.detach().to(dtype))
+            except RuntimeError:  # oneDNN packs bf16 only where the CPU has bf16 instructions (forced bf16)
+                self.packed[dtype] = None
+        if self.packed[dtype] is None:
+            return F.linear(x, self.weight, self.bias)
+        bias = None if self.bias is None else self.bias.to(dtype)
+        return torch.ops.mkldnn._linear_pointwise(x.to(dtype), self.packed[dtype], bias, "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.weight.size(1)}, out_features={self.weight.size(0)}, bias={self.bias is not None}"
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
+
+
+@functools.lru_cache(maxsize=None)
+def _packs_here() -> bool:
+    """Whether this torch can pack a linear layer for oneDNN (a CPU build with it, on a CPU it supports)."""
+    try:
+        lin = nn.Linear(4, 2)
+        with torch.no_grad():
+            return torch.allclose(PackedLinear(lin)(torch.ones(3, 4)), lin(torch.ones(3, 4)), atol=1e-5)
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+
+
+def _split(model: nn.Module) -> nn.Module:
+    for m in model.modules():
+        if isinstance(m, MultiHeadAttention):
+            m.split_cross()
+    return model
+
+
+def packed(model: nn.Module) -> nn.Module:
+    """An inference copy of ``model`` (on CPU, in eval mode) whose linear layers are :class:`PackedLinear`.
+
+    The copy shares the model's parameters; only the packed weights are new memory (one more copy
+    of the linear layers' weights)."""
+    twin = _split(copy.deepcopy(model, memo={id(p): p for p in model.parameters()}).eval())
+
+    def swap(module: nn.Module) -> None:
+        for name, child in module.named_children():
+            if type(child) is nn.Linear:
+                setattr(module, name, PackedLinear(child))
+            else:
+                swap(child)
+    swap(twin)
+    return twin
+
+
+def int8(model: nn.Module) -> nn.Module:
+    """An inference copy of ``model`` with int8 linear layers (on CPU, in eval mode)."""
+    twin = _split(copy.deepcopy(model).cpu().eval())
+    with warnings.catch_warnings():  # torch.ao.quantization announces its move to torchao
+        warnings.filterwarnings("ignore", ".*deprecated")
+        return torch.ao.quantization.quantize_dynamic(
+            twin, {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig})  # a scale per output row
+
+
+def for_decoding(model: nn.Module, quantize: str) -> nn.Module:
+    """The model to decode with: (``"int8"``) its int8 copy, or (``"none"``) on CPU its packed copy and
+    elsewhere ``model`` itself; a copy is made anew when the model's weights changed."""
+    if quantize not in QUANTIZE:
+        raise ValueError(f"decode.quantize must be one of {', '.join(QUANTIZE)}, not {quantize!r}")
+    if quantize == "none" and (next(model.parameters()).device.type != "cpu" or not _packs_here()):
+        return model
+    versions = tuple(p._version for p in model.parameters())
+    with _lock:
+        kept = _copies.get(model)
+        if kept is None or kept[0] != (quantize, versions):
+            kept = _copies[model] = ((quantize, versions), int8(model) if quantize == "int8" else packed(model))
+    return kept[1]
