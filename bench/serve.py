@@ -10,22 +10,29 @@ outputs (`outputs-test.jsonl`). It reports sentences per second and p50/p95/p99 
 bar to come close to, the same sentences decoded in one call of the function behind
 `taskformer predict`. Then a `--soak`-second run at the highest load with batching counts failed
 requests and compares the server's resident memory (RSS) at the end with RSS after the warm-up.
-The clients share the machine with the server: on few cores, they take some of its CPU.
+
+The clients are aiohttp's, all in this process, and share the machine with the server; each row
+says how much of a core they took (`client_cpu`). They are lean on purpose: httpx's client, used
+before, took about 3 ms of CPU per request, a core of a 2-core machine at 300 requests/s, so it
+measured itself rather than the server (docs/benchmarks.md). Both settings run with the same
+client in one run.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
+import aiohttp
 
 
 def sentences_of(run_dir: Path, limit: int) -> list[str]:
@@ -35,6 +42,11 @@ def sentences_of(run_dir: Path, limit: int) -> list[str]:
     if not rows:
         sys.exit(f"{path}: no test sentences to send")
     return rows
+
+
+def cpu_name() -> str:
+    found = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), flags=re.M)
+    return found.group(1).strip() if found else "unknown CPU"
 
 
 def rss_kib(pid: int) -> int:
@@ -59,21 +71,22 @@ class Server:
 
 
 async def load(url: str, name: str, sentences: list[str], clients: int, seconds: float) -> dict:
-    """``clients`` concurrent clients, each sending one sentence per request until ``seconds`` pass."""
+    """``clients`` concurrent clients, each on its own connection, sending one sentence per request
+    until ``seconds`` pass."""
     latencies, failures = [], 0
     deadline = time.perf_counter() + seconds
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    target = f"{url}/v1/models/{name}/predict"
 
-    async def client(k: int, http: httpx.AsyncClient) -> None:
+    async def client(k: int, http: aiohttp.ClientSession) -> None:
         nonlocal failures
         i = k
         while time.perf_counter() < deadline:
             started = time.perf_counter()
             try:
-                body = {"inputs": [sentences[i % len(sentences)]]}
-                response = await http.post(f"/v1/models/{name}/predict", json=body)
-                ok = response.status_code == 200
-            except httpx.HTTPError:
+                async with http.post(target, json={"inputs": [sentences[i % len(sentences)]]}) as response:
+                    await response.read()
+                    ok = response.status == 200
+            except aiohttp.ClientError:
                 ok = False
             if ok:
                 latencies.append(time.perf_counter() - started)
@@ -81,14 +94,15 @@ async def load(url: str, name: str, sentences: list[str], clients: int, seconds:
                 failures += 1
             i += clients
 
-    started = time.perf_counter()
-    async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as http:
+    started, cpu = time.perf_counter(), time.process_time()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients),
+                                     timeout=aiohttp.ClientTimeout(total=300)) as http:
         await asyncio.gather(*(client(k, http) for k in range(clients)))
     elapsed = time.perf_counter() - started
     q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [float("nan")] * 99
     return {"clients": clients, "requests": len(latencies), "failed": failures,
             "sentences_per_s": len(latencies) / elapsed, "p50_ms": 1000 * q[49], "p95_ms": 1000 * q[94],
-            "p99_ms": 1000 * q[98]}
+            "p99_ms": 1000 * q[98], "client_cpu": (time.process_time() - cpu) / elapsed}
 
 
 def predict_bar(run_dir: Path, sentences: list[str]) -> float:
@@ -109,24 +123,30 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60, help="seconds per measurement (default 60)")
     parser.add_argument("--soak", type=float, default=60, help="seconds of the soak run at the highest load")
     parser.add_argument("--sentences", type=int, default=1000, help="distinct test sentences to cycle through")
+    parser.add_argument("--serve-options", default="", help="more options for both servers, e.g. '--threads 2'")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
     clients = [int(c) for c in args.clients.split(",")]
     sentences = sentences_of(args.run_dir, args.sentences)
-    figures = {"cpu": os.cpu_count(), "sentences": len(sentences), "rows": []}
-    print(f"{len(sentences)} sentences from {args.run_dir}; {os.cpu_count()} CPUs", flush=True)
+    stack = {m: importlib.util.find_spec(m) is not None for m in ("uvloop", "httptools")}  # uvicorn takes them if there
+    figures = {"cpu": os.cpu_count(), "cpu_name": cpu_name(), "sentences": len(sentences), "serve_options":
+               args.serve_options, "uvloop": stack["uvloop"], "httptools": stack["httptools"], "rows": []}
+    print(f"{len(sentences)} sentences from {args.run_dir}; {os.cpu_count()} CPUs ({figures['cpu_name']}); server "
+          f"{'uvloop' if stack['uvloop'] else 'asyncio'} + {'httptools' if stack['httptools'] else 'h11'} "
+          f"{args.serve_options}", flush=True)
     figures["predict_sentences_per_s"] = bar = predict_bar(args.run_dir, sentences)
     print(f"taskformer predict (one call, all sentences): {bar:.1f} sentences/s", flush=True)
-    print(f"{'setting':<14} {'clients':>7} {'sent/s':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'failed':>6}")
+    print(f"{'setting':<14} {'clients':>7} {'sent/s':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'failed':>6} "
+          f"{'client cores':>12}")
     for setting, options in (("batching", []), ("max-batch 1", ["--max-batch", "1"])):
-        server = Server(args.run_dir, *options)
+        server = Server(args.run_dir, *options, *shlex.split(args.serve_options))
         try:
             asyncio.run(load(server.url, server.name, sentences, max(clients), min(5.0, args.seconds)))  # warm-up
             for c in clients:
                 row = {"setting": setting, **asyncio.run(load(server.url, server.name, sentences, c, args.seconds))}
                 figures["rows"].append(row)
-                print(f"{setting:<14} {c:>7} {row['sentences_per_s']:>8.1f} {row['p50_ms']:>8.1f} "
-                      f"{row['p95_ms']:>8.1f} {row['p99_ms']:>8.1f} {row['failed']:>6}", flush=True)
+                print(f"{setting:<14} {c:>7} {row['sentences_per_s']:>8.1f} {row['p50_ms']:>8.1f} {row['p95_ms']:>8.1f} "
+                      f"{row['p99_ms']:>8.1f} {row['failed']:>6} {row['client_cpu']:>12.2f}", flush=True)
             if setting == "batching" and args.soak:
                 warm = rss_kib(server.process.pid)
                 soak = asyncio.run(load(server.url, server.name, sentences, max(clients), args.soak))

@@ -49,9 +49,9 @@ class Server:
         self.process = subprocess.Popen([sys.executable, "-c", LAUNCH, "serve", *args, "--port", "0"],
                                         stderr=subprocess.PIPE, text=True, cwd=HERE,
                                         env={**os.environ, "PYTHONPATH": str(HERE)})
-        line = self.process.stderr.readline()  # the first line names the address, or is an Error line
-        found = re.search(r"http://[\d.]+:\d+", line)
-        assert found, line + self.process.stderr.read()
+        self.banner = self.process.stderr.readline()  # the first line names the address, or is an Error line
+        found = re.search(r"http://[\d.]+:\d+", self.banner)
+        assert found, self.banner + self.process.stderr.read()
         self.url = found.group(0)
         self.client = httpx.Client(base_url=self.url, timeout=120)
         threading.Thread(target=self.process.stderr.read, daemon=True).start()  # never block on a full pipe
@@ -198,9 +198,20 @@ def test_bad_requests_get_a_json_error_naming_the_field_and_the_server_stays_up(
 
 def test_bad_options_get_one_error_line(runs, cli):
     for options, named in ((["--host", "0.0.0.0"], "--api-key"), (["--max-wait-ms", "nan"], "--max-wait-ms"),
-                           (["--port", "70000"], "--port")):
+                           (["--port", "70000"], "--port"), (["--threads", "0"], "--threads")):
         refused = cli("serve", str(runs["copy"]), *options)
         assert refused.exit_code == 2 and named in refused.output and "Traceback" not in refused.output
+
+
+def test_decoding_threads_are_said_and_change_no_output(server, runs, cli):
+    assert re.search(r"with [1-9]\d* decoding thread\(s\)", server.banner), server.banner  # the default: the cores'
+    two = Server(str(runs["copy"]), "--threads", "2")
+    try:
+        assert "with 2 decoding thread(s)" in two.banner
+        results = two.post("/v1/models/copy/predict", {"inputs": COPY_INPUTS}).json()["results"]
+        assert [r["output"] for r in results] == predicted(cli, runs["copy"], COPY_INPUTS)
+    finally:
+        two.stop()
 
 
 def test_api_key_is_checked_before_any_work(runs, cli):

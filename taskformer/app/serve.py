@@ -5,11 +5,14 @@ The server itself is :mod:`taskformer.app.server` (FastAPI) run by uvicorn; both
 """
 from __future__ import annotations
 
+import gc
 import ipaddress
 import math
+import os
 import socket
 
 import click
+import torch
 
 from taskformer.core.errors import TaskformerError
 from taskformer.app import runner
@@ -55,6 +58,19 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def decode_threads() -> int:
+    """torch's threads for the decodes: one core fewer than this process may use (at least one, at most
+    torch's own choice or the run's ``train.threads``), the core left being the event loop's.
+
+    Under load the event loop (HTTP, JSON, the batcher) is busy whenever a decode runs. OpenMP's workers
+    keep spinning for a while after each parallel region, and a decode step is a chain of small
+    kernels, so a worker on the event loop's core mostly spins there while the loop waits for it
+    (docs/benchmarks.md has the measurement).
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(torch.get_num_threads(), cores - 1))
+
+
 @click.command("serve")
 @click.argument("run_dirs", nargs=-1, required=True, metavar="[NAME=]RUN_DIR ...")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (not loopback: "
@@ -68,9 +84,11 @@ def bind(host: str, port: int) -> socket.socket:
 @click.option("--max-chars", type=click.IntRange(min=1), default=2000, show_default=True, help="Characters per input.")
 @click.option("--max-queue", type=click.IntRange(min=1), default=1024, show_default=True,
               help="Sentences waiting per model before requests get 503.")
+@click.option("--threads", type=click.IntRange(min=1), help="torch threads for decoding  [default: one core fewer "
+              "than the machine gives this process, at least 1]")
 @click.option("--api-key", envvar=API_KEY_ENV, help=f"Bearer token every API request must carry (or ${API_KEY_ENV}, "
               "which other users cannot read from the process list).")
-def command(run_dirs, host, port, max_batch, max_wait_ms, max_inputs, max_chars, max_queue, api_key) -> None:
+def command(run_dirs, host, port, max_batch, max_wait_ms, max_inputs, max_chars, max_queue, threads, api_key) -> None:
     """Serve trained runs over HTTP: a JSON API, a web page at /, metrics at /metrics.
 
     Each RUN_DIR is served under its task's name, or as NAME=RUN_DIR. SIGTERM or Ctrl-C finishes
@@ -92,8 +110,14 @@ def command(run_dirs, host, port, max_batch, max_wait_ms, max_inputs, max_chars,
     limits = Limits(max_batch=max_batch, max_wait_ms=max_wait_ms, max_inputs=max_inputs, max_chars=max_chars,
                     max_queue=max_queue)
     app = create_app(runs, limits, api_key or None)
+    torch.set_num_threads(threads or decode_threads())  # after loading: a run's train.threads sets it too
     sock = bind(host, port)
+    # What is alive now (the runs, torch, the app) lives as long as the server. Frozen, it is left out of
+    # the collector's full passes, each of which would otherwise hold the event loop for a fraction of a
+    # second under load (the p99 latency).
+    gc.collect()
+    gc.freeze()
     shown = f"[{host}]" if ":" in host else host
-    click.echo(f"serving {', '.join(runs)} on http://{shown}:{sock.getsockname()[1]}/ (Ctrl-C or SIGTERM stops)",
-               err=True)
+    click.echo(f"serving {', '.join(runs)} on http://{shown}:{sock.getsockname()[1]}/ with {torch.get_num_threads()} "
+               "decoding thread(s) (Ctrl-C or SIGTERM stops)", err=True)
     Uvicorn(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
