@@ -14,7 +14,8 @@ Workloads (model shape for all: vocab 8000, d_model 256, 3+3 layers, 8 heads, FF
    128 sentences padded to the batch maximum; taskformer: its token-based length buckets);
 3. decoding sentences/s on Multi30k val sources, EOS ignored so every sentence takes the same 24
    steps (baseline: greedy, one sentence at a time, no cache; taskformer: greedy and beam 5 with a
-   KV cache, in length-sorted batches of 128, one batch per thread at a time as the CLI decodes);
+   KV cache, in length-sorted batches of 128, one batch per thread at a time, through the copy with
+   pre-packed linear layers and glibc keeping freed memory, as the CLI decodes);
 4. peak resident memory of each (measured in a child process per implementation) and model FLOP
    utilisation against this machine's matmul peak, measured in the same run;
 5. when ``ctranslate2`` is importable: the race with CTranslate2. taskformer's decoding model is
@@ -37,6 +38,7 @@ faster one: ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRU
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -70,6 +72,7 @@ from taskformer.core.data import encode_sources, pad, read_parallel, token_batch
 from taskformer.core.engine import TrainConfig, Trainer, autocast  # noqa: E402
 from taskformer.core.model import BOS, EOS, PAD, ModelConfig, Transformer  # noqa: E402
 from taskformer.core.tokenize import subword, symbols  # noqa: E402
+from taskformer.app.resources import keep_freed_memory  # noqa: E402
 
 V, D, LAYERS, FF, HEADS, B, L = 8000, 256, 3, 1024, 8, 128, 24
 CPU = torch.device("cpu")
@@ -226,7 +229,8 @@ def decoding_speed(val_src, n_baseline: int, n_taskformer: int, rounds: int, pre
     alike; below the default, the rows are named ``... (batch N)`` and the baseline is left out.
     """
     base_model = make_reference()[0].eval()
-    tf_model = make_taskformer(False)[0].eval()
+    tf_model = make_taskformer(False)[0].eval()  # exported for CTranslate2 as it is
+    fast = inference.for_decoding(tf_model, "none")  # the copy that taskformer decodes with (packed on CPU)
     sources = [s for s in val_src]
 
     def baseline(_):
@@ -246,7 +250,7 @@ def decoding_speed(val_src, n_baseline: int, n_taskformer: int, rounds: int, pre
     workers = decoding.decode_workers(cfg.workers, CPU, len(batches))
     int8_model = inference.for_decoding(tf_model, "int8")
 
-    def ours(search, bf16, workers=workers, model=tf_model):
+    def ours(search, bf16, workers=workers, model=fast):
         def one(chunk):
             with autocast(bf16, CPU):
                 return decode_fixed(model, chunk, search)
@@ -306,10 +310,16 @@ def no_inference_mode():
     return stack
 
 
+def unpacked():
+    """Decoding with the trained model's own ``nn.Linear`` layers instead of its packed copy."""
+    return contextlib.nullcontext("unpacked")
+
+
 # Each change of the decoding issue, undone alone (with every other change kept); only where it acts:
 # the shared cross-attention memory in beam search, dropping ended rows where sentences have budgets of
 # their own (as in real decoding: a * source length + b), the rest everywhere.
 ABLATIONS = {
+    "linear layers pre-packed for oneDNN": (("greedy", "beam5"), False, unpacked),
     "beam hypotheses share the cross-attention memory": (("beam5",), False, memory_per_hypothesis),
     "ended rows leave the batch": (("greedy", "beam5"), True, lambda: patched(decoding, "_DROP_FINISHED", False)),
     "inference_mode (not no_grad)": (("greedy", "beam5"), False, no_inference_mode),
@@ -325,13 +335,15 @@ def ablation(val_src, n: int, rounds: int, workers: int) -> dict:
     by monkeypatching from here (``ABLATIONS``). Above 1: the change made decoding faster.
     """
     model = make_taskformer(False)[0].eval()
+    fast = inference.for_decoding(model, "none")
     order = sorted(range(n), key=lambda i: len(val_src[i]))
     batches = [pad([val_src[j] for j in order[i : i + 128]]) for i in range(0, n, 128)]
 
     def work(search, budgets, undo):
         def run(_):
-            with undo():
-                for _ in decoding.parallel_map(lambda b: decode_fixed(model, b, search, budgets=decoding.max_lengths(
+            with undo() as undone:
+                m = model if undone == "unpacked" else fast
+                for _ in decoding.parallel_map(lambda b: decode_fixed(m, b, search, budgets=decoding.max_lengths(
                         b, 1.2, 10, 128) if budgets else None), batches, workers):
                     pass
             return n
@@ -341,7 +353,7 @@ def ablation(val_src, n: int, rounds: int, workers: int) -> dict:
     for change, (searches, budgets, undo) in ABLATIONS.items():
         for search in searches:
             workload = f"{search}, {'own budgets' if budgets else f'{L} steps'}"
-            contenders.setdefault((workload, "now"), work(search, budgets, ExitStack))
+            contenders.setdefault((workload, "now"), work(search, budgets, contextlib.nullcontext))
             contenders[(workload, change)] = work(search, budgets, undo)
     secs = alternate(contenders, lambda name, fn: timed(fn, None), rounds)
     out: dict = {}
@@ -430,6 +442,7 @@ def main() -> None:
                          "decoding issue's changes)")
     args = ap.parse_args()
     torch.manual_seed(0)
+    keep_freed_memory()  # as `taskformer run`, `eval` and `predict` do
     quick = args.quick
     started = time.perf_counter()
 
