@@ -194,7 +194,7 @@ def ctranslate2_contenders(model: Transformer, sources: list[list[int]], batch_s
     only gives the export its vocabulary; the trailing EOS is left to CTranslate2 (``add_source_eos``).
     """
     tokenizer = symbols([f"t{i}" for i in range(4, V)])
-    tokens = [[f"t{i}" for i in s[:-1]] for s in sorted(sources, key=len)]  # length-sorted, as ours
+    tokens = [[f"t{i}" for i in s[:-1]] for s in sorted(sources, key=len, reverse=True)]  # longest first, as ours
     contenders = {}
     for quantization, compute_type in (("float32", "float32"), ("int8", "int8")):
         path = export.to_ctranslate2(model, tokenizer, folder / quantization, quantization)
@@ -245,7 +245,7 @@ def decoding_speed(val_src, n_baseline: int, n_taskformer: int, rounds: int, pre
     cfg = decoding.DecodeConfig()
     size = batch_size or cfg.batch_size
     suffix = "" if size == cfg.batch_size else f" (batch {size})"
-    order = sorted(range(n_taskformer), key=lambda i: len(sources[i]))
+    order = sorted(range(n_taskformer), key=lambda i: -len(sources[i]))  # longest first, as the CLI
     batches = [pad([sources[j] for j in order[i : i + size]]) for i in range(0, n_taskformer, size)]
     workers = decoding.decode_workers(cfg.workers, CPU, len(batches))
     int8_model = inference.for_decoding(tf_model, "int8")
@@ -336,7 +336,7 @@ def ablation(val_src, n: int, rounds: int, workers: int) -> dict:
     """
     model = make_taskformer(False)[0].eval()
     fast = inference.for_decoding(model, "none")
-    order = sorted(range(n), key=lambda i: len(val_src[i]))
+    order = sorted(range(n), key=lambda i: -len(val_src[i]))
     batches = [pad([val_src[j] for j in order[i : i + 128]]) for i in range(0, n, 128)]
 
     def work(search, budgets, undo):

@@ -15,7 +15,7 @@ from taskformer.plugins.manager import plugins
 
 TASK = "translate-en-zh"
 TINY = ["model.d_model=32", "model.n_heads=2", "model.enc_layers=1", "model.dec_layers=1", "model.d_ff=64",
-        "model.max_len=48", "train.epochs=8", "train.max_tokens=600", "train.lr=3e-3", "train.warmup=10",
+        "model.max_len=48", "train.epochs=12", "train.max_tokens=600", "train.lr=3e-3", "train.warmup=10",
         "train.bf16=false", "data.vocab_size=200", "decode.batch_size=8"]
 HAN = re.compile(r"[\u4e00-\u9fff]")
 

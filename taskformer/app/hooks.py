@@ -107,8 +107,10 @@ def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, c
     dc, device = config.decode, next(model.parameters()).device
     # A batch holds sources of one length. Padding changes a row's rounding (in bf16, its words), and a
     # sentence must decode to the same output alone, in eval's batches or beside a stranger's on a server.
+    # Longest sources first: workers take batches in turn, and a long batch left for last would leave
+    # the other workers idle while it runs.
     chunks = []
-    for _, same in itertools.groupby(sorted(range(len(todo)), key=lambda j: len(src[j])), lambda j: len(src[j])):
+    for _, same in itertools.groupby(sorted(range(len(todo)), key=lambda j: -len(src[j])), lambda j: len(src[j])):
         same = list(same)
         chunks += [same[start : start + dc.batch_size] for start in range(0, len(same), dc.batch_size)]
 

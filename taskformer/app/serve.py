@@ -110,8 +110,8 @@ def command(run_dirs, host, port, max_batch, max_wait_ms, max_inputs, max_chars,
     limits = Limits(max_batch=max_batch, max_wait_ms=max_wait_ms, max_inputs=max_inputs, max_chars=max_chars,
                     max_queue=max_queue)
     app = create_app(runs, limits, api_key or None)
+    sock = bind(host, port)  # a refused address changes nothing in this process
     torch.set_num_threads(threads or decode_threads())  # after loading: a run's train.threads sets it too
-    sock = bind(host, port)
     # What is alive now (the runs, torch, the app) lives as long as the server. Frozen, it is left out of
     # the collector's full passes, each of which would otherwise hold the event loop for a fraction of a
     # second under load (the p99 latency).
