@@ -173,7 +173,9 @@ def taskformer_head(task: Task, model_config: ModelConfig) -> torch.nn.Module | 
     every position) for tagging. Return ``None`` to keep the core default: a vocabulary projection
     (``Generator``), a pooled ``ClassificationHead``, a per-token ``TaggingHead``. ``model_config``
     is the :class:`taskformer.ModelConfig` with ``vocab_size`` and ``num_classes`` (the number of
-    ``labels``) already filled in.
+    ``labels``) already filled in. On CPU, evaluation and prediction run a copy of the model whose
+    ``nn.Linear`` layers, the head's included, compute on weights pre-packed for oneDNN; each keeps
+    ``weight`` and ``bias``, so a head that reads them directly works unchanged.
 
     Example::
 
