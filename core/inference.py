@@ -92,8 +92,8 @@ def _split(model: nn.Module) -> nn.Module:
 def packed(model: nn.Module) -> nn.Module:
     """An inference copy of ``model`` (on CPU, in eval mode) whose linear layers are :class:`PackedLinear`.
 
-    The copy shares the model's parameters; only the packed weights are new memory (one more copy
-    of the linear layers' weights)."""
+    The copy shares the model's parameters; the packed weights (one more copy of the linear layers'
+    weights) and cross-attention's split rows are new memory."""
     twin = _split(copy.deepcopy(model, memo={id(p): p for p in model.parameters()}).eval())
 
     def swap(module: nn.Module) -> None:
