@@ -41,6 +41,7 @@ def test_the_decoding_copy_gives_the_models_outputs_and_leaves_it_alone():
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     fast = inference.for_decoding(model, "none")
     assert fast is not model and inference.for_decoding(model, "none") is fast
+    original = model, src
     assert any(isinstance(m, inference.PackedLinear) for m in fast.modules())
     tgt = torch.randint(4, 30, (src.size(0), 7))
     with torch.no_grad():
@@ -55,9 +56,10 @@ def test_the_decoding_copy_gives_the_models_outputs_and_leaves_it_alone():
         limit = torch.full((src.size(0),), 15)
         assert decoding.greedy(fast, src, limit) == decoding.greedy(model, src, limit)
         assert decoding.beam_search(fast, src, limit, beam=4) == decoding.beam_search(model, src, limit, beam=4)
-    model, src = model_and_src(0, batch=32)
+    model, src = original  # decoding through its copy left the model's own weights and modules as they were
     assert model.state_dict().keys() == weights.keys()
     assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    assert not any(isinstance(m, inference.PackedLinear) for m in model.modules())
     fast = inference.for_decoding(model, "none")
     with torch.no_grad():
         model.head.proj.bias.add_(0.1)  # new weights (a training step): a new copy, with them
