@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from taskformer.core import checkpoint as ckpt
-from taskformer.core import precision
+from taskformer.core import inference, precision
 from taskformer.core.data import IGNORE, Encoded, collate, token_batches
 from taskformer.core.errors import TaskformerError
 from taskformer.core.model import PAD, Ensemble, Transformer
@@ -417,6 +417,7 @@ class Trainer:
         if self.cfg.clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip)
         self.optimizer.step()
+        inference.forget(self.model)  # the fused step leaves the weights' version counters as they were
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         value = float(summed) / max(float(total), 1.0)

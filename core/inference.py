@@ -15,8 +15,9 @@ call; embeddings, layer norms and attention stay fp32.
 Both copies first give cross-attention's query and key/value rows of ``in_proj`` modules of their
 own (``split_cross``), so that they are packed or quantized too. The saved weights and training
 never see a copy. A copy is made once per model and reused while the model's parameters are
-unchanged (their version counters), so repeated ``predict`` calls pay for it once and validation
-during training decodes the current weights.
+unchanged (their version counters), so repeated ``predict`` calls pay for it once. A fused
+optimizer's step writes the weights without moving those counters, so the training engine also
+drops the copy after every update (:func:`forget`): validation decodes the current weights.
 """
 from __future__ import annotations
 
@@ -113,6 +114,14 @@ def int8(model: nn.Module) -> nn.Module:
         warnings.filterwarnings("ignore", ".*deprecated")
         return torch.ao.quantization.quantize_dynamic(
             twin, {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig})  # a scale per output row
+
+
+def forget(model: nn.Module) -> None:
+    """Drop the copies of ``model`` and its submodules: their weights changed in place where the
+    version counters do not see it (``torch.optim.AdamW(fused=True)`` leaves them as they were)."""
+    with _lock:
+        for module in model.modules():
+            _copies.pop(module, None)
 
 
 def for_decoding(model: nn.Module, quantize: str) -> nn.Module:

@@ -1,6 +1,9 @@
 """Search: cached and uncached decoding agree, beam 1 is greedy, limits and constraints hold."""
 import torch
+import torch.nn.functional as F
+from torch import nn
 
+from taskformer import hookimpl
 from taskformer.core import decoding, inference
 from taskformer.core.decoding import DecodeConfig
 from taskformer.core.model import BOS, EOS, ModelConfig, Transformer
@@ -273,3 +276,35 @@ def test_int8_reaches_predict_eval_and_the_python_api(default_copy_run, cli):
     assert model.predict(inputs) == inputs
     bad = cli("predict", str(out), "--set", "decode.quantize=int4", *inputs)
     assert bad.exit_code == 2 and "decode.quantize" in bad.output and "Traceback" not in bad.output
+
+
+class LinearWatch:
+    """At every validation, checks that each linear layer of the model the decode hook receives computes
+    with the current weights (the contract: they keep ``weight`` and ``bias``); the task's search answers."""
+
+    def __init__(self):
+        self.gaps = []
+
+    @hookimpl(tryfirst=True)
+    def taskformer_decode(self, model):
+        gen, gap = torch.Generator().manual_seed(0), 0.0
+        with torch.no_grad():
+            for layer in model.modules():
+                w = getattr(layer, "weight", None)
+                if isinstance(layer, nn.Embedding) or not isinstance(w, torch.Tensor) or w.dim() != 2:
+                    continue
+                x = torch.randn(3, w.size(1), generator=gen)
+                gap = max(gap, (layer(x) - F.linear(x, w, layer.bias)).abs().max().item())
+        self.gaps.append(gap)
+
+
+def test_validation_during_training_decodes_the_current_weights(cli, register, tmp_path):
+    # The fused optimizer writes the weights in place without moving their version counters: a
+    # decoding copy kept by those counters decoded the first validation's weights ever after.
+    watch = register(LinearWatch(), "linear-watch")
+    result = cli("run", "copy", "--out", str(tmp_path / "run"), "--quiet", "--set", "data.train_size=200",
+                 "--set", "data.val_size=4", "--set", "data.test_size=4", "--set", "train.epochs=4",
+                 "--set", "train.bf16=false")
+    assert result.exit_code == 0, result.output
+    assert len(watch.gaps) >= 5  # a validation after each epoch, then val and test with the kept weights
+    assert max(watch.gaps) < 1e-4, watch.gaps
