@@ -65,8 +65,9 @@ class TrainConfig:
     pace: float = option(0.0, "Target tokens/s this machine trains the task's model at, from which --time-limit picks "
                          "the task's recipe; 0: measure it before training (a few seconds). Pin it on a shared "
                          "machine.", at_least=0.0)
-    threads: int = option(0, "torch's intra-op threads for training and decoding; 0: torch's choice (on a busy "
-                          "2-core machine one can be much faster than two).", at_least=0,
+    threads: int = option(0, "torch's intra-op threads for training and decoding, per process with --nproc; 0: "
+                          "torch's choice, shared out among --nproc processes (on a busy 2-core machine one "
+                          "can be much faster than two).", at_least=0,
                           at_most=1024)  # torch overflows past 2**31 and would start every thread it is given
 
     def validate(self) -> None:
@@ -424,7 +425,7 @@ class Trainer:
         if not math.isfinite(value):
             raise TaskformerError(f"training loss became {value} at step {self.state['step'] + 1}; "
                                   "the best checkpoint so far is kept (try a lower train.lr)")
-        return value, count
+        return value, int(total)  # the whole update's target tokens, as the loss counts them
 
     def _stop_requested(self, time_limit: float | None) -> str:
         """Why to stop now, agreed by every rank (one stopping alone would leave the others waiting)."""

@@ -1,4 +1,8 @@
 """Two CPU processes under DistributedDataParallel update the model exactly as one process would."""
+import json
+import subprocess
+import sys
+
 from safetensors.torch import load_file
 
 from conftest import run_cli
@@ -12,6 +16,10 @@ def last_weights(run_dir):
     return load_file(sorted((run_dir / "checkpoints").glob("step-*"))[-1] / "model.safetensors")
 
 
+def info(run_dir):
+    return json.loads((run_dir / "result.json").read_text())["info"]
+
+
 def test_two_processes_match_one_process_over_the_same_global_batches(tmp_path):
     two, one = tmp_path / "two", tmp_path / "one"
     ddp = run_cli("run", "copy", "--nproc", "2", "--out", str(two), *COMMON, env=CPU)
@@ -22,7 +30,12 @@ def test_two_processes_match_one_process_over_the_same_global_batches(tmp_path):
     a, b = last_weights(two), last_weights(one)
     assert a.keys() == b.keys()
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-4
-    assert (two / "result.json").is_file()
+    # The ranks share out the threads torch takes here. A spawned rank starts a fresh torch, which
+    # would take all of them again, and the ranks would fight over the cores.
+    fresh = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                           capture_output=True, text=True, check=True)
+    assert info(two)["threads"] == max(1, int(fresh.stdout) // 2)
+    assert info(two)["train_tokens"] == info(one)["train_tokens"]  # both ranks' tokens, not rank 0's
     # The comparison has teeth: one process stepping on single batches ends elsewhere.
     other = tmp_path / "other"
     assert run_cli("run", "copy", "--out", str(other), *COMMON, env=CPU).returncode == 0

@@ -43,7 +43,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, job, kwargs: dict) -> None:
+def _worker(rank: int, world: int, port: int, threads: int, job, kwargs: dict) -> None:
+    torch.set_num_threads(threads)  # a spawned rank starts a fresh torch, which would take every core again
     dist.init_process_group(backend(), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=TIMEOUT)
     if torch.cuda.is_available():
@@ -63,9 +64,9 @@ def launch(nproc: int, job, **kwargs) -> None:
     if gpus and nproc > gpus:  # NCCL refuses two ranks on one device
         raise TaskformerError(f"--nproc {nproc} needs {nproc} GPUs, but {gpus} visible; use --nproc {gpus}, or "
                               "CUDA_VISIBLE_DEVICES= to train on the CPU")
-    torch.set_num_threads(max(1, torch.get_num_threads() // nproc))  # inherited by the spawned ranks
+    threads = max(1, torch.get_num_threads() // nproc)  # the cores shared out: ranks with all of them each fight
     try:
-        mp.start_processes(_worker, args=(nproc, _free_port(), job, kwargs), nprocs=nproc, join=True,
+        mp.start_processes(_worker, args=(nproc, _free_port(), threads, job, kwargs), nprocs=nproc, join=True,
                            start_method="spawn")
     except mp.ProcessExitedException as e:
         raise TaskformerError(f"training rank {e.error_index} exited with code {e.exit_code}; "
