@@ -2,9 +2,9 @@
 
     python bench/decode_levers.py [--sentences 60] [--rounds 3] [--json out.json]
 
-bench/speed.py's network (d256 3+3, vocabulary 8,000) decodes Multi30k val sources greedily for
-exactly 24 steps (EOS ignored), at batch 1 (``--sentences`` sentences one at a time) and at batch 128
-(1,000 sentences, longest first), in alternating rounds:
+bench/speed.py's network (``workload``: d256 3+3, vocabulary 8,000) decodes Multi30k val sources
+greedily for exactly 24 steps (EOS ignored), at batch 1 (``--sentences`` sentences one at a time) and
+at batch 128 (1,000 sentences, longest first), in alternating rounds (the median of each):
 
 1. **a compiled step**: ``torch.compile`` (inductor, ``freezing`` so that it packs the weights itself,
    dynamic shapes for the growing cache) of the model's ``decode`` against the copy with pre-packed
@@ -20,13 +20,13 @@ import copy
 import datetime as dt
 import json
 import multiprocessing
-import time
 from pathlib import Path
 
 import torch
 import torch._inductor.config
 
-import speed
+import workload
+from machine import alternate, cpu_name, timed
 from taskformer.app.resources import keep_freed_memory
 from taskformer.core import decoding, inference
 from taskformer.core.data import pad
@@ -47,12 +47,6 @@ def forked_map(fn, items: list, workers: int) -> list:
         return list(pool.imap(_forked, range(len(items))))
 
 
-def timed(fn) -> tuple[float, object]:
-    start = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - start, out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sentences", type=int, default=60, help="sentences decoded one at a time")
@@ -60,8 +54,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     keep_freed_memory()
-    _, _, val = speed.multi30k(2000)
-    model = speed.make_taskformer(False)[0].eval()
+    _, _, val = workload.multi30k(2000)
+    model = workload.make_taskformer(False)[0].eval()
     packed = inference.for_decoding(model, "none")
     order = sorted(range(1000), key=lambda i: -len(val[i]))
     loads = {"batch 1": [pad([val[j]]) for j in order[: args.sentences]],
@@ -69,13 +63,13 @@ def main() -> None:
 
     @torch.inference_mode()
     def one(m, batch):
-        return speed.decode_fixed(m, batch, "greedy")
+        return workload.decode_fixed(m, batch, "greedy")
 
     torch.set_num_threads(1)
     torch._inductor.config.freezing = True
     compiled = copy.copy(model)  # shares the weights; only ``decode`` is replaced
     compiled.decode = torch.compile(model.decode, dynamic=True)
-    compile_s, _ = timed(lambda: [one(compiled, b) for b in loads["batch 1"][:2] + loads["batch 128"][:1]])
+    compile_s = timed(lambda: [one(compiled, b) for b in loads["batch 1"][:2] + loads["batch 128"][:1]])
 
     results = {"compile_s": round(compile_s, 1)}
     for name, batches in loads.items():
@@ -86,23 +80,21 @@ def main() -> None:
             "packed copy, 2 worker threads": lambda: list(decoding.parallel_map(lambda b: one(packed, b), batches, 2)),
             "packed copy, 2 worker processes": lambda: forked_map(lambda b: one(packed, b), batches, 2),
         }
-        speeds, outputs = {k: [] for k in contenders}, {}
-        for _ in range(args.rounds):
-            for key, fn in contenders.items():
-                torch.set_num_threads(1)
-                secs, outputs[key] = timed(fn)
-                speeds[key].append(n / secs)
-        best = {k: max(v) for k, v in speeds.items()}
+        outputs = {}
+
+        def work(key, fn):
+            torch.set_num_threads(1)
+            return timed(lambda: outputs.__setitem__(key, fn()))
+        speed = {k: n / secs for k, secs in alternate(contenders, work, args.rounds).items()}
         results[name] = {
-            "sentences_per_s": {k: round(v, 1) for k, v in best.items()},
-            "compiled / packed": round(best["compiled step, 1 thread"] / best["packed copy, 1 thread"], 2),
-            "processes / threads": round(best["packed copy, 2 worker processes"]
-                                         / best["packed copy, 2 worker threads"], 2),
+            "sentences_per_s": {k: round(v, 1) for k, v in speed.items()},
+            "compiled / packed": round(speed["compiled step, 1 thread"] / speed["packed copy, 1 thread"], 2),
+            "processes / threads": round(speed["packed copy, 2 worker processes"]
+                                         / speed["packed copy, 2 worker threads"], 2),
             "compiled outputs equal": outputs["compiled step, 1 thread"] == outputs["packed copy, 1 thread"],
         }
         print(name, json.dumps(results[name], indent=1), flush=True)
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if "model name" in line), "?")
-    results |= {"cpu": f"{cpu} ({torch.backends.cpu.get_cpu_capability()})", "torch": torch.__version__,
+    results |= {"cpu": f"{cpu_name()} ({torch.backends.cpu.get_cpu_capability()})", "torch": torch.__version__,
                 "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes")}
     print(f"compile: {compile_s:.1f} s; {results['cpu']}, torch {results['torch']}, {results['date']}")
     if args.json:

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from machine import cpu_name
 from taskformer import find_file, read_tsv, translation_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,14 +110,6 @@ def greedy(ref, model, src: torch.Tensor, max_len: int) -> list[list[int]]:
     return rows
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
-    except OSError:
-        return "?"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=30.0, help="training budget in wall-clock minutes")
@@ -194,7 +187,7 @@ def main() -> None:
         "best_dev_loss": round(best, 4), "steps": steps, "epochs_completed": epochs,
         "train_seconds": round(train_seconds, 1), "decode_seconds": round(time.perf_counter() - decode_start, 1),
         "wall_seconds": round(time.perf_counter() - start, 1), "minutes_budget": args.minutes,
-        "cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
         "params_M": round(sum(p.numel() for p in model.parameters()) / 1e6, 2),
         "vocab": {"english_words": len(en_vocab), "chinese_characters": len(zh_vocab)},
         "settings": {"layers": args.layers, "d_model": args.d_model, "batch_size": args.batch_size,

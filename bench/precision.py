@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from machine import cpu_name, forced_isa
 from taskformer.core import precision
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,9 +50,8 @@ def main() -> None:
                 chosen[name] = info.get("precision", "?")
                 print(f"round {r + 1} {name}: {info['tokens_per_s']:,} tok/s ({chosen[name]})", file=sys.stderr)
     native, why = precision.bf16_native("cpu")
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if "model name" in line), "?")
-    forced = " ".join(f"{k}={os.environ[k]}" for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
-                                                        "MKL_ENABLE_INSTRUCTIONS") if k in os.environ)
+    cpu = cpu_name()
+    forced = " ".join(f"{k}={v}" for k, v in forced_isa().items())
     med = {name: statistics.median(v) for name, v in speeds.items()}
     print(f"CPU: {cpu} ({torch.backends.cpu.get_cpu_capability()}{'; ' + forced if forced else ''}), "
           f"{torch.get_num_threads()} threads; bf16 native: {native} ({why})")

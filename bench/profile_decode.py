@@ -1,4 +1,4 @@
-"""Where a decode's time goes: torch's profiler over one of bench/speed.py's decoding workloads.
+"""Where a decode's time goes: torch's profiler over one of bench/workload.py's decoding workloads.
 
     python bench/profile_decode.py                      # greedy and beam 5, batch 128 and batch 1, fp32
     python bench/profile_decode.py --quantize int8 --rows 12
@@ -17,7 +17,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-import speed
+import workload
 from taskformer.app.resources import keep_freed_memory
 from taskformer.core import inference
 from taskformer.core.data import pad
@@ -30,19 +30,19 @@ def main() -> None:
     args = parser.parse_args()
     keep_freed_memory()
     torch.set_num_threads(1)
-    _, _, val = speed.multi30k(2000)
-    model = inference.for_decoding(speed.make_taskformer(False)[0].eval(), args.quantize)
+    _, _, val = workload.multi30k(2000)
+    model = inference.for_decoding(workload.make_taskformer(False)[0].eval(), args.quantize)
     order = sorted(range(128), key=lambda i: len(val[i]))
     workloads = {"batch 128": [pad([val[j] for j in order])], "batch 1": [pad([val[j]]) for j in order[:16]]}
     for search in ("greedy", "beam5"):
         for name, batches in workloads.items():
             def work():
                 for batch in batches:
-                    speed.decode_fixed(model, batch, search)
+                    workload.decode_fixed(model, batch, search)
             work()  # warm-up
             started = time.perf_counter()
             work()
-            per_step = (time.perf_counter() - started) / len(batches) / speed.L
+            per_step = (time.perf_counter() - started) / len(batches) / workload.L
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 work()
             events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import aiohttp
 
+from machine import cpu_name
+
 
 def sentences_of(run_dir: Path, limit: int) -> list[str]:
     path = run_dir / "outputs-test.jsonl"
@@ -42,11 +44,6 @@ def sentences_of(run_dir: Path, limit: int) -> list[str]:
     if not rows:
         sys.exit(f"{path}: no test sentences to send")
     return rows
-
-
-def cpu_name() -> str:
-    found = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), flags=re.M)
-    return found.group(1).strip() if found else "unknown CPU"
 
 
 def rss_kib(pid: int) -> int:

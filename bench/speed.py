@@ -41,10 +41,7 @@ import argparse
 import contextlib
 import datetime as dt
 import json
-import os
-import platform
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,71 +59,15 @@ try:
 except ImportError:  # the race rows need it: pip install taskformer[export]
     ctranslate2 = None
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
-sys.path.insert(0, str(SHARED / "bench"))
-import reference_transformer as ref  # noqa: E402
+from machine import alternate, cpu_name, forced_isa, timed
+from workload import (B, BOS, CPU, L, PAD, ROOT, V, Transformer, decode_fixed, make_reference, make_taskformer,
+                      multi30k, ref)
 
-from taskformer.core import decoding, export, inference, precision  # noqa: E402
-from taskformer.core.data import encode_sources, pad, read_parallel, token_batches  # noqa: E402
-from taskformer.core.engine import TrainConfig, Trainer, autocast  # noqa: E402
-from taskformer.core.model import BOS, EOS, PAD, ModelConfig, Transformer  # noqa: E402
-from taskformer.core.tokenize import subword, symbols  # noqa: E402
-from taskformer.app.resources import keep_freed_memory  # noqa: E402
-
-V, D, LAYERS, FF, HEADS, B, L = 8000, 256, 3, 1024, 8, 128, 24
-CPU = torch.device("cpu")
-
-
-# -- the two implementations, one training step each ---------------------------------------------
-def make_reference():
-    torch.manual_seed(0)
-    model = ref.make_model(V, V, LAYERS, D, FF, HEADS)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-
-    def step(src, tgt):  # as in the reference's own benchmark: log-softmax generator + NLL
-        model.train()
-        ti, ty = tgt[:, :-1], tgt[:, 1:]
-        sm = (src != PAD).unsqueeze(-2)
-        tm = (ti != PAD).unsqueeze(-2) & ref.subsequent_mask(ti.size(1))
-        out = model.generator(model(src, ti, sm, tm))
-        loss = F.nll_loss(out.reshape(-1, V), ty.reshape(-1), ignore_index=PAD)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-    return model, step
-
-
-def make_taskformer(bf16: bool, module=None):
-    """taskformer's network and the engine's training step; ``module``: another version of core/model.py."""
-    torch.manual_seed(0)
-    shape = dict(vocab_size=V, d_model=D, n_heads=HEADS, enc_layers=LAYERS, dec_layers=LAYERS, d_ff=FF, dropout=0.1,
-                 tie_embeddings=False, max_len=128)
-    module = module or sys.modules[Transformer.__module__]
-    model = module.Transformer(module.ModelConfig(**shape))
-    model.cfg = ModelConfig(**shape)  # the same values; an older model's config may lack what today's engine reads
-    trainer = Trainer(model, TrainConfig(bf16=bf16, lr=1e-4, warmup=0), train=None, evaluate=dict,
-                      select=("loss", False), run_dir=Path("."), device=CPU)
-
-    def step(src, tgt):  # the engine's own update: label-smoothed loss, clipping, AdamW, schedule
-        model.train()
-        trainer._step([(src, tgt)])
-    return model, step
-
-
-def timed(fn, *args) -> float:
-    t = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - t
-
-
-def alternate(contenders: dict, work, rounds: int) -> dict:
-    """Run ``work(name, contender)`` for each contender in turn, ``rounds`` times; median seconds each."""
-    times = {name: [] for name in contenders}
-    for _ in range(rounds):
-        for name, c in contenders.items():
-            times[name].append(work(name, c))
-    return {name: statistics.median(ts) for name, ts in times.items()}
+from taskformer.app.resources import keep_freed_memory
+from taskformer.core import decoding, export, inference, precision
+from taskformer.core.data import pad, token_batches
+from taskformer.core.engine import autocast
+from taskformer.core.tokenize import symbols
 
 
 # -- workloads --------------------------------------------------------------------------------------
@@ -143,20 +84,6 @@ def synthetic_training(rounds: int, steps: int, precisions: tuple[str, ...]) -> 
         return timed(lambda: [step(src, tgt) for _ in range(steps)]) / steps
     secs = alternate(contenders, work, rounds)
     return {name: B * L / s for name, s in secs.items()}
-
-
-def multi30k(n_train: int):
-    data = SHARED / "datasets" / "multi30k"
-    pairs = read_parallel(data / "train.de.gz", data / "train.en.gz")
-    val = read_parallel(data / "val.de.gz", data / "val.en.gz")
-    tok = subword((t for p in pairs for t in p), vocab_size=V)
-    rng = random.Random(0)
-    rng.shuffle(pairs)
-    pairs = pairs[:n_train]
-    src, _ = encode_sources(tok, [s for s, _ in pairs], 128, classify=False)
-    tgt = [[BOS] + e.ids[:126] + [EOS] for e in tok.encode_batch([t for _, t in pairs])]
-    val_src, _ = encode_sources(tok, [s for s, _ in val], 128, classify=False)
-    return src, tgt, val_src
 
 
 def real_training(src, tgt, rounds: int, steps: int, max_tokens: int, precisions: tuple[str, ...]) -> dict:
@@ -211,14 +138,6 @@ def ctranslate2_contenders(model: Transformer, sources: list[list[int]], batch_s
                 return len(out)
             contenders[f"ctranslate2 {search} {'fp32' if quantization == 'float32' else quantization}{suffix}"] = run
     return contenders
-
-
-def decode_fixed(model, chunk: torch.Tensor, search: str, steps: int = L, budgets: torch.Tensor | None = None):
-    """One batch decoded for exactly ``steps`` tokens a sentence (EOS ignored), or for ``budgets`` (B,)."""
-    limit = torch.full((chunk.size(0),), steps) if budgets is None else budgets
-    if search == "greedy":
-        return decoding.greedy(model, chunk, limit, ignore_eos=True)
-    return decoding.beam_search(model, chunk, limit, beam=5, ignore_eos=True)
 
 
 def decoding_speed(val_src, n_baseline: int, n_taskformer: int, rounds: int, precisions: tuple[str, ...],
@@ -417,9 +336,9 @@ def peak_memory(steps: int, precisions: tuple[str, ...]) -> dict:
     """
     children = {}
     for which in ("baseline", *precisions):
-        code = (f"import sys; sys.path.insert(0, {str(ROOT / 'bench')!r}); import speed, torch;"
-                f"step = speed.make_reference()[1] if {which!r} == 'baseline' else speed.make_taskformer({which!r} == 'bf16')[1];"
-                "src = torch.randint(4, speed.V, (speed.B, speed.L)); tgt = torch.randint(4, speed.V, (speed.B, speed.L + 1));"
+        code = (f"import sys; sys.path.insert(0, {str(ROOT / 'bench')!r}); import workload as w, torch;"
+                f"step = w.make_reference()[1] if {which!r} == 'baseline' else w.make_taskformer({which!r} == 'bf16')[1];"
+                "src = torch.randint(4, w.V, (w.B, w.L)); tgt = torch.randint(4, w.V, (w.B, w.L + 1));"
                 f"[step(src, tgt) for _ in range({steps})];"
                 "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')))")
         children[which] = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -490,12 +409,11 @@ def main() -> None:
     base_greedy = dec["baseline greedy (bs 1, no cache)"]
     result = {
         "date": dt.date.today().isoformat(),
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_name(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "bf16_native": native,
         "bf16_decision": why,
-        "forced_isa": {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
-                                                  "MKL_ENABLE_INSTRUCTIONS") if k in os.environ},
+        "forced_isa": forced_isa(),
         "threads": torch.get_num_threads(),
         "decode_workers": workers,
         "torch": torch.__version__,
@@ -536,10 +454,6 @@ def main() -> None:
                     for theirs in ("fp32", "int8"):
                         if v == v and (ours != "int8" or theirs == "int8"):  # not NaN; int8 races int8
                             vs[f"{search}{size}_{ours}_vs_ct2_{theirs}"] = v / ct2[f"ctranslate2 {search} {theirs}{suffix}"]
-    try:
-        result["cpu"] = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if "model name" in line)
-    except (OSError, StopIteration):
-        pass
     print_table(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
