@@ -26,8 +26,8 @@ Workloads (model shape for all: vocab 8000, d_model 256, 3+3 layers, 8 heads, FF
    beside taskformer's rows, with taskformer/CTranslate2 ratios; taskformer int8
    (``decode.quantize=int8``) races CTranslate2 int8, and both race again one sentence at a time
    (batch 1);
-6. what each decoding change bought (``ABLATIONS``: the current code against the same with one change
-   undone by monkeypatching from here), and the training step with ``core/model.py`` at ``--before``
+6. what each decoding change bought (``decode_ablation.py``: the current code against the same with
+   one change undone by monkeypatching), and the training step with ``core/model.py`` at ``--before``
    against today's.
 
 taskformer runs in fp32 always and in bf16 only where bf16 is native (``core.precision``); the
@@ -38,7 +38,6 @@ faster one: ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRU
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import json
 import random
@@ -47,7 +46,6 @@ import sys
 import tempfile
 import time
 import types
-from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
@@ -59,6 +57,7 @@ try:
 except ImportError:  # the race rows need it: pip install taskformer[export]
     ctranslate2 = None
 
+from decode_ablation import ablation
 from machine import alternate, cpu_name, forced_isa, timed
 from workload import (B, BOS, CPU, L, PAD, ROOT, V, Transformer, decode_fixed, make_reference, make_taskformer,
                       multi30k, ref)
@@ -197,89 +196,6 @@ def decoding_speed(val_src, n_baseline: int, n_taskformer: int, rounds: int, pre
         return (time.perf_counter() - t) / n
     secs = alternate(contenders, work, rounds)
     return {name: 1.0 / s for name, s in secs.items()} | {"workers": workers}
-
-
-@contextmanager
-def patched(obj, name: str, value):
-    """``obj.name = value`` for the duration (the ablation's way to undo one change, outside the core's API)."""
-    kept = getattr(obj, name)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, kept)
-
-
-def memory_per_hypothesis():
-    """Beam search as before: every hypothesis with its own copy of the encoder memory and cross keys/values."""
-    shared = decoding.Memory.of
-
-    def of(cls, model, src, rows_per_sentence=1):
-        m = shared(model, src, rows_per_sentence)
-        rows = torch.arange(src.size(0)).repeat_interleave(rows_per_sentence)
-        return cls(m.states[rows], m.mask, None if m.cross_mask is None else m.cross_mask[rows])
-    return patched(decoding.Memory, "of", classmethod(of))
-
-
-def no_inference_mode():
-    """The searches under ``torch.no_grad`` instead of ``torch.inference_mode``."""
-    stack = ExitStack()
-    for f in ("greedy", "beam_search"):
-        stack.enter_context(patched(decoding, f, torch.no_grad()(getattr(decoding, f).__wrapped__)))
-    return stack
-
-
-def unpacked():
-    """Decoding with the trained model's own ``nn.Linear`` layers instead of its packed copy."""
-    return contextlib.nullcontext("unpacked")
-
-
-# Each change of the decoding issue, undone alone (with every other change kept); only where it acts:
-# the shared cross-attention memory in beam search, dropping ended rows where sentences have budgets of
-# their own (as in real decoding: a * source length + b), the rest everywhere.
-ABLATIONS = {
-    "linear layers pre-packed for oneDNN": (("greedy", "beam5"), False, unpacked),
-    "beam hypotheses share the cross-attention memory": (("beam5",), False, memory_per_hypothesis),
-    "ended rows leave the batch": (("greedy", "beam5"), True, lambda: patched(decoding, "_DROP_FINISHED", False)),
-    "inference_mode (not no_grad)": (("greedy", "beam5"), False, no_inference_mode),
-    "key/value cache sized once": (("greedy", "beam5"), False, lambda: patched(
-        Transformer, "new_cache", lambda self, steps=0, _new=Transformer.new_cache: _new(self))),
-}
-
-
-def ablation(val_src, n: int, rounds: int, workers: int) -> dict:
-    """``{change: {workload: speed with the change / speed without it}}``, fp32, batches of 128, taskformer alone.
-
-    Side by side in the same rounds: the current code, and the current code with one change undone
-    by monkeypatching from here (``ABLATIONS``). Above 1: the change made decoding faster.
-    """
-    model = make_taskformer(False)[0].eval()
-    fast = inference.for_decoding(model, "none")
-    order = sorted(range(n), key=lambda i: -len(val_src[i]))
-    batches = [pad([val_src[j] for j in order[i : i + 128]]) for i in range(0, n, 128)]
-
-    def work(search, budgets, undo):
-        def run(_):
-            with undo() as undone:
-                m = model if undone == "unpacked" else fast
-                for _ in decoding.parallel_map(lambda b: decode_fixed(m, b, search, budgets=decoding.max_lengths(
-                        b, 1.2, 10, 128) if budgets else None), batches, workers):
-                    pass
-            return n
-        return run
-
-    contenders = {}
-    for change, (searches, budgets, undo) in ABLATIONS.items():
-        for search in searches:
-            workload = f"{search}, {'own budgets' if budgets else f'{L} steps'}"
-            contenders.setdefault((workload, "now"), work(search, budgets, contextlib.nullcontext))
-            contenders[(workload, change)] = work(search, budgets, undo)
-    secs = alternate(contenders, lambda name, fn: timed(fn, None), rounds)
-    out: dict = {}
-    for (workload, change), s in secs.items():
-        if change != "now":
-            out.setdefault(change, {})[workload] = s / secs[(workload, "now")]
-    return out
 
 
 def model_module_at(rev: str):
