@@ -10,6 +10,7 @@ import pytest
 from conftest import DATA
 from taskformer import Task, TaskData, hookimpl, symbols
 from taskformer.core.budget import TIME_LIMIT_PATIENCE
+from taskformer.plugins.manager import plugins
 
 SMALL = {"d_model": 32, "n_heads": 2, "enc_layers": 1, "dec_layers": 1, "d_ff": 64, "dropout": 0.0, "max_len": 16}
 
@@ -184,3 +185,13 @@ def test_measuring_the_pace_leaves_the_run_as_it_would_be(cli, sorting, tmp_path
         return [e for e in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if e["event"] == "eval"]
     assert evals(measured) == evals(given) and len(evals(given)) == 2
     assert saved(measured, "result.json")["metrics"] == saved(given, "result.json")["metrics"]
+
+
+def test_a_task_that_sets_its_own_patience_keeps_it_under_a_time_limit(cli):
+    # couplet's checkpoint metric is noisy, so it waits longer than the time limit's default
+    result = cli("run", "couplet", "--data-dir", str(DATA / "couplets"), "--dry-run", "--quiet", "--time-limit", "60",
+                 "--set", "train.threads=1", "--set", "data.val_size=6")
+    assert result.exit_code == 0, result.output
+    patience = plugins().task("couplet").defaults["train"]["patience"]
+    assert patience != TIME_LIMIT_PATIENCE
+    assert f"stop after {patience} evaluations without improvement" in result.stdout
