@@ -83,11 +83,11 @@ TASK = Task(
     higher_is_better=True,
     defaults={
         # Sized for a 2-core CPU, chosen at equal time (docs/results.md, "Model size on both cores").
-        # bf16 where it is native (the engine's auto): there it doubles the updates of an hour at the
-        # same val loss per update; elsewhere fp32 as before. A patience of 40 evaluations (20,000
-        # updates): the greedy char BLEU that selects checkpoints swings by about 0.3 between
-        # evaluations while the val loss still falls, and the time limit's default of 10 stopped
-        # both runs of the comparison a quarter of the hour early (docs/results.md).
+        # bf16 where it is native (the engine's auto): more updates an hour at the same val loss per
+        # update; fp32 elsewhere. A patience of 40 evaluations: the greedy char BLEU that selects
+        # checkpoints is noisy from one evaluation to the next while the val loss still falls, and
+        # the time limit's default of 10 ends runs that are still learning (docs/results.md, "couplet
+        # with the budget of a bf16-native CPU").
         "model": {"d_model": 128, "n_heads": 4, "enc_layers": 2, "dec_layers": 2, "d_ff": 512,
                   "dropout": 0.0, "max_len": 64, "tie_embeddings": True},
         "train": {"epochs": 10, "max_tokens": 1500, "lr": 2e-3, "warmup": 200, "label_smoothing": 0.1,
