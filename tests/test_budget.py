@@ -24,9 +24,17 @@ class Sorting:
                 recipes=((1e6, {"model": {"d_ff": 96}}, "a wider FFN"),
                          (10e6, {"model": {"d_ff": 128}, "train": {"lr": 2e-3}}, "wider still")))
 
+    def __init__(self):
+        self.widths = []  # d_ff of every network built, in order: the probe's first
+
     @hookimpl
     def taskformer_tasks(self):
         return [self.TASK]
+
+    @hookimpl
+    def taskformer_head(self, model_config):
+        self.widths.append(model_config.d_ff)
+        return None  # the core's own output layer
 
     @hookimpl
     def taskformer_data(self, config):
@@ -45,8 +53,12 @@ class Sorting:
 
 
 @pytest.fixture
-def sorting(register):
-    register(Sorting(), "budget-sort-plugin")
+def plugin(register):
+    return register(Sorting(), "budget-sort-plugin")
+
+
+@pytest.fixture
+def sorting(plugin):
     return "budget-sort"
 
 
@@ -104,6 +116,25 @@ def test_your_settings_override_the_recipe_and_it_says_so(cli, sorting, tmp_path
     recipe = saved(out, "result.json")["info"]["recipe"]
     assert recipe["name"] == "model.d_ff=128, train.lr=0.002" and recipe["overridden"] == ["model.d_ff"]
     assert recipe["why"].endswith("; overridden by your settings: model.d_ff")
+
+
+def test_the_pace_is_measured_on_the_task_s_model_whatever_you_set_of_the_table(cli, plugin, sorting, tmp_path):
+    # the table counts tokens of the task's model: your d_ff (a key it sets) must not change the probe
+    out = tmp_path / "run"
+    result = cli("run", sorting, "--out", str(out), "--quiet", "--time-limit", "60", "--set", "train.max_steps=1",
+                 "--set", "model.d_ff=80")
+    assert result.exit_code == 0, result.output
+    recipe = saved(out, "result.json")["info"]["recipe"]
+    assert recipe["pace_source"] == "measured"
+    assert plugin.widths[0] == SMALL["d_ff"] and set(plugin.widths[1:]) == {80}
+    assert recipe["overridden"] == ["model.d_ff"]  # whichever row the pace reached: each sets another width
+
+
+def test_a_setting_of_yours_is_named_even_where_the_row_picked_leaves_it_at_the_default(cli):
+    out = translate_plan(cli, "--time-limit", "60", "--set", "train.pace=3000", "--set", "model.members=4")
+    [line] = [line for line in out.splitlines() if line.startswith("recipe: ")]
+    assert line.startswith("recipe: the task's defaults: 3,000 tok/s")
+    assert line.endswith("; overridden by your settings: model.members")
 
 
 def test_without_a_time_limit_nothing_is_measured_and_the_task_recipe_stands(cli, sorting, tmp_path):

@@ -74,9 +74,11 @@ def pick_recipe(task: Task, config: RunConfig, data, time_limit: float, device: 
                 shard: tuple[int, int] = (0, 1)) -> dict:
     """The row of ``task.recipes`` that this machine's pace over ``time_limit`` minutes buys (the
     record kept in config.json and result.json). The pace is ``train.pace`` if set, else measured on
-    a throwaway model of ``config`` (the task's defaults with the user's settings) under a forked
-    random generator, so the run's weights and batches are those it would have had without it.
-    With several processes rank 0 measures and every rank takes its choice."""
+    a throwaway model of ``config`` under a forked random generator, so the run's weights and batches
+    are those it would have had without it. The table counts the target tokens of the task's own
+    model, so the keys it sets are measured at the task's values, not yours (a ``model.members=4``
+    of yours would measure a quarter of the pace); your other settings stand. With several
+    processes rank 0 measures and every rank takes its choice."""
     if not task.recipes:
         return {"name": "the task's defaults", "overrides": {},
                 "why": f"the task's defaults (task {task.name!r} declares no recipes by budget)"}
@@ -84,12 +86,13 @@ def pick_recipe(task: Task, config: RunConfig, data, time_limit: float, device: 
     if shard[0] == 0:
         pace, source = config.train.pace, "train.pace"
         if not pace:
+            probed = with_table_keys(config, table_keys(task), make_config(task, None, [], None, time_limit))
             with progress.stage("measuring the training pace for the recipe"):
                 with torch.random.fork_rng(devices=[]):
-                    model = build_model(task, config, data.tokenizer.get_vocab_size(), data.labels,
+                    model = build_model(task, probed, data.tokenizer.get_vocab_size(), data.labels,
                                         training=True).to(device)
-                train_enc = encode(data, "train", config.model.max_len, task.variant)
-                pace, source = budget.measure_pace(model, config.train, train_enc, device) * shard[1], "measured"
+                train_enc = encode(data, "train", probed.model.max_len, task.variant)
+                pace, source = budget.measure_pace(model, probed.train, train_enc, device) * shard[1], "measured"
         record[0] = budget.choose(task.recipes, f"plugin {task.plugin!r}, task {task.name!r}", pace, time_limit, source)
     if shard[1] > 1:
         torch.distributed.broadcast_object_list(record, src=0)
@@ -101,10 +104,25 @@ def with_recipe(task: Task, config_file: str | None, overrides, seed: int | None
     """:func:`make_config` with the recipe's overrides under the user's settings; ``record`` learns
     which of its choices the user's settings overrode."""
     config = make_config(task, config_file, list(overrides), seed, time_limit, record["overrides"])
-    record["overridden"] = [f"{section}.{key}" for section, values in record["overrides"].items()
-                            for key, value in values.items() if getattr(getattr(config, section), key) != value]
+    chosen = make_config(task, None, [], None, time_limit, record["overrides"])  # the recipe without your settings
+    record["overridden"] = [f"{section}.{key}" for section, key in table_keys(task)
+                            if getattr(getattr(config, section), key) != getattr(getattr(chosen, section), key)]
     if record["overridden"]:
         record["why"] += f"; overridden by your settings: {', '.join(record['overridden'])}"
+    return config
+
+
+def table_keys(task: Task) -> list[tuple[str, str]]:
+    """Every ``(section, key)`` that some row of the task's recipe table sets, in the table's order."""
+    return list(dict.fromkeys((section, key) for _, overrides, _ in budget.check_table(task.recipes, task.name)
+                              for section, values in overrides.items() for key in values))
+
+
+def with_table_keys(config: RunConfig, keys: list[tuple[str, str]], source: RunConfig) -> RunConfig:
+    """``config`` with the values of ``keys`` taken from ``source``."""
+    for section in dict.fromkeys(section for section, _ in keys):
+        values = {key: getattr(getattr(source, section), key) for s, key in keys if s == section}
+        config = replace(config, **{section: replace(getattr(config, section), **values)})
     return config
 
 
