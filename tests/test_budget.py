@@ -137,6 +137,18 @@ def test_a_setting_of_yours_is_named_even_where_the_row_picked_leaves_it_at_the_
     assert line.endswith("; overridden by your settings: model.members")
 
 
+def test_a_malformed_recipe_table_is_refused_in_one_line_naming_its_plugin(cli, register, tmp_path):
+    bad = Sorting()
+    bad.TASK = Task("budget-bad", "A table with a section no recipe may set", metric="exact_match",
+                    defaults=Sorting.TASK.defaults, recipes=((1e6, {"optim": {"beta": 0.9}}, "not a section"),))
+    register(bad, "budget-bad-plugin")
+    out = tmp_path / "run"
+    result = cli("run", "budget-bad", "--out", str(out), "--quiet", "--time-limit", "60", "--set", "train.max_steps=1")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    [line] = result.stderr.strip().splitlines()
+    assert "plugin 'budget-bad-plugin', task 'budget-bad': each recipe is" in line
+
+
 def test_without_a_time_limit_nothing_is_measured_and_the_task_recipe_stands(cli, sorting, tmp_path):
     out = tmp_path / "run"
     result = cli("run", sorting, "--out", str(out), "--set", "train.max_steps=1")

@@ -93,7 +93,7 @@ def pick_recipe(task: Task, config: RunConfig, data, time_limit: float, device: 
                                         training=True).to(device)
                 train_enc = encode(data, "train", probed.model.max_len, task.variant)
                 pace, source = budget.measure_pace(model, probed.train, train_enc, device) * shard[1], "measured"
-        record[0] = budget.choose(task.recipes, f"plugin {task.plugin!r}, task {task.name!r}", pace, time_limit, source)
+        record[0] = budget.choose(task.recipes, table_owner(task), pace, time_limit, source)
     if shard[1] > 1:
         torch.distributed.broadcast_object_list(record, src=0)
     return record[0]
@@ -114,8 +114,14 @@ def with_recipe(task: Task, config_file: str | None, overrides, seed: int | None
 
 def table_keys(task: Task) -> list[tuple[str, str]]:
     """Every ``(section, key)`` that some row of the task's recipe table sets, in the table's order."""
-    return list(dict.fromkeys((section, key) for _, overrides, _ in budget.check_table(task.recipes, task.name)
+    rows = budget.check_table(task.recipes, table_owner(task))
+    return list(dict.fromkeys((section, key) for _, overrides, _ in rows
                               for section, values in overrides.items() for key in values))
+
+
+def table_owner(task: Task) -> str:
+    """Who a malformed recipe table's error names: the plugin to fix, and its task."""
+    return f"plugin {task.plugin!r}, task {task.name!r}"
 
 
 def with_table_keys(config: RunConfig, keys: list[tuple[str, str]], source: RunConfig) -> RunConfig:
