@@ -26,10 +26,13 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import math
 import os
+import re
 import shutil
 import stat
 import tempfile
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -260,17 +263,60 @@ def average_weights(paths: list[Path]) -> dict[str, torch.Tensor]:
 
 EVALUATED = Path("checkpoints") / "evaluated"  # in a run directory: the weights kept for averaging
 
+# What taskformer writes under checkpoints/, by exact name. Anything else there (``step-1-notes/``, a
+# link, a file) is the user's: never listed, loaded or pruned.
+TRAINING_STATE_NAME = re.compile(r"step-(\d{9})")
+EVALUATED_NAME = re.compile(r"step-(\d{9})\.safetensors")
+CHECKPOINT_MARK = ".taskformer-checkpoint"  # in each checkpoint folder taskformer wrote, from 2026-11-26
+
+
+def _refuse_links(run_dir: Path, folder: Path) -> None:
+    """Refuse ``folder`` if it, or a folder between it and ``run_dir``, is a symbolic link: writing, and
+    later pruning, through it would touch a folder of the user's elsewhere."""
+    for part in [folder, *folder.parents]:
+        if part == run_dir or part in run_dir.parents:
+            return
+        if part.is_symlink():
+            raise TaskformerError(f"{part} is a symbolic link; taskformer reads and writes no run file through "
+                                  "a link (nothing was written: replace the link with a folder)")
+
+
+def _own_folder(run_dir: Path, folder: Path) -> Path:
+    """``folder`` of ``run_dir``, made if missing, as a place taskformer may write into (no link on the way)."""
+    _refuse_links(run_dir, folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _ours(run_dir: Path, folder: Path, name: re.Pattern, kind, mark: str | None = None) -> dict[int, Path]:
+    """Step -> each entry of ``folder`` that taskformer wrote, oldest first: the exact name, the
+    expected kind of file (``lstat``: a link is never ours) and, for a checkpoint folder, its mark.
+    An entry with our exact name that is not ours is named in a warning and left alone."""
+    _refuse_links(run_dir, folder)
+    found = {}
+    for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
+        match = name.fullmatch(entry.name)
+        if not match:
+            continue
+        try:
+            info = os.lstat(entry)
+        except FileNotFoundError:  # pruned by a process finishing beside us
+            continue
+        if kind(info.st_mode) and (mark is None or (entry / mark).is_file() or compat.unmarked_checkpoint(entry)):
+            found[int(match[1])] = entry
+        else:
+            warnings.warn(f"{entry} is not a checkpoint taskformer wrote; it was left alone")
+    return found
+
 
 def evaluated_weights(run_dir: Path) -> dict[int, Path]:
     """Step -> weights file of each evaluation kept under ``checkpoints/evaluated/``, oldest first."""
-    files = sorted((Path(run_dir) / EVALUATED).glob("step-*.safetensors"))
-    return {int(f.name.split(".")[0].removeprefix("step-")): f for f in files}
+    return _ours(Path(run_dir), Path(run_dir) / EVALUATED, EVALUATED_NAME, stat.S_ISREG)
 
 
 def keep_evaluated(model: torch.nn.Module, run_dir: Path, step: int, keep: int) -> None:
     """Save the weights just evaluated at ``step``; prune to the newest ``keep``."""
-    folder = Path(run_dir) / EVALUATED
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = _own_folder(Path(run_dir), Path(run_dir) / EVALUATED)
     save_weights(model, folder / f"step-{step:09d}.safetensors")
     for old in list(evaluated_weights(run_dir).values())[:-keep]:
         old.unlink(missing_ok=True)
@@ -302,29 +348,38 @@ def refuse_pickles(run_dir: Path) -> None:
 
 def save_training_state(ckpt_root: Path, step: int, model, optimizer, scheduler, state: dict, keep: int,
                         stamp: dict[str, str] | None = None) -> Path:
-    """Write ``checkpoints/step-N`` through a temporary directory, then prune to the newest ``keep``."""
-    ckpt_root = Path(ckpt_root)
-    ckpt_root.mkdir(parents=True, exist_ok=True)
+    """Write ``checkpoints/step-N`` through a temporary directory, then prune to the newest ``keep``
+    of the checkpoints taskformer wrote (:func:`training_states`)."""
+    ckpt_root = _own_folder(Path(ckpt_root).parent, Path(ckpt_root))
     final = ckpt_root / f"step-{step:09d}"
+    if os.path.lexists(final) and final not in training_states(ckpt_root).values():
+        raise TaskformerError(f"{final} exists and is not a checkpoint taskformer wrote; move it away to save "
+                              "this checkpoint (nothing was written)")
     tmp = Path(tempfile.mkdtemp(dir=ckpt_root, prefix=".tmp-"))
     try:
         save_model(model, tmp / WEIGHTS, metadata=stamp)
         optimizer_state.save(tmp / optimizer_state.FILE, optimizer, scheduler)
         (tmp / "state.json").write_text(json.dumps(state), encoding="utf-8")
-        if final.exists():
+        (tmp / CHECKPOINT_MARK).write_text(json.dumps({"step": step}), encoding="utf-8")
+        if final.exists():  # ours (checked above): a resumed run saving the same step again
             shutil.rmtree(final)
         os.replace(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    for old in sorted(ckpt_root.glob("step-*"))[:-keep]:
+    for old in list(training_states(ckpt_root).values())[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
+def training_states(ckpt_root: Path) -> dict[int, Path]:
+    """Step -> each resumable checkpoint folder taskformer wrote under ``ckpt_root``, oldest first."""
+    return _ours(Path(ckpt_root).parent, Path(ckpt_root), TRAINING_STATE_NAME, stat.S_ISDIR, CHECKPOINT_MARK)
+
+
 def latest_training_state(ckpt_root: Path) -> Path | None:
-    steps = sorted(Path(ckpt_root).glob("step-*"))
-    return steps[-1] if steps else None
+    states = list(training_states(ckpt_root).values())
+    return states[-1] if states else None
 
 
 def _count(value) -> bool:
@@ -340,7 +395,8 @@ def load_training_state(path: Path, model, optimizer, scheduler) -> dict:
     if not isinstance(state, dict):
         raise TaskformerError(f"{path / 'state.json'}: not a JSON object; the checkpoint is damaged")
     bad = next((k for k in ("step", "epoch", "batch", "tokens", "best_step", "stale") if not _count(state.get(k))), None)
-    if bad or not isinstance(state.get("elapsed"), (int, float)):
+    elapsed = state.get("elapsed")
+    if bad or not isinstance(elapsed, (int, float)) or isinstance(elapsed, bool) or not 0 <= elapsed < math.inf:
         raise TaskformerError(f"{path / 'state.json'}: {bad or 'elapsed'} must be a non-negative number, "
                               f"got {state.get(bad or 'elapsed')!r}; the checkpoint is damaged")
     cooldown = compat.checkpoint_state(state)["cooldown"]

@@ -18,6 +18,9 @@ need to be read.
   [tests/test_compat.py::test_weights_stamped_before_the_architecture_hash_still_load]
 - Before 2026-11-25, ``config.json`` had no ``precision`` record: :func:`unrecorded_precision`, a
   resumed run probes the hardware again. [tests/test_compat.py::test_a_run_without_a_precision_record_resumes]
+- Before 2026-11-26, a checkpoint folder ``checkpoints/step-N`` had no mark of its own:
+  :func:`unmarked_checkpoint` knows one by holding exactly the three files taskformer wrote.
+  [tests/test_compat.py::test_a_checkpoint_from_before_the_mark_resumes_and_is_pruned]
 """
 from __future__ import annotations
 
@@ -54,3 +57,15 @@ def architecture_unchecked(stamp: dict) -> bool:
 def unrecorded_precision(saved: dict) -> bool:
     """A run's config.json without the precision decision it started with: the resume decides anew."""
     return "precision" not in saved
+
+
+CHECKPOINT_FILES = {"model.safetensors", "optimizer.safetensors", "state.json"}  # an unmarked checkpoint's
+
+
+def unmarked_checkpoint(folder: Path) -> bool:
+    """A checkpoint folder written before checkpoints carried a mark: exactly its three regular files."""
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return False
+    return {e.name for e in entries} == CHECKPOINT_FILES and all(e.is_file() and not e.is_symlink() for e in entries)

@@ -197,3 +197,12 @@ def test_a_negative_average_last_is_refused(cli, tmp_path):
     result = cli("run", "copy", "--out", str(tmp_path / "r"), "--set", "train.average_last=-1")
     assert result.exit_code == 2
     assert "train.average_last must not be negative" in result.stderr and not (tmp_path / "r").exists()
+
+
+def test_eval_average_leaves_a_stray_file_with_a_weights_like_name_alone(averaged_run, cli, tmp_path):
+    out = shutil.copytree(averaged_run[0], tmp_path / "run")
+    stray = out / "checkpoints" / "evaluated" / "step-abc.safetensors"
+    stray.write_text("mine")
+    result = cli("eval", str(out), "--split", "val", "--average", "2", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["weights"].startswith("average of last 2") and stray.read_text() == "mine"

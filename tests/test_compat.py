@@ -1,6 +1,7 @@
 """Run directories in the formats core/compat.py lists still load (the other two: test_agnews, test_binding)."""
 import hashlib
 import json
+import shutil
 
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
@@ -48,3 +49,19 @@ def test_a_run_without_a_precision_record_resumes(cli, tmp_path):
     resumed = cli("run", "--resume", str(out))
     assert resumed.exit_code == 0, resumed.output
     assert json.loads((out / "result.json").read_text())["info"]["precision"].startswith(("bf16 (auto", "fp32 (auto"))
+
+
+def test_a_checkpoint_from_before_the_mark_resumes_and_is_pruned(cli, tmp_path):
+    out = tmp_path / "run"
+    options = [*TINY, "--set", "train.epochs=4", "--set", "train.max_steps=4", "--set", "train.save_every=1",
+               "--set", "train.keep_last=2"]
+    assert cli("run", "copy", "--out", str(out), *options).exit_code == 0
+    (out / "result.json").unlink()
+    for mark in (out / "checkpoints").glob("step-*/.taskformer-checkpoint"):
+        mark.unlink()  # as checkpoints were written before they carried a mark
+    shutil.rmtree(out / "checkpoints" / "step-000000004")  # a crash after step 3
+    shutil.copytree(out / "checkpoints" / "step-000000003", out / "checkpoints" / "step-000000002")
+    resumed = cli("run", "--resume", str(out), "--quiet")
+    assert resumed.exit_code == 0, resumed.output
+    assert json.loads((out / "result.json").read_text())["info"]["steps"] == 4
+    assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-000000003", "step-000000004"]
