@@ -5,7 +5,8 @@ A recipe sized for one machine wastes the hour of a faster one: the same small m
 pace -- target tokens per second of training updates -- and pace x time limit is its budget in
 target tokens. A task's recipe table (``Task.recipes``) says what a budget of that size should
 change: rows of (minimum budget in target tokens, config overrides, the reason), the largest row
-the budget reaches wins, and below the first row the task's defaults stand.
+the budget reaches wins, and below the first row the first row trains and the run says the budget
+is short. A table that starts at 0 has a recipe for every budget.
 
 Nothing here knows a task: the app passes the table, the model and the data.
 """
@@ -29,6 +30,12 @@ TIME_LIMIT_PATIENCE = 10
 PROBE_SECONDS = 3.0  # timed updates of the pace probe: until this much time has passed ...
 PROBE_UPDATES = (2, 20)  # ... but at least 2 and at most 20 updates, after one untimed one
 RECIPE_SECTIONS = ("model", "train", "decode")
+# The warm-up of a short budget: at most this share of the updates the budget buys. A warm-up longer
+# than the run never reaches the peak rate (a 1,000-update warm-up in a 400-update run).
+WARMUP_SHARE = 0.1
+# The final evaluation's time, measured on a few examples before training, is kept back with this
+# share more: an estimate from 16 examples varies, and the report and outputs are written after it.
+RESERVE_MARGIN = 0.25
 
 
 def time_limit_layer(train_defaults: dict) -> dict:
@@ -51,21 +58,34 @@ def check_table(recipes, owner: str) -> list[tuple[float, dict, str]]:
     return sorted(rows, key=lambda r: r[0])
 
 
-def choose(recipes, owner: str, pace: float, minutes: float, source: str) -> dict:
-    """The recipe for ``pace`` target tokens/s over ``minutes``, as the record a run keeps.
+def choose(recipes, owner: str, pace: float, seconds: float, source: str, batching) -> dict:
+    """The recipe for ``pace`` target tokens/s over ``seconds`` of training, as the record a run keeps.
 
-    ``source`` says where the pace came from (measured, or ``train.pace``). The record holds the
-    pace, the budget, the overrides picked and ``why``, one line a person reads.
+    ``source`` says where the pace came from (measured, or ``train.pace``); ``batching(overrides)``
+    gives the updates per target token of a row's config and its warm-up, from which the planned
+    updates follow. Below the smallest row the smallest recipe trains, and the record's ``short``
+    says so with the budget that would reach it. The record holds the pace, the budget, the
+    overrides picked (the warm-up cut to ``WARMUP_SHARE`` of the planned updates where it was
+    longer) and ``why``, one line a person reads.
     """
     rows = check_table(recipes, owner)
-    budget = pace * minutes * 60
-    picked = [r for r in rows if r[0] <= budget]
-    minimum, overrides, reason = picked[-1] if picked else (0.0, {}, "below the smallest recipe's budget")
+    budget = pace * seconds
+    picked = [r for r in rows if r[0] <= budget] or rows[:1]
+    minimum, overrides, reason = picked[-1] if picked else (0.0, {}, "the task declares no recipes by budget")
+    per_token, warmup = batching(overrides)
+    planned = max(round(budget * per_token), 1)
+    if warmup > WARMUP_SHARE * planned:  # a warm-up the run would never finish: cut to a share of it
+        overrides = {**overrides, "train": {**overrides.get("train", {}), "warmup": max(round(WARMUP_SHARE * planned), 1)}}
     name = describe(overrides)
-    why = (f"{name}: {pace:,.0f} tok/s ({source}) × {minutes:g} min = {tokens(budget)} target tokens"
-           f" (from {tokens(minimum)}: {reason})")
-    return {"name": name, "overrides": overrides, "pace": round(pace), "pace_source": source,
-            "budget_tokens": round(budget), "minimum_tokens": round(minimum), "why": why}
+    why = (f"{name}: {pace:,.0f} tok/s ({source}) × {seconds / 60:.1f} min of training = {tokens(budget)} target "
+           f"tokens, about {planned:,} updates (from {tokens(minimum)}: {reason})")
+    record = {"name": name, "overrides": overrides, "pace": round(pace), "pace_source": source,
+              "train_seconds": round(seconds, 1), "budget_tokens": round(budget), "minimum_tokens": round(minimum),
+              "planned_updates": planned, "why": why}
+    if budget < minimum:
+        record["short"] = (f"the budget, {tokens(budget)} target tokens, is below the {tokens(minimum)} that the task's "
+                           f"smallest recipe needs; about {minimum / pace / 60:.1f} min of training would reach it")
+    return record
 
 
 def describe(overrides: dict) -> str:

@@ -126,6 +126,15 @@ class Encoded:
             return [max(len(s), len(t)) for s, t in zip(self.src, self.tgt)]
         return [len(s) for s in self.src]
 
+    def targets(self) -> int:
+        """The targets one pass over the split is scored on, as the loss counts them: each sequence's
+        tokens after the first, one per class label, each tag that is not ``IGNORE``."""
+        if not self.tgt or not isinstance(self.tgt[0], list):
+            return len(self.tgt)
+        if self.target_pad == IGNORE:
+            return sum(t != IGNORE for row in self.tgt for t in row)
+        return sum(len(t) - 1 for t in self.tgt)
+
 
 def encode_sources(tokenizer: Tokenizer, texts: list[str], max_len: int, classify: bool) -> tuple[list[list[int]], int]:
     """Source ids with their frame: ``[BOS] + ids`` for classifiers (the "first token" to pool),

@@ -93,6 +93,28 @@ def lr_factor(step: int, warmup: int, schedule: str = "inverse_sqrt", total: int
     return math.sqrt(warmup / step) if warmup else 1.0
 
 
+def epoch_updates(cfg: TrainConfig, lengths: list[int], epoch: int = 0, rank: int = 0,
+                  world: int = 1) -> list[list[list[int]]]:
+    """Rank ``rank``'s updates in epoch ``epoch``: each a list of ``accumulate`` batches of indices.
+
+    The epoch's batches are cut to a multiple of ``world * accumulate`` so that every rank makes
+    the same number of updates; update ``k`` of rank ``r`` then holds global batch
+    ``(k * world + r) * accumulate + j`` -- the same tokens a single process accumulates.
+    """
+    acc = cfg.accumulate
+    batches = token_batches(lengths, cfg.max_tokens, seed=cfg.seed * 100_003 + epoch)
+    per_update = world * acc
+    batches = batches[: len(batches) // per_update * per_update] or batches[:per_update]
+    groups = [batches[i : i + acc] for i in range(0, len(batches), acc)]
+    return groups[rank::world]
+
+
+def planned_updates(cfg: TrainConfig, per_epoch: int) -> int:
+    """The updates ``cfg`` plans with ``per_epoch`` updates an epoch: the fewer of its epochs and
+    ``max_steps``; 0 where neither is set (a time limit is the budget)."""
+    return min((n for n in (cfg.epochs * per_epoch, cfg.max_steps) if n), default=0)
+
+
 def autocast(bf16, device: torch.device):
     """bf16 autocast where the ``train.bf16`` setting (auto, true or false) resolves to bf16 on ``device``."""
     use, _ = precision.choose(bf16, device)
@@ -236,6 +258,7 @@ class Trainer:
                       "stale": 0, "elapsed": 0.0, "tokens": 0, "stopped": "", "evaluated_at": -1, "cooldown": []}
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: self._rate_factor(s + 1))
         self.stop_reason = ""  # set from outside (signal handler) to stop after the current step
+        self.reserve: Callable[[], float] = lambda: 0.0  # seconds of a time limit kept for after training (fit)
         self.validating = False  # inside an evaluation: a signal handler may abandon it (nothing is saved then)
 
     # -- checkpoints -------------------------------------------------------------------------
@@ -326,10 +349,11 @@ class Trainer:
         if not fraction or st["cooldown"]:
             return
         by_steps = bool(self.total_steps) and st["step"] >= (1 - fraction) * self.total_steps
-        by_time = bool(time_limit) and st["elapsed"] >= (1 - fraction) * time_limit
+        budget = time_limit - self.reserve() if time_limit else 0.0  # seconds of training and validation
+        by_time = bool(time_limit) and st["elapsed"] >= (1 - fraction) * budget
         left = [self.total_steps - st["step"]] if self.total_steps else []  # the updates left, by each budget
         if by_time:
-            left.append(round(st["step"] * (time_limit - st["elapsed"]) / max(st["elapsed"], 1e-9)))
+            left.append(round(st["step"] * (budget - st["elapsed"]) / max(st["elapsed"], 1e-9)))
         # The next update's rate is already set: the decay runs over the updates after it.
         length = torch.tensor(float(max(min(left) - 1, 1) if by_steps or by_time else 0))
         if self.world > 1:  # every rank must decay alike: rank 0's clock decides
@@ -437,9 +461,9 @@ class Trainer:
             reason = f"reached train.max_steps={cfg.max_steps}"
         elif st["cooldown"] and st["step"] >= sum(st["cooldown"]):
             reason = f"the cool-down brought the learning rate to zero ({st['cooldown'][1]} updates after step {st['cooldown'][0]})"
-        elif time_limit is not None and st["elapsed"] >= time_limit:
-            reason = (f"time limit of {time_limit / 60:g} min reached after {st['elapsed']:.0f} s of training and "
-                      "validation (checked after every update and evaluation)")
+        elif time_limit is not None and st["elapsed"] >= time_limit - self.reserve():
+            reason = (f"time limit: after {st['elapsed']:.0f} s of training and validation, the rest of the "
+                      f"time kept for the last validation and the final evaluation (about {self.reserve():.0f} s)")
         if self.world > 1:
             flag = torch.tensor(float(bool(reason)), device=self.device)
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
@@ -448,29 +472,26 @@ class Trainer:
         return reason
 
     def epoch_updates(self, lengths: list[int]) -> list[list[list[int]]]:
-        """This rank's updates for the current epoch: each a list of ``accumulate`` batches of indices.
+        """This rank's updates for the current epoch (see :func:`epoch_updates`)."""
+        return epoch_updates(self.cfg, lengths, self.state["epoch"], self.rank, self.world)
 
-        The epoch's batches are cut to a multiple of ``world * accumulate`` so that every rank makes
-        the same number of updates; update ``k`` of rank ``r`` then holds global batch
-        ``(k * world + r) * accumulate + j`` -- the same tokens a single process accumulates.
+    def planned_updates(self) -> int:
+        """The updates this run plans (every epoch has as many); 0: unknown, the clock is the budget."""
+        return planned_updates(self.cfg, len(self.epoch_updates(self.train_data.lengths())))
+
+    def fit(self, time_limit: float | None = None, reserve: Callable[[], float] = lambda: 0.0) -> dict:
+        """Train until the epochs, step limit or time budget (seconds) run out; returns the final state.
+
+        ``reserve()`` is the part of ``time_limit`` kept for what follows training (the final
+        evaluation); it is asked again at every check, so a better estimate counts at once.
         """
-        acc = self.cfg.accumulate
-        batches = token_batches(lengths, self.cfg.max_tokens, seed=self.cfg.seed * 100_003 + self.state["epoch"])
-        per_update = self.world * acc
-        batches = batches[: len(batches) // per_update * per_update] or batches[:per_update]
-        groups = [batches[i : i + acc] for i in range(0, len(batches), acc)]
-        return groups[self.rank :: self.world]
-
-    def fit(self, time_limit: float | None = None) -> dict:
-        """Train until the epochs, step limit or time budget (seconds) run out; returns the final state."""
         cfg, st = self.cfg, self.state
         st["stopped"] = ""  # why an earlier attempt stopped (a signal, saved with its checkpoint) is not why this one does
         started = time.monotonic() - st["elapsed"]
         self.net.train()
         lengths = self.train_data.lengths()
-        # the planned updates (every epoch has as many); 0: unknown, the clock is the budget (train.epochs=0)
-        self.total_steps = min((n for n in (cfg.epochs * len(self.epoch_updates(lengths)), cfg.max_steps) if n),
-                               default=0)
+        self.total_steps = self.planned_updates()
+        self.reserve = reserve
         last_log, tokens_since = time.monotonic(), 0
         try:
             while not cfg.epochs or st["epoch"] < cfg.epochs:
@@ -483,6 +504,9 @@ class Trainer:
                     st["tokens"] += count
                     tokens_since += count
                     st["elapsed"] = time.monotonic() - started
+                    self.on_event({"event": "update", "step": st["step"], "epoch": st["epoch"], "epochs": cfg.epochs,
+                                   "elapsed": st["elapsed"], "tokens": st["tokens"], "planned": self.total_steps,
+                                   "budget": time_limit and time_limit - self.reserve()})
                     if st["step"] % cfg.log_every == 0:
                         now = time.monotonic()
                         self.log(event="train", epoch=st["epoch"], epochs=cfg.epochs, loss=round(loss, 4),

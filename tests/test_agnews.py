@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from taskformer import Label
 from taskformer.app import runner
+from taskformer.app.prepare import make_config
 from taskformer.app.cli import main
 from taskformer.plugins.manager import plugins
 
@@ -29,7 +30,7 @@ def task():
 
 
 def load(data_dir, *overrides, seed=None):
-    cfg = runner.make_config(task(), None, list(overrides), seed)
+    cfg = make_config(task(), None, list(overrides), seed)
     return runner.load_data(task(), cfg, data_dir)
 
 

@@ -3,6 +3,7 @@ recipe picked from the task's table by pace x time limit (the pace faked with tr
 here depends on the machine's speed)."""
 import json
 import random
+import re
 import shutil
 
 import pytest
@@ -74,13 +75,17 @@ def translate_plan(cli, *args):
     return result.stdout
 
 
-@pytest.mark.parametrize("pace, picked", [(3000, "the task's defaults: 3,000 tok/s (train.pace) × 60 min = 11 M"),
-                                          (6000, "model.members=2: 6,000 tok/s (train.pace) × 60 min = 22 M"),
-                                          (10100, "model.members=3: 10,100 tok/s (train.pace) × 60 min = 36 M")])
+# The time limit is the whole command's: the start and the final evaluation take a little of the hour.
+@pytest.mark.parametrize("pace, picked", [(3000, r"the task's defaults: 3,000 tok/s \(train.pace\) × 59\.\d min "
+                                                 r"of training = 1[01] M"),
+                                          (6000, r"model.members=2: 6,000 tok/s \(train.pace\) × 59\.\d min "
+                                                 r"of training = 2[12] M"),
+                                          (10100, r"model.members=3: 10,100 tok/s \(train.pace\) × 59\.\d min "
+                                                  r"of training = 3[56] M")])
 def test_a_given_pace_picks_the_translation_recipe_its_budget_reaches(cli, pace, picked):
     out = translate_plan(cli, "--time-limit", "60", "--set", f"train.pace={pace}")
     [line] = [line for line in out.splitlines() if line.startswith("recipe: ")]
-    assert line.startswith(f"recipe: {picked} target tokens")
+    assert re.match(f"recipe: {picked} target tokens, about [0-9,]+ updates", line), line
     assert ("overridden by your settings: model.members" in line) == (pace > 3000)
     assert "no epoch cap" in out and f"stop after {TIME_LIMIT_PATIENCE} evaluations" in out
 
@@ -95,15 +100,20 @@ def test_a_time_limited_run_records_its_recipe_and_why(cli, sorting, tmp_path):
     result = cli("run", sorting, "--out", str(out), "--time-limit", "60", "--set", "train.pace=300",
                  "--set", "train.max_steps=2")
     assert result.exit_code == 0, result.output
-    why = "model.d_ff=96: 300 tok/s (train.pace) × 60 min = 1 M target tokens (from 1 M: a wider FFN)"
-    assert f"recipe: {why}" in result.stderr  # said before training
     recipe = saved(out, "result.json")["info"]["recipe"]
-    assert recipe == {"name": "model.d_ff=96", "overrides": {"model": {"d_ff": 96}}, "pace": 300,
-                      "pace_source": "train.pace", "budget_tokens": 1_080_000, "minimum_tokens": 1_000_000,
-                      "why": why, "overridden": []}
+    assert f"recipe: {recipe['why']}" in result.stderr  # said before training
+    assert recipe["why"].startswith(f"model.d_ff=96: 300 tok/s (train.pace) × {recipe['train_seconds'] / 60:.1f} min "
+                                    "of training = 1 M target tokens, about ")
+    assert recipe["why"].endswith("updates (from 1 M: a wider FFN)")
+    assert {k: recipe[k] for k in ("name", "overrides", "pace", "pace_source", "minimum_tokens")} == {
+        "name": "model.d_ff=96", "overrides": {"model": {"d_ff": 96}}, "pace": 300, "pace_source": "train.pace",
+        "minimum_tokens": 1_000_000}
+    # the hour less the start and the time kept for the final evaluation, measured before training
+    assert 0 < recipe["reserve_seconds"] and recipe["train_seconds"] + recipe["reserve_seconds"] < 3600
+    assert recipe["budget_tokens"] == pytest.approx(300 * recipe["train_seconds"], abs=300)
     config = saved(out, "config.json")
     assert config["recipe"] == recipe and config["config"]["model"]["d_ff"] == 96
-    assert "recipe            model.d_ff=96: 300 tok/s (train.pace)" in (out / "report.txt").read_text()
+    assert "recipe" in (report := (out / "report.txt").read_text()) and "model.d_ff=96: 300 tok/s (train.pace)" in report
 
 
 def test_your_settings_override_the_recipe_and_it_says_so(cli, sorting, tmp_path):
@@ -238,3 +248,68 @@ def test_a_task_that_sets_its_own_patience_keeps_it_under_a_time_limit(cli):
     patience = plugins().task("couplet").defaults["train"]["patience"]
     assert patience != TIME_LIMIT_PATIENCE
     assert f"stop after {patience} evaluations without improvement" in result.stdout
+
+
+class ShortBudget(Sorting):
+    """The sorting task with a long warm-up and a table whose smallest recipe needs 1 M target tokens."""
+
+    TASK = Task("budget-short", "Sort five digits (a long warm-up, a table that starts at 1 M)", metric="exact_match",
+                defaults={**Sorting.TASK.defaults, "train": {**Sorting.TASK.defaults["train"], "warmup": 4000}},
+                recipes=((1e6, {"model": {"d_ff": 96}}, "a wider FFN"),))
+
+
+@pytest.fixture
+def short(register):
+    register(ShortBudget(), "budget-short-plugin")
+    return "budget-short"
+
+
+def test_a_short_budget_cuts_the_warm_up_to_a_share_of_the_updates_it_buys(cli, short, tmp_path):
+    out = tmp_path / "run"
+    result = cli("run", short, "--out", str(out), "--time-limit", "60", "--set", "train.pace=10",
+                 "--set", "train.max_steps=2")
+    assert result.exit_code == 0, result.output
+    recipe = saved(out, "result.json")["info"]["recipe"]
+    warmup = saved(out, "config.json")["config"]["train"]["warmup"]
+    assert 1 <= warmup == recipe["overrides"]["train"]["warmup"] <= 0.1 * recipe["planned_updates"] + 1 < 4000
+    assert recipe["name"] == f"model.d_ff=96, train.warmup={warmup}"
+
+
+def test_a_budget_below_the_smallest_recipe_says_so_before_training_and_in_the_report(cli, short, tmp_path):
+    out = tmp_path / "run"
+    result = cli("run", short, "--out", str(out), "--time-limit", "60", "--set", "train.pace=10",
+                 "--set", "train.max_steps=2")
+    assert result.exit_code == 0, result.output
+    recipe = saved(out, "result.json")["info"]["recipe"]
+    assert recipe["short"].startswith("the budget, 36 k target tokens, is below the 1 M that the task's smallest "
+                                      "recipe needs; about 1666.7 min of training would reach it")
+    warned = result.stderr.index(f"warning: {recipe['short']}")
+    assert warned < result.stderr.index("training: first update done")  # before training
+    assert "budget warning" in (out / "report.txt").read_text()
+    plan = cli("run", short, "--dry-run", "--quiet", "--time-limit", "60", "--set", "train.pace=10")
+    assert plan.exit_code == 0 and f"warning: the budget, 36 k target tokens" in plan.stdout
+
+
+def test_your_warm_up_stands_and_is_named(cli, short, tmp_path):
+    result = cli("run", short, "--dry-run", "--quiet", "--time-limit", "60", "--set", "train.pace=10",
+                 "--set", "train.warmup=3000")
+    assert result.exit_code == 0, result.output
+    assert "the first 3,000 warming up" in result.stdout
+    assert "overridden by your settings: train.warmup" in result.stdout
+
+
+@pytest.mark.parametrize("minutes", ["nan", "inf"])  # 0 and below: click refuses them
+def test_a_time_limit_that_is_not_a_positive_number_is_refused_before_any_work(cli, tmp_path, minutes):
+    out = tmp_path / "run"
+    result = cli("run", "copy", "--out", str(out), "--time-limit", minutes)
+    assert result.exit_code == 2 and not out.exists()
+    assert result.stderr.strip().splitlines() == [
+        f"Error: --time-limit must be a positive, finite number of minutes, got {float(minutes)}"]
+
+
+def test_a_time_limit_too_short_for_the_final_evaluation_is_refused_before_training(cli, short, tmp_path):
+    out = tmp_path / "run"
+    result = cli("run", short, "--out", str(out), "--time-limit", "1e-6", "--set", "train.pace=10")
+    assert result.exit_code == 2 and not out.exists()  # nothing written: the run directory comes after the plan
+    [line] = result.stderr.strip().splitlines()[-1:]
+    assert line.startswith("Error: --time-limit 1e-06 leaves no time to train") and "give more minutes" in line

@@ -110,12 +110,17 @@ def test_weights_that_diverge_are_never_kept_and_the_run_can_start_again(cli, tm
 
 def test_the_time_limit_stops_training_and_the_report_says_what_it_covered(cli, tmp_path):
     out = tmp_path / "r"
-    result = cli("run", "copy", "--out", str(out), "--time-limit", "0.0001", "--quiet", "--set",
-                 "data.train_size=400", "--set", "data.val_size=4", "--set", "data.test_size=4")
+    # no patience and no epoch cap: only the clock ends it (30 s for the whole command, its start included)
+    result = cli("run", "copy", "--out", str(out), "--time-limit", "0.5", "--quiet", "--set", "train.pace=1000",
+                 "--set", "train.patience=0", "--set", "train.schedule=inverse_sqrt", "--set", "data.train_size=400", "--set", "data.val_size=4",
+                 "--set", "data.test_size=4")
     assert result.exit_code == 0, result.output
     info = json.loads((out / "result.json").read_text())["info"]
-    assert info["steps"] == 1
-    assert "time limit of 0.0001 min reached" in info["stopped"] and "training and validation" in info["stopped"]
+    assert info["steps"] >= 1 and info["time_limit_seconds"] == 30
+    assert info["stopped"].startswith("time limit: after") and "kept for the last validation and the final " \
+        "evaluation" in info["stopped"]
+    report = (out / "report.txt").read_text()
+    assert "training and validation" in report and "of the 0.5 min time limit" in report
     weights = load_file(out / "model.safetensors")
     assert all(math.isfinite(float(v.abs().max())) for v in weights.values())
 
@@ -208,3 +213,23 @@ def test_a_config_json_swapped_in_from_another_run_is_named_as_such(finished, cl
     result = cli("predict", str(mixed), "1 2")
     assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
     assert f"{mixed / 'config.json'}: the config of another run" in result.stderr  # not blamed on tokenizer.json
+
+
+def test_a_dry_run_refuses_the_out_that_the_run_would_refuse(tmp_path, cli):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    dry = cli("run", "copy", "--out", str(out), "--dry-run", "--quiet")
+    real = cli("run", "copy", "--out", str(out), "--quiet")
+    assert dry.exit_code == real.exit_code == 2
+    assert dry.stderr == real.stderr and "is not empty and holds no taskformer run" in dry.stderr
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_a_run_refused_by_its_data_leaves_no_run_directory(tmp_path, cli):
+    out = tmp_path / "run"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = cli("run", "translate-de-en", "--data-dir", str(empty), "--out", str(out), "--quiet")
+    assert result.exit_code == 2 and "Error:" in result.stderr
+    assert not out.exists()

@@ -31,8 +31,11 @@ def taskformer_report_sections(run):
             *info.get("notes", {}).items(),
             ("device", info.get("device")), ("precision", info.get("precision")), ("threads", info.get("threads")),
             ("recipe", info["recipe"].get("why") if isinstance(info.get("recipe"), dict) else None),
-            ("training time", f"{info.get('train_seconds', 0):,.1f} s"),
-            ("wall time (all)", f"{info.get('wall_seconds', 0):,.1f} s"), ("steps", info.get("steps")),
+            ("budget warning", info["recipe"].get("short") if isinstance(info.get("recipe"), dict) else None),
+            ("training and validation", f"{info.get('train_seconds', 0):,.1f} s"),
+            ("wall time (all)", f"{info.get('wall_seconds', 0):,.1f} s"
+             + (f" of the {info['time_limit_seconds'] / 60:g} min time limit" if info.get("time_limit_seconds") else "")),
+            ("steps", info.get("steps")),
             ("epochs", info.get("epochs")), ("throughput", f"{info.get('tokens_per_s', 0):,} target tokens/s"),
             ("best step", info.get("best_step")),
             ("weights kept", info.get("kept_weights")), ("stopped", info.get("stopped"))]

@@ -6,7 +6,6 @@ code 2; ``taskformer --debug ...`` shows the traceback instead.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import warnings
@@ -20,7 +19,8 @@ from taskformer.core import export
 from taskformer.core import progress
 from taskformer.core.decoding import Label, word_tags
 from taskformer.core.errors import TaskformerError
-from taskformer.app import distributed, plan, report, rundir, runner, scaffold, serve, training
+from taskformer.app import console, distributed, plan, report, resources, rundir, runner, scaffold, serve, training
+from taskformer.app.prepare import TrainRequest, make_config
 from taskformer.plugins.manager import plugins
 from taskformer.plugins.sections import metric_list
 
@@ -113,7 +113,7 @@ def config_cmd(task, config_file, overrides, as_json) -> None:
     The text is a TOML file that --config reads back; docs/config.md lists the same for every task.
     """
     chosen = plugins().task(task)
-    rows = C.reference(chosen, runner.make_config(chosen, config_file, list(overrides), None))
+    rows = C.reference(chosen, make_config(chosen, config_file, list(overrides), None))
     if as_json:
         click.echo(json.dumps({"task": chosen.name, "variant": chosen.variant, "options": rows}, indent=2,
                               ensure_ascii=False))
@@ -146,8 +146,8 @@ def run_cmd(task, data_dir, out, time_limit, seed, config_file, overrides, resum
     if dry_run:
         if resume:
             raise TaskformerError("--dry-run checks a new run; it cannot be given with --resume")
-        with report.ProgressDisplay(quiet) as display, progress.listening(display):
-            checked = plan.dry_run(task, data_dir, config_file, overrides, seed, time_limit)
+        with console.ProgressDisplay(quiet) as display, progress.listening(display):
+            checked = plan.dry_run(task, data_dir, config_file, overrides, seed, time_limit, out)
         click.echo(plan.describe(checked))
         return
     if resume:
@@ -157,10 +157,9 @@ def run_cmd(task, data_dir, out, time_limit, seed, config_file, overrides, resum
         if given:
             raise TaskformerError(f"--resume continues a run with the settings saved in its config.json; "
                                   f"{', '.join(given)} cannot be given with it")
-    if time_limit is not None and not math.isfinite(time_limit):
-        raise TaskformerError(f"--time-limit must be a finite number of minutes, got {time_limit}")
-    request = training.TrainRequest(plugins().task(task) if task else None,  # an unknown name fails here, once
-                                    data_dir, out, time_limit, seed, config_file, overrides, resume)
+    request = TrainRequest(plugins().task(task) if task else None,  # an unknown name fails here, once
+                           data_dir, out, time_limit, seed, config_file, overrides, resume,
+                           started=resources.command_started())
     if nproc > 1:
         if not out and not resume:
             request.out = str(rundir.default_run_dir(request.task.name))
@@ -169,9 +168,9 @@ def run_cmd(task, data_dir, out, time_limit, seed, config_file, overrides, resum
         train_and_report(request, quiet, shard=distributed.from_environment() or (0, 1))
 
 
-def train_and_report(request: training.TrainRequest, quiet: bool, shard: tuple[int, int] = (0, 1)) -> None:
+def train_and_report(request: TrainRequest, quiet: bool, shard: tuple[int, int] = (0, 1)) -> None:
     """One rank's work: train with a progress display; rank 0 prints and saves the report."""
-    with report.ProgressDisplay(quiet or shard[0] != 0) as display:
+    with console.ProgressDisplay(quiet or shard[0] != 0) as display:
         run = training.train(request, on_event=display, shard=shard)
     if shard[0] == 0:
         report.render(run)
@@ -190,7 +189,7 @@ def eval_cmd(run_dir, split, data_dir, overrides, average, as_json) -> None:
     run = runner.load(run_dir)
     runner.set_decoding(run, overrides, "eval")
     weights = runner.use_average(run, average) if average else run.info.get("kept_weights", "best")
-    with report.ProgressDisplay() as display, progress.listening(display):
+    with console.ProgressDisplay() as display, progress.listening(display):
         results = runner.evaluate_saved(run, split or ("val", "test"), data_dir)
     if as_json:
         click.echo(json.dumps({"task": run.task.name, "run_dir": str(run.dir), "weights": weights,

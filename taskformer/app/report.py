@@ -19,7 +19,6 @@ from pathlib import Path
 
 from rich.console import Console, Group
 from rich.panel import Panel
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -262,66 +261,3 @@ class _Null:
 
     def flush(self):
         pass
-
-
-class ProgressDisplay:
-    """Live progress of a run: rich bars on a terminal, plain log lines otherwise, nothing with ``--quiet``.
-
-    It receives the trainer's events and the stages announced through :mod:`taskformer.core.progress`
-    (reading files, training the tokenizer, decoding), so every long wait has a bar, not only training.
-    """
-
-    def __init__(self, quiet: bool = False):
-        self.console = Console(stderr=True, log_path=False)
-        self.live = not quiet and self.console.is_terminal
-        self.quiet, self.stages, self.train_bar = quiet, [], None
-        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
-                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=self.console)
-
-    def __enter__(self):
-        if self.live:
-            self.progress.start()
-        return self
-
-    def __exit__(self, *exc):
-        if self.live:
-            self.progress.stop()
-
-    def _say(self, line: str) -> None:
-        if self.live:
-            self.console.log(line)
-        elif not self.quiet:
-            print(line, file=sys.stderr, flush=True)
-
-    def __call__(self, e: dict) -> None:
-        kind = e.get("event")
-        if kind == "stage":
-            if self.live:  # a stage of unknown size gets a pulsing bar
-                self.stages.append(self.progress.add_task(e["name"], total=e["total"], info=""))
-            else:
-                self._say(e["name"] + " ...")
-        elif kind == "advance" and self.live and self.stages:
-            self.progress.advance(self.stages[-1], e["n"])
-        elif kind == "stage-done":
-            if self.live and self.stages:
-                self.progress.remove_task(self.stages.pop())
-            self._say(f"{e['name']}: done in {e['seconds']:.1f} s")
-        elif kind == "train":
-            epoch = f"epoch {e['epoch'] + 1}" + (f"/{e['epochs']}" if e["epochs"] else "")  # 0: no epoch cap
-            info = f"loss {e['loss']:.3f}  lr {e['lr']:.2e}  {e['tokens_per_s']:,.0f} tok/s"
-            if not self.live:
-                self._say(f"step {e['step']} {epoch} {info}")
-            elif self.train_bar is None:
-                self.train_bar = self.progress.add_task(epoch, total=1.0, completed=e["progress"], info=info)
-            else:
-                self.progress.update(self.train_bar, description=epoch, completed=e["progress"], info=info)
-        elif kind == "recipe":
-            self._say(f"recipe: {e['why']}")
-        elif kind == "cooldown":
-            self._say(f"cool-down: after step {e['after']:,} the learning rate ({e['lr']:.2e}) falls linearly "
-                      f"to zero over {e['updates']:,} updates")
-        elif kind == "eval":
-            keys = [k for k in e if k not in ("event", "split", "step", "epoch", "epochs", "improved", "averaged")]
-            which = f" ({checkpoint.weights_name(e['averaged'])})" if "averaged" in e else ""
-            line = f"eval step {e['step']}{which}: " + "  ".join(f"{k} {fmt(e[k])}" for k in keys)
-            self._say(line + ("  (best so far)" if e.get("improved") else ""))

@@ -8,7 +8,9 @@ import math
 import os
 import platform
 import sys
+import time
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -122,3 +124,20 @@ def check_search_memory(config: RunConfig) -> None:
                               f"({members}beam x decode.batch_size={d.batch_size} x model.max_len={m.max_len} x "
                               f"{m.dec_layers} layers x d_model {m.d_model}, keys and values), but "
                               f"{available / 2**30:,.1f} GiB is available; lower the beam or decode.batch_size")
+
+
+def command_started() -> float:
+    """``time.monotonic()`` when this ``taskformer`` command started: the process's start (from /proc
+    on Linux) where the process is the command, so that a time limit counts the interpreter's and
+    torch's start too, which the user waits for as well; now where taskformer runs inside another
+    program (a test, a notebook), or /proc cannot say."""
+    command = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    if command.name != "taskformer" and command.parts[-2:] != ("taskformer", "__main__.py"):
+        return time.monotonic()
+    try:
+        after_name = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        since_boot = int(after_name[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime, in clock ticks
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.monotonic() - max(uptime - since_boot, 0.0)
+    except (OSError, ValueError, IndexError):
+        return time.monotonic()

@@ -162,14 +162,31 @@ def new_run_dir(task: str, out: str | None, lock: ExitStack) -> Path:
             shutil.rmtree(left)
         else:
             left.unlink()
+    refuse_taken(path)
+    mark_run(path)
+    return path
+
+
+def refuse_taken(path: Path) -> None:
+    """Refuse an ``--out`` that holds anything: a run (to resume instead), or files of yours."""
     if holds_run(path):
         raise TaskformerError(f"{path} already holds a run; choose another --out or resume it with --resume {path} "
                               "(nothing in it was changed)")
     if any(path.iterdir()):
         raise TaskformerError(f"{path} is not empty and holds no taskformer run; --out must name a new or empty "
                               "folder (nothing in it was changed)")
-    mark_run(path)
-    return path
+
+
+def check_out(out: str | None) -> None:
+    """Refuse, changing nothing, an ``--out`` that :func:`new_run_dir` would refuse: checked before
+    any work (and by a dry run), not after the data and the probe."""
+    path = Path(out) if out else None
+    if path is None or not os.path.lexists(path):
+        return
+    if not path.is_dir():
+        raise TaskformerError(f"{path}: exists and is not a directory")
+    if not (run_mark(path) and failed_before_checkpoint(path) is not None):  # else a new run starts afresh there
+        refuse_taken(path)
 
 
 def row_json(row: tuple[str, Prediction, str]) -> dict:

@@ -25,7 +25,8 @@ from taskformer.app.resources import keep_freed_memory  # noqa: F401 -- tests an
 from taskformer.app.run import Run, spread  # noqa: F401 -- spread: bench/couplet_tones.py
 from taskformer.app.rundir import (bound_files, load_run_weights, read_result, read_run_config, read_tokenizer,
                                    row_from_json)
-from taskformer.app.training import make_config, saved_config  # noqa: F401 -- make_config: tests
+from taskformer.app.prepare import TrainRequest
+from taskformer.app.training import saved_config
 
 
 def predict(run: Run, lines: list[str], config: RunConfig | None = None, return_attention: bool = False):
@@ -169,6 +170,6 @@ def load(run_dir: str | Path) -> Run:
 
 def train(task_name: str | None = None, on_event=lambda e: None, shard: tuple[int, int] = (0, 1), **request) -> Run:
     """:func:`taskformer.app.training.train` for Python callers: the task by name, the rest of the
-    :class:`~taskformer.app.training.TrainRequest` as keywords."""
+    :class:`~taskformer.app.prepare.TrainRequest` as keywords."""
     task = plugins().task(task_name) if task_name else None
-    return training.train(training.TrainRequest(task, **request), on_event, shard)
+    return training.train(TrainRequest(task, **request), on_event, shard)

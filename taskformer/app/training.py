@@ -1,5 +1,6 @@
-"""A training run, new or resumed, from a :class:`TrainRequest`: the configuration, the run
-directory, the trainer and its signals, and the final evaluation and result files."""
+"""A training run, new or resumed: :func:`train` begins it (a new run from
+:func:`~taskformer.app.prepare.prepare`, a resumed one from its config.json), fits it under its
+signals, and finishes it with the final evaluation and the result files."""
 from __future__ import annotations
 
 import datetime as dt
@@ -19,117 +20,17 @@ from taskformer.core import config as C
 from taskformer.core import precision
 from taskformer.core import progress
 from taskformer.core.config import RunConfig
-from taskformer.core.data import encode
+from taskformer.core.data import Encoded, TaskData, encode
 from taskformer.core.engine import Trainer, evaluate_loss
 from taskformer.core.errors import TaskformerError
 from taskformer.plugins.hookspecs import Task
 from taskformer.plugins.manager import plugins
 from taskformer.app.hooks import build_model, evaluate_split, load_data
-from taskformer.app.resources import check_memory, pick_device, use_threads
+from taskformer.app.prepare import Prepared, TrainRequest, prepare
+from taskformer.app.resources import pick_device, use_threads
 from taskformer.app.run import SPLITS, Run
 from taskformer.app.rundir import (RunDirBusy, bound_files, locked, load_run_weights, model_digest, new_run_dir,
                                    read_run_config, read_tokenizer, row_json, run_mark)
-
-
-@dataclass
-class TrainRequest:
-    """What a training run is asked to do: a new run of ``task``, or the continuation of the run in
-    ``resume``, whose config.json then says everything else."""
-
-    task: Task | None = None
-    data_dir: str | None = None
-    out: str | None = None  # the run directory; default runs/TASK/<time>
-    time_limit: float | None = None  # minutes
-    seed: int | None = None
-    config_file: str | None = None
-    overrides: tuple[str, ...] = ()  # --set SECTION.KEY=VALUE
-    resume: str | None = None
-
-
-def make_config(task: Task, config_file: str | None, overrides: list[str], seed: int | None,
-                time_limit: float | None = None, recipe: dict | None = None) -> RunConfig:
-    """The run's config. Layers, later ones winning: the defaults (the core's and the task's), what a
-    time limit changes (no epoch cap, a patience: see core.budget), the recipe the budget picked, the
-    ``--config`` file, ``--set`` and ``--seed``: what the user sets overrides every choice."""
-    cfg = C.defaults(task)
-    if time_limit:
-        C.merge(cfg, budget.time_limit_layer(cfg["train"]), "--time-limit")
-    if recipe:
-        C.merge(cfg, recipe, f"task {task.name!r} recipe")
-    if config_file:
-        C.merge(cfg, C.read_config_file(config_file), str(config_file))
-    C.merge(cfg, C.parse_overrides(overrides), "--set")
-    if seed is not None:
-        C.merge(cfg, {"train": {"seed": seed}}, "--seed")
-    return C.build(task, cfg)
-
-
-def check_budget(config: RunConfig, time_limit: float | None) -> None:
-    """Refuse a run that nothing would end: no epoch cap, no step limit and no time limit."""
-    if not config.train.epochs and not config.train.max_steps and not time_limit:
-        raise TaskformerError("config: train.epochs=0 (no epoch cap) needs a --time-limit or train.max_steps")
-
-
-def pick_recipe(task: Task, config: RunConfig, data, time_limit: float, device: torch.device,
-                shard: tuple[int, int] = (0, 1)) -> dict:
-    """The row of ``task.recipes`` that this machine's pace over ``time_limit`` minutes buys (the
-    record kept in config.json and result.json). The pace is ``train.pace`` if set, else measured on
-    a throwaway model of ``config`` under a forked random generator, so the run's weights and batches
-    are those it would have had without it. The table counts the target tokens of the task's own
-    model, so the keys it sets are measured at the task's values, not yours (a ``model.members=4``
-    of yours would measure a quarter of the pace); your other settings stand. With several
-    processes rank 0 measures and every rank takes its choice."""
-    if not task.recipes:
-        return {"name": "the task's defaults", "overrides": {},
-                "why": f"the task's defaults (task {task.name!r} declares no recipes by budget)"}
-    record = [None]
-    if shard[0] == 0:
-        pace, source = config.train.pace, "train.pace"
-        if not pace:
-            probed = with_table_keys(config, table_keys(task), make_config(task, None, [], None, time_limit))
-            with progress.stage("measuring the training pace for the recipe"):
-                with torch.random.fork_rng(devices=[]):
-                    model = build_model(task, probed, data.tokenizer.get_vocab_size(), data.labels,
-                                        training=True).to(device)
-                train_enc = encode(data, "train", probed.model.max_len, task.variant)
-                pace, source = budget.measure_pace(model, probed.train, train_enc, device) * shard[1], "measured"
-        record[0] = budget.choose(task.recipes, table_owner(task), pace, time_limit, source)
-    if shard[1] > 1:
-        torch.distributed.broadcast_object_list(record, src=0)
-    return record[0]
-
-
-def with_recipe(task: Task, config_file: str | None, overrides, seed: int | None, time_limit: float,
-                record: dict) -> RunConfig:
-    """:func:`make_config` with the recipe's overrides under the user's settings; ``record`` learns
-    which of its choices the user's settings overrode."""
-    config = make_config(task, config_file, list(overrides), seed, time_limit, record["overrides"])
-    chosen = make_config(task, None, [], None, time_limit, record["overrides"])  # the recipe without your settings
-    record["overridden"] = [f"{section}.{key}" for section, key in table_keys(task)
-                            if getattr(getattr(config, section), key) != getattr(getattr(chosen, section), key)]
-    if record["overridden"]:
-        record["why"] += f"; overridden by your settings: {', '.join(record['overridden'])}"
-    return config
-
-
-def table_keys(task: Task) -> list[tuple[str, str]]:
-    """Every ``(section, key)`` that some row of the task's recipe table sets, in the table's order."""
-    rows = budget.check_table(task.recipes, table_owner(task))
-    return list(dict.fromkeys((section, key) for _, overrides, _ in rows
-                              for section, values in overrides.items() for key in values))
-
-
-def table_owner(task: Task) -> str:
-    """Who a malformed recipe table's error names: the plugin to fix, and its task."""
-    return f"plugin {task.plugin!r}, task {task.name!r}"
-
-
-def with_table_keys(config: RunConfig, keys: list[tuple[str, str]], source: RunConfig) -> RunConfig:
-    """``config`` with the values of ``keys`` taken from ``source``."""
-    for section in dict.fromkeys(section for section, _ in keys):
-        values = {key: getattr(getattr(source, section), key) for s, key in keys if s == section}
-        config = replace(config, **{section: replace(getattr(config, section), **values)})
-    return config
 
 
 def saved_config(task: Task, saved: dict, source: str) -> RunConfig:
@@ -171,108 +72,160 @@ def train(request: TrainRequest, on_event=lambda e: None, shard: tuple[int, int]
     """
     with progress.listening(on_event), ExitStack() as lock:  # the run directory stays locked until we return
         try:
-            return _train(request, on_event, shard, lock)
+            if request.resume:
+                begun = resumed(request, shard, lock)
+            else:
+                prepared = prepare(request, shard)
+                if prepared.recipe:
+                    on_event({"event": "recipe", **prepared.recipe})
+                begun = begin(prepared, request.out, shard, lock)
+            on_event({"event": "begun", "run_dir": str(begun.run.dir), "time_limit": begun.time_limit})
+            state = fit(begun, on_event, shard)
+            return begun.run if shard[0] != 0 else finish(begun, state)  # rank 0 alone evaluates and reports
         except RunDirBusy as e:
             raise TaskformerError(f"{e}; wait for it to end or choose another --out") from None
 
 
-def _train(request: TrainRequest, on_event, shard: tuple[int, int], lock: ExitStack) -> Run:
-    resume = request.resume
-    if resume:
-        run_dir = Path(resume)
-        if not run_dir.is_dir():
-            raise TaskformerError(f"{run_dir}: no such run directory")
-        if shard[0] == 0:
-            lock.enter_context(locked(run_dir))
-        if (run_dir / "result.json").exists():
-            raise TaskformerError(f"{run_dir} has finished (result.json exists): nothing to resume; "
-                                  "start a new run to train longer")
-        saved = read_run_config(run_dir)
-        pin_precision(saved, run_dir)
-        task = plugins().task(saved["task"])
-        config = saved_config(task, saved["config"], str(run_dir / "config.json"))
-        data_dir, time_limit, recipe = saved.get("data_dir"), saved.get("time_limit"), saved.get("recipe")
-        stamp, tokenizer = bound_files(run_dir, saved), read_tokenizer(run_dir)
-    else:
-        task, data_dir, time_limit = request.task, request.data_dir, request.time_limit
-        config = make_config(task, request.config_file, list(request.overrides), request.seed, time_limit)
-        check_budget(config, time_limit)
-        stamp, tokenizer, recipe = None, None, None
-        footprint = getattr(config.data, "footprint", None)  # data made from options: can it be made here?
-        if footprint:
-            check_memory(task, config, **footprint())
-        run_dir = new_run_dir(task.name, request.out, lock) if shard[0] == 0 else None
-        if shard[1] > 1:  # every rank writes to (or reads) the directory rank 0 chose
-            shared = [run_dir]
-            torch.distributed.broadcast_object_list(shared, src=0)
-            run_dir = shared[0]
-    started = time.monotonic()
-    use_threads(config)
-    with progress.stage("loading data and training the tokenizer"):
-        data = load_data(task, config, data_dir, tokenizer=tokenizer)
-    device = pick_device()
-    if time_limit and not resume:
-        recipe = pick_recipe(task, config, data, time_limit, device, shard)
-        config = with_recipe(task, request.config_file, request.overrides, request.seed, time_limit, recipe)
-        on_event({"event": "recipe", **recipe})
+@dataclass
+class Begun:
+    """A run with its directory, model and data, about to fit."""
+
+    run: Run
+    data: TaskData
+    time_limit: float | None  # minutes
+    started: float  # time.monotonic() when the command began
+    stamp: dict | None  # what the run's weights must carry (see rundir.bound_files)
+    recipe: dict | None
+    resume: bool
+    train: Encoded | None = None  # the encoded train and val splits (see :func:`encoded`)
+    val: Encoded | None = None
+
+    def encoded(self) -> Begun:
+        with progress.stage("encoding the train and val splits"):
+            self.train, self.val = (encode(self.data, s, self.run.config.model.max_len, self.run.task.variant)
+                                    for s in ("train", "val"))
+        return self
+
+
+def begin(prepared: Prepared, out: str | None, shard: tuple[int, int], lock: ExitStack) -> Begun:
+    """A prepared new run: its directory (created only now, so a run refused by its data or its
+    budget leaves none), its model, and the config.json that records them."""
+    task, config, data = prepared.task, prepared.config, prepared.data
+    run_dir = new_run_dir(task.name, out, lock) if shard[0] == 0 else None
+    if shard[1] > 1:  # every rank writes to (or reads) the directory rank 0 chose
+        shared = [run_dir]
+        torch.distributed.broadcast_object_list(shared, src=0)
+        run_dir = shared[0]
     torch.manual_seed(config.train.seed)
-    model = build_model(task, config, data.tokenizer.get_vocab_size(), data.labels, training=True).to(device)
-    if not resume and shard[0] == 0:
+    model = build_model(task, config, data.tokenizer.get_vocab_size(), data.labels, training=True).to(prepared.device)
+    stamp = None
+    if shard[0] == 0:
         ckpt.atomic_write(run_dir / "tokenizer.json", data.tokenizer.to_str(pretty=True))
         binding = {"run": run_mark(run_dir), "tokenizer_sha256": ckpt.sha256(run_dir / "tokenizer.json")}
         stamp = {"task": task.name, **binding, "model_sha256": model_digest(config.to_dict()["model"], data.labels)}
         ckpt.write_json(run_dir / "config.json", {"task": task.name, "labels": data.labels,
-                                                   "config": config.to_dict(), "data_dir": data_dir,
-                                                   "time_limit": time_limit, "binding": binding,
-                                                   **({"recipe": recipe} if recipe else {}),
-                                                   "precision": precision_record(device)})
-    with progress.stage("encoding the train and val splits"):
-        train_enc, val_enc = (encode(data, s, config.model.max_len, task.variant) for s in ("train", "val"))
+                                                   "config": config.to_dict(), "data_dir": prepared.data_dir,
+                                                   "time_limit": prepared.time_limit, "binding": binding,
+                                                   **({"recipe": prepared.recipe} if prepared.recipe else {}),
+                                                   "precision": precision_record(prepared.device)})
     run = Run(run_dir, task, config, data.tokenizer, data.labels, model)
+    return Begun(run, data, prepared.time_limit, prepared.started, stamp, prepared.recipe, resume=False).encoded()
+
+
+def resumed(request: TrainRequest, shard: tuple[int, int], lock: ExitStack) -> Begun:
+    """An interrupted run as its config.json, tokenizer and data say, to continue from its last checkpoint."""
+    started = time.monotonic()
+    run_dir = Path(request.resume)
+    if not run_dir.is_dir():
+        raise TaskformerError(f"{run_dir}: no such run directory")
+    if shard[0] == 0:
+        lock.enter_context(locked(run_dir))
+    if (run_dir / "result.json").exists():
+        raise TaskformerError(f"{run_dir} has finished (result.json exists): nothing to resume; "
+                              "start a new run to train longer")
+    saved = read_run_config(run_dir)
+    pin_precision(saved, run_dir)
+    task = plugins().task(saved["task"])
+    config = saved_config(task, saved["config"], str(run_dir / "config.json"))
+    stamp, tokenizer = bound_files(run_dir, saved), read_tokenizer(run_dir)
+    use_threads(config)
+    with progress.stage("loading data and training the tokenizer"):
+        data = load_data(task, config, saved.get("data_dir"), tokenizer=tokenizer)
+    torch.manual_seed(config.train.seed)
+    model = build_model(task, config, data.tokenizer.get_vocab_size(), data.labels, training=True).to(pick_device())
+    run = Run(run_dir, task, config, data.tokenizer, data.labels, model)
+    return Begun(run, data, saved.get("time_limit"), started, stamp, saved.get("recipe"), resume=True).encoded()
+
+
+def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
+    """Train ``begun``'s model under its signals until its budget is spent; returns the trainer's final state.
+
+    Under a time limit the trainer gets the seconds left of it and keeps back the final evaluation's
+    time: first the probe's estimate, then after every validation the time it took, scaled to val and
+    test and to the final search (the probe's ratio of the two searches' times)."""
+    run, data, config = begun.run, begun.data, begun.run.config
+    device, task, train_enc, val_enc = run.device, run.task, begun.train, begun.val
     eval_config = replace(config, decode=replace(config.decode, strategy=config.decode.eval_strategy))
+    final_examples = len(data.splits["val"]) + len(data.splits["test"])
+    recipe = begun.recipe or {}
+    reserve = [recipe.get("reserve_seconds", 0.0)]  # the probe's estimate until the first validation
 
     def evaluate() -> dict:
+        begun_at = time.monotonic()
         metrics, _ = evaluate_split(run, data.splits["val"], eval_config, "validating")
-        return {"loss": evaluate_loss(model, val_enc, config.train, device), **metrics}
+        metrics = {"loss": evaluate_loss(run.model, val_enc, config.train, device), **metrics}
+        validation = time.monotonic() - begun_at  # one more may follow the last update (see Trainer.fit)
+        final = validation / len(data.splits["val"]) * final_examples * recipe.get("search_ratio", 1.0)
+        reserve[0] = (validation + final) * (1 + budget.RESERVE_MARGIN)
+        return metrics
 
-    trainer = Trainer(model, config.train, train_enc, evaluate, (task.metric, task.higher_is_better), run_dir, device,
-                      on_event=on_event, shard=shard, stamp=stamp)
-    latest = ckpt.latest_training_state(run_dir / "checkpoints") if resume else None
-    if latest and stamp:
-        ckpt.check_stamp(latest / ckpt.WEIGHTS, stamp, run_dir / "config.json")
-    checkpoint_bytes = 3 * sum(p.numel() * p.element_size() for p in model.parameters())  # weights, Adam's 2 moments
+    trainer = Trainer(run.model, config.train, train_enc, evaluate, (task.metric, task.higher_is_better), run.dir,
+                      device, on_event=on_event, shard=shard, stamp=begun.stamp)
+    latest = ckpt.latest_training_state(run.dir / "checkpoints") if begun.resume else None
+    if latest and begun.stamp:
+        ckpt.check_stamp(latest / ckpt.WEIGHTS, begun.stamp, run.dir / "config.json")
+    checkpoint_bytes = 3 * sum(p.numel() * p.element_size() for p in run.model.parameters())  # weights, Adam's 2 moments
+    seconds = begun.time_limit * 60 - (time.monotonic() - begun.started) if begun.time_limit else None
     try:
-        with stop_on_signals(trainer, task.name), ckpt.disk_space(run_dir, checkpoint_bytes):
-            if resume and not trainer.resume():  # resuming rewrites metrics.jsonl: a write like the others
-                raise TaskformerError(f"{run_dir}: no checkpoint to resume from (checkpoints/ is empty); the run "
+        with stop_on_signals(trainer, task.name), ckpt.disk_space(run.dir, checkpoint_bytes):
+            if begun.resume and not trainer.resume():  # resuming rewrites metrics.jsonl: a write like the others
+                raise TaskformerError(f"{run.dir}: no checkpoint to resume from (checkpoints/ is empty); the run "
                                       f"stopped before its first one, so start it again: taskformer run {task.name} "
-                                      f"--out {run_dir}")
-            state = trainer.fit(time_limit * 60 if time_limit else None)
+                                      f"--out {run.dir}")
+            if seconds is not None and begun.resume:  # the clock of a resumed run counts its earlier training too
+                seconds += trainer.state["elapsed"]
+            state = trainer.fit(seconds, lambda: reserve[0])
     except ckpt.WriteFailed as e:
-        then = (f"resume with: taskformer run --resume {run_dir}" if ckpt.latest_training_state(run_dir / "checkpoints")
-                else f"start the run again with --out {run_dir}")
+        then = (f"resume with: taskformer run --resume {run.dir}" if ckpt.latest_training_state(run.dir / "checkpoints")
+                else f"start the run again with --out {run.dir}")
         fix = "free some space" if isinstance(e, ckpt.DiskFull) else "once it can be written"
         raise TaskformerError(f"{e}; {fix}, then {then}") from None
     if trainer.stop_reason:
-        raise Interrupted(run_dir, trainer.stop_reason)
-    if shard[0] != 0:
-        return run  # rank 0 alone evaluates the best checkpoint and reports
-    load_run_weights(model, run_dir, stamp)
+        raise Interrupted(run.dir, trainer.stop_reason)
+    return state
+
+
+def finish(begun: Begun, state: dict) -> Run:
+    """Evaluate the best weights on val and test with the run's search; write the outputs and result.json."""
+    run, data, config = begun.run, begun.data, begun.run.config
+    model, run_dir, task = run.model, run.dir, run.task
+    load_run_weights(model, run_dir, begun.stamp)
     for split in ("val", "test"):
         run.metrics[split], run.outputs[split] = evaluate_split(run, data.splits[split], name=f"decoding {split}")
-    bf16, why = precision.choose(config.train.bf16, device)
+    bf16, why = precision.choose(config.train.bf16, run.device)
     run.info = {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "device": str(device),
+        "device": str(run.device),
         "precision": f"{'bf16' if bf16 else 'fp32'} ({why})",
         "threads": torch.get_num_threads(),
         "parameters": model.num_parameters(),
         "data": {s: len(data.splits[s]) for s in SPLITS},
         "vocab_size": data.tokenizer.get_vocab_size(),
-        "truncated": {"train": train_enc.truncated, "val": val_enc.truncated},
+        "truncated": {"train": begun.train.truncated, "val": begun.val.truncated},
         "notes": data.notes,
         "train_seconds": round(state["elapsed"], 1),
-        "wall_seconds": round(time.monotonic() - started, 1),
+        "wall_seconds": round(time.monotonic() - begun.started, 1),
+        **({"time_limit_seconds": round(begun.time_limit * 60)} if begun.time_limit else {}),
         "steps": state["step"],
         "epochs": state["epoch"] + (1 if state["batch"] else 0),
         "train_tokens": state["tokens"],
@@ -280,7 +233,7 @@ def _train(request: TrainRequest, on_event, shard: tuple[int, int], lock: ExitSt
         "best_step": state["best_step"],
         "kept_weights": ckpt.weights_name(state["best_weights"] or [state["best_step"]]),
         "stopped": state["stopped"] or "completed all epochs",
-        **({"recipe": recipe} if recipe else {}),
+        **({"recipe": begun.recipe} if begun.recipe else {}),
     }
     for split, rows in run.outputs.items():
         ckpt.atomic_write(run_dir / f"outputs-{split}.jsonl", "".join(

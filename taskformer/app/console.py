@@ -1,0 +1,106 @@
+"""Live progress of a command: rich bars on a terminal, plain log lines otherwise, nothing with ``--quiet``.
+
+It receives the trainer's events and the stages announced through :mod:`taskformer.core.progress`
+(reading files, training the tokenizer, the pace probe, decoding), so every long wait has a bar.
+Training shows from its first update: updates, tokens/s, time used and left, the latest val score.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+from taskformer.core import checkpoint
+from taskformer.plugins.sections import fmt
+
+REDRAW = 0.25  # seconds between redraws of the training bar: an update can take a millisecond
+
+
+class ProgressDisplay:
+    """Takes every event of a run (``display(event)``); see the module's docstring."""
+
+    def __init__(self, quiet: bool = False):
+        self.console = Console(stderr=True, log_path=False)
+        self.live = not quiet and self.console.is_terminal
+        self.quiet, self.stages, self.train_bar = quiet, [], None
+        self.last_val, self.drawn = "", 0.0
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
+                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=self.console)
+
+    def __enter__(self):
+        if self.live:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.live:
+            self.progress.stop()
+
+    def _say(self, line: str) -> None:
+        if self.live:
+            self.console.log(line)
+        elif not self.quiet:
+            print(line, file=sys.stderr, flush=True)
+
+    def __call__(self, e: dict) -> None:
+        kind = e.get("event")
+        if kind == "stage":
+            if self.live:  # a stage of unknown size gets a pulsing bar
+                self.stages.append(self.progress.add_task(e["name"], total=e["total"], info=""))
+            else:
+                self._say(e["name"] + " ...")
+        elif kind == "advance" and self.live and self.stages:
+            self.progress.advance(self.stages[-1], e["n"])
+        elif kind == "stage-done":
+            if self.live and self.stages:
+                self.progress.remove_task(self.stages.pop())
+            self._say(f"{e['name']}: done in {e['seconds']:.1f} s")
+        elif kind == "begun":
+            self._say(f"run directory: {e['run_dir']}")
+        elif kind == "update":
+            self._update(e)
+        elif kind == "train" and not self.live:
+            epoch = f"epoch {e['epoch'] + 1}" + (f"/{e['epochs']}" if e["epochs"] else "")  # 0: no epoch cap
+            self._say(f"step {e['step']} {epoch} loss {e['loss']:.3f}  lr {e['lr']:.2e}  "
+                      f"{e['tokens_per_s']:,.0f} tok/s")
+        elif kind == "recipe":
+            self._say(f"recipe: {e['why']}")
+            if e.get("short"):
+                self._say(f"warning: {e['short']}")
+        elif kind == "cooldown":
+            self._say(f"cool-down: after step {e['after']:,} the learning rate ({e['lr']:.2e}) falls linearly "
+                      f"to zero over {e['updates']:,} updates")
+        elif kind == "eval":
+            keys = [k for k in e if k not in ("event", "split", "step", "epoch", "epochs", "improved", "averaged")]
+            which = f" ({checkpoint.weights_name(e['averaged'])})" if "averaged" in e else ""
+            line = f"eval step {e['step']}{which}: " + "  ".join(f"{k} {fmt(e[k])}" for k in keys)
+            self._say(line + ("  (best so far)" if e.get("improved") else ""))
+            metric = next((k for k in keys if k != "loss"), "loss")
+            self.last_val = f"val {metric} {fmt(e[metric])}"
+
+    def _update(self, e: dict) -> None:
+        """The training bar after an update: against the time budget, else the planned updates."""
+        step, elapsed = e["step"], e["elapsed"]
+        if not self.live:
+            if step == 1:
+                self._say(f"training: first update done after {elapsed:.1f} s")
+            return
+        now = time.monotonic()
+        if self.train_bar is not None and now - self.drawn < REDRAW:
+            return
+        self.drawn = now
+        rate = e["tokens"] / max(elapsed, 1e-9)
+        info = f"step {step:,}  {rate:,.0f} tok/s  {elapsed:,.0f} s used"
+        if e.get("budget"):
+            info += f", {max(e['budget'] - elapsed, 0):,.0f} s left"
+            total, done = e["budget"], min(elapsed, e["budget"])
+        else:
+            total, done = e.get("planned") or None, step
+        info += f"  {self.last_val}" if self.last_val else ""
+        epoch = f"training, epoch {e['epoch'] + 1}" + (f"/{e['epochs']}" if e["epochs"] else "")  # 0: no epoch cap
+        if self.train_bar is None:
+            self.train_bar = self.progress.add_task(epoch, total=total, completed=done, info=info)
+        else:
+            self.progress.update(self.train_bar, description=epoch, total=total, completed=done, info=info)

@@ -1,0 +1,225 @@
+"""A new run up to its first update, shared by ``taskformer run`` and ``taskformer run --dry-run``.
+
+:func:`prepare` settles everything a new run decides before it trains: its configuration, as
+layers (the recipe its budget buys is one of them), the checks that refuse a run at its start
+(the budget, memory, ``--out``), its data and, under a time limit, the plan of that time. A dry run
+is :func:`prepare` and a description, so it checks what the run checks and plans what it will do.
+
+Under ``--time-limit`` the minutes are the wall time of the whole command. Before training, a
+probe on a throwaway copy of the model measures the training pace (target tokens/s) and how long
+the final evaluation (val and test, with the run's own search) will take per example. The time left
+after the start and that evaluation is the training budget; pace x budget picks the task's recipe,
+and the warm-up is cut to a share of the updates the budget buys (a 1,000-update warm-up in a
+400-update run never reaches its peak rate).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from taskformer.core import budget
+from taskformer.core import config as C
+from taskformer.core import progress
+from taskformer.core.config import RunConfig
+from taskformer.core.data import Encoded, TaskData, encode
+from taskformer.core.engine import epoch_updates
+from taskformer.core.errors import TaskformerError
+from taskformer.plugins.hookspecs import Task
+from taskformer.app import rundir
+from taskformer.app.hooks import build_model, evaluate_split, load_data
+from taskformer.app.resources import check_memory, pick_device, use_threads
+from taskformer.app.run import Run
+
+
+
+@dataclass
+class TrainRequest:
+    """What a training run is asked to do: a new run of ``task``, or the continuation of the run in
+    ``resume``, whose config.json then says everything else."""
+
+    task: Task | None = None
+    data_dir: str | None = None
+    out: str | None = None  # the run directory; default runs/TASK/<time>
+    time_limit: float | None = None  # minutes
+    seed: int | None = None
+    config_file: str | None = None
+    overrides: tuple[str, ...] = ()  # --set SECTION.KEY=VALUE
+    resume: str | None = None
+    started: float | None = None  # time.monotonic() when the command began (the time limit counts from it); None: now
+
+
+@dataclass
+class Layers:
+    """A new run's configuration as layers, later ones winning: the defaults (the core's and the
+    task's), what a time limit changes (no epoch cap, a patience: see core.budget), the recipe the
+    budget picked, then yours -- the ``--config`` file, ``--set`` and ``--seed`` -- over every choice."""
+
+    task: Task
+    time_limit: float | None = None
+    yours: list[tuple[str, dict]] = field(default_factory=list)  # (where it was given, {section: {key: value}})
+
+    @classmethod
+    def of(cls, task: Task, config_file: str | None, overrides, seed: int | None,
+           time_limit: float | None = None) -> Layers:
+        yours = [(str(config_file), C.read_config_file(config_file))] if config_file else []
+        yours += [("--set", C.parse_overrides(list(overrides)))] if overrides else []
+        yours += [("--seed", {"train": {"seed": seed}})] if seed is not None else []
+        return cls(task, time_limit, yours)
+
+    def build(self, recipe: dict | None = None, leave_out: set[tuple[str, str]] = frozenset()) -> RunConfig:
+        """The config with ``recipe``'s layer in its place; ``leave_out``: keys of yours not applied."""
+        cfg = C.defaults(self.task)
+        if self.time_limit:
+            C.merge(cfg, budget.time_limit_layer(cfg["train"]), "--time-limit")
+        if recipe:
+            C.merge(cfg, recipe, f"task {self.task.name!r} recipe")
+        for source, layer in self.yours:
+            C.merge(cfg, {section: {k: v for k, v in values.items() if (section, k) not in leave_out}
+                          if isinstance(values, dict) else values for section, values in layer.items()}, source)
+        return C.build(self.task, cfg)
+
+    def keys(self) -> set[tuple[str, str]]:
+        """Every ``(section, key)`` you set."""
+        return {(section, key) for _, layer in self.yours for section, values in layer.items()
+                if isinstance(values, dict) for key in values}
+
+
+def make_config(task: Task, config_file: str | None, overrides: list[str], seed: int | None,
+                time_limit: float | None = None) -> RunConfig:
+    """A new run's config before any recipe: the task's defaults under your settings."""
+    return Layers.of(task, config_file, overrides, seed, time_limit).build()
+
+
+@dataclass
+class Prepared:
+    """A new run as :func:`prepare` left it: ready for its first update."""
+
+    task: Task
+    config: RunConfig
+    data: TaskData
+    data_dir: str | None
+    device: torch.device
+    time_limit: float | None  # minutes of wall time for the whole command
+    started: float  # time.monotonic() when the command began: the time limit counts from here
+    recipe: dict | None = None  # what the budget bought, the record config.json and result.json keep
+
+    def seconds_left(self) -> float | None:
+        """The time limit's seconds not yet spent, or None without one."""
+        return self.time_limit * 60 - (time.monotonic() - self.started) if self.time_limit else None
+
+
+def check_time_limit(minutes: float | None) -> None:
+    if minutes is not None and not (math.isfinite(minutes) and minutes > 0):
+        raise TaskformerError(f"--time-limit must be a positive, finite number of minutes, got {minutes}")
+
+
+def check_budget(config: RunConfig, time_limit: float | None) -> None:
+    """Refuse a run that nothing would end: no epoch cap, no step limit and no time limit."""
+    if not config.train.epochs and not config.train.max_steps and not time_limit:
+        raise TaskformerError("config: train.epochs=0 (no epoch cap) needs a --time-limit or train.max_steps")
+
+
+def prepare(request: TrainRequest, shard: tuple[int, int] = (0, 1)) -> Prepared:
+    """Everything a new run settles before training; writes nothing. See the module's docstring."""
+    started = request.started or time.monotonic()
+    task, time_limit = request.task, request.time_limit
+    check_time_limit(time_limit)
+    layers = Layers.of(task, request.config_file, request.overrides, request.seed, time_limit)
+    config = layers.build()
+    check_budget(config, time_limit)
+    footprint = getattr(config.data, "footprint", None)  # data made from options: can it be made here?
+    if footprint:
+        check_memory(task, config, **footprint())
+    if shard[0] == 0:
+        rundir.check_out(request.out)  # refused now, not after the data and the probe
+    use_threads(config)
+    with progress.stage("loading data and training the tokenizer"):
+        data = load_data(task, config, request.data_dir)
+    run = Prepared(task, config, data, request.data_dir, pick_device(), time_limit, started)
+    if time_limit:
+        run.recipe = plan_time(run, layers, shard)
+        run.config = layers.build(run.recipe["overrides"])
+    return run
+
+
+def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
+    """The plan of a time-limited run: the recipe its budget buys and the warm-up for the updates
+    it plans, as the record a run keeps (see :func:`budget.choose`). The pace is ``train.pace`` if
+    set, else measured on a throwaway model under a forked random generator, so the run's weights and
+    batches are those it would have had without it. The table counts the target tokens of the
+    task's own model, so the keys it sets are measured at the task's values, not yours (a
+    ``model.members=4`` of yours would measure a quarter of the pace); your other settings stand.
+    With several processes rank 0 measures and every rank takes its plan."""
+    task, record = run.task, [None]
+    if shard[0] == 0:
+        probed = layers.build(leave_out=set(table_keys(task)))
+        with progress.stage("measuring the training pace and the decoding time"):
+            with torch.random.fork_rng(devices=[]):
+                model = build_model(task, probed, run.data.tokenizer.get_vocab_size(), run.data.labels,
+                                    training=True).to(run.device)
+            train_enc = encode(run.data, "train", probed.model.max_len, task.variant)
+            pace, source = probed.train.pace, "train.pace"
+            if not pace:
+                pace, source = budget.measure_pace(model, probed.train, train_enc, run.device) * shard[1], "measured"
+            per_example, ratio = decode_seconds(Run(None, task, probed, run.data.tokenizer, run.data.labels, model),
+                                                run.data)
+        # after training: a last validation (of the updates since the one before), the final evaluation
+        val = len(run.data.splits["val"])
+        final = per_example * (val / ratio + val + len(run.data.splits["test"]))
+        reserve = final * (1 + budget.RESERVE_MARGIN)
+        seconds = run.seconds_left() - reserve
+        if seconds <= 0:
+            raise TaskformerError(f"--time-limit {run.time_limit:g} leaves no time to train: the start took "
+                                  f"{time.monotonic() - run.started:.0f} s and the final evaluation needs about "
+                                  f"{final:.0f} s here; give more minutes")
+        record[0] = budget.choose(task.recipes, table_owner(task), pace, seconds, source, batching(layers, train_enc))
+        record[0].update(final_seconds=round(final, 1), reserve_seconds=round(reserve, 1), search_ratio=round(ratio, 3))
+        chosen = [*table_keys(task), *((s, k) for s, values in record[0]["overrides"].items() for k in values)]
+        overridden = [f"{s}.{k}" for s, k in dict.fromkeys(chosen) if (s, k) in layers.keys()]
+        if overridden:
+            record[0]["overridden"] = overridden
+            record[0]["why"] += f"; overridden by your settings: {', '.join(overridden)}"
+    if shard[1] > 1:
+        torch.distributed.broadcast_object_list(record, src=0)
+    return record[0]
+
+
+def batching(layers: Layers, train_enc: Encoded):
+    """``overrides -> (updates per target token, warm-up)`` of the config with those overrides: what
+    :func:`budget.choose` counts a budget's updates in."""
+    def of(overrides: dict) -> tuple[float, int]:
+        cfg = layers.build(overrides).train
+        return len(epoch_updates(cfg, train_enc.lengths())) / max(train_enc.targets(), 1), cfg.warmup
+    return of
+
+
+@torch.no_grad()
+def decode_seconds(run: Run, data: TaskData) -> tuple[float, float]:
+    """Seconds per example of the final evaluation's search on one decoding batch of val examples,
+    and how many times slower it is than the validations' search (``decode.eval_strategy``), by
+    which the validations' own times are scaled once training has begun. An untrained model writes
+    up to the length limit, so the first figure errs long, on the safe side."""
+    sample = data.splits["val"][:run.config.decode.batch_size]
+    run.model.eval()
+    seconds = []
+    for strategy in dict.fromkeys((run.config.decode.strategy, run.config.decode.eval_strategy)):
+        config = replace(run.config, decode=replace(run.config.decode, strategy=strategy))
+        begun = time.perf_counter()
+        evaluate_split(run, sample, config, "timing the final evaluation")
+        seconds.append((time.perf_counter() - begun) / max(len(sample), 1))
+    return seconds[0], seconds[0] / max(seconds[-1], 1e-9)
+
+
+def table_keys(task: Task) -> list[tuple[str, str]]:
+    """Every ``(section, key)`` that some row of the task's recipe table sets, in the table's order."""
+    rows = budget.check_table(task.recipes, table_owner(task))
+    return list(dict.fromkeys((section, key) for _, overrides, _ in rows
+                              for section, values in overrides.items() for key in values))
+
+
+def table_owner(task: Task) -> str:
+    """Who a malformed recipe table's error names: the plugin to fix, and its task."""
+    return f"plugin {task.plugin!r}, task {task.name!r}"
