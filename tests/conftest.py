@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,8 @@ from taskformer.plugins.manager import plugins
 DATA = Path(__file__).parent / "data"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# prepared data is cached per test session, never in the user's own cache folder
+os.environ["TASKFORMER_CACHE"] = tempfile.mkdtemp(prefix="taskformer-test-cache-")
 
 
 @pytest.fixture

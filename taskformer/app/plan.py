@@ -8,10 +8,9 @@ whatever would stop a run at its start stops the dry run the same way; no run di
 """
 from __future__ import annotations
 
-from taskformer.core.data import encode
 from taskformer.core.engine import epoch_updates, planned_updates
 from taskformer.plugins.manager import plugins
-from taskformer.app import hooks
+from taskformer.app import datacache, hooks
 from taskformer.app.prepare import TrainRequest, prepare
 
 
@@ -23,7 +22,7 @@ def dry_run(task_name: str, data_dir: str | None = None, config_file: str | None
     prepared = prepare(TrainRequest(task, data_dir, out, time_limit, seed, config_file, tuple(overrides)))
     config, data, recipe = prepared.config, prepared.data, prepared.recipe
     model = hooks.build_model(task, config, data.tokenizer.get_vocab_size(), data.labels, training=True)
-    train = encode(data, "train", config.model.max_len, task.variant)
+    train = datacache.encoded(data, "train", config.model.max_len, task.variant)
     per_epoch = len(epoch_updates(config.train, train.lengths()))
     m = config.model
     return {

@@ -24,11 +24,11 @@ from taskformer.core import budget
 from taskformer.core import config as C
 from taskformer.core import progress
 from taskformer.core.config import RunConfig
-from taskformer.core.data import Encoded, TaskData, encode
+from taskformer.core.data import Encoded, TaskData
 from taskformer.core.engine import epoch_updates
 from taskformer.core.errors import TaskformerError
 from taskformer.plugins.hookspecs import Task
-from taskformer.app import rundir
+from taskformer.app import datacache, rundir
 from taskformer.app.hooks import build_model, evaluate_split, load_data
 from taskformer.app.resources import check_memory, pick_device, use_threads
 from taskformer.app.run import Run
@@ -137,7 +137,7 @@ def prepare(request: TrainRequest, shard: tuple[int, int] = (0, 1)) -> Prepared:
         rundir.check_out(request.out)  # refused now, not after the data and the probe
     use_threads(config)
     with progress.stage("loading data and training the tokenizer"):
-        data = load_data(task, config, request.data_dir)
+        data = datacache.load(task, config, request.data_dir, lambda: load_data(task, config, request.data_dir))
     run = Prepared(task, config, data, request.data_dir, pick_device(), time_limit, started)
     if time_limit:
         run.recipe = plan_time(run, layers, shard)
@@ -160,7 +160,7 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
             with torch.random.fork_rng(devices=[]):
                 model = build_model(task, probed, run.data.tokenizer.get_vocab_size(), run.data.labels,
                                     training=True).to(run.device)
-            train_enc = encode(run.data, "train", probed.model.max_len, task.variant)
+            train_enc = datacache.encoded(run.data, "train", probed.model.max_len, task.variant)
             pace, source = probed.train.pace, "train.pace"
             if not pace:
                 pace, source = budget.measure_pace(model, probed.train, train_enc, run.device) * shard[1], "measured"

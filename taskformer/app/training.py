@@ -20,11 +20,12 @@ from taskformer.core import config as C
 from taskformer.core import precision
 from taskformer.core import progress
 from taskformer.core.config import RunConfig
-from taskformer.core.data import Encoded, TaskData, encode
+from taskformer.core.data import Encoded, TaskData
 from taskformer.core.engine import Trainer, evaluate_loss
 from taskformer.core.errors import TaskformerError
 from taskformer.plugins.hookspecs import Task
 from taskformer.plugins.manager import plugins
+from taskformer.app import datacache
 from taskformer.app.hooks import build_model, evaluate_split, load_data
 from taskformer.app.prepare import Prepared, TrainRequest, prepare
 from taskformer.app.resources import pick_device, use_threads
@@ -102,8 +103,8 @@ class Begun:
 
     def encoded(self) -> Begun:
         with progress.stage("encoding the train and val splits"):
-            self.train, self.val = (encode(self.data, s, self.run.config.model.max_len, self.run.task.variant)
-                                    for s in ("train", "val"))
+            self.train, self.val = (datacache.encoded(self.data, s, self.run.config.model.max_len,
+                                                      self.run.task.variant) for s in ("train", "val"))
         return self
 
 
@@ -150,7 +151,8 @@ def resumed(request: TrainRequest, shard: tuple[int, int], lock: ExitStack) -> B
     stamp, tokenizer = bound_files(run_dir, saved), read_tokenizer(run_dir)
     use_threads(config)
     with progress.stage("loading data and training the tokenizer"):
-        data = load_data(task, config, saved.get("data_dir"), tokenizer=tokenizer)
+        data = datacache.load(task, config, saved.get("data_dir"),
+                              lambda: load_data(task, config, saved.get("data_dir"), tokenizer=tokenizer), tokenizer)
     torch.manual_seed(config.train.seed)
     model = build_model(task, config, data.tokenizer.get_vocab_size(), data.labels, training=True).to(pick_device())
     run = Run(run_dir, task, config, data.tokenizer, data.labels, model)
