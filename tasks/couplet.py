@@ -96,6 +96,12 @@ TASK = Task(
     },
     data_options=Options,
     decode_options=Search,
+    # A short budget ends its schedule: the rate falls to zero over the last 30% of the time, which
+    # settles the weights a few minutes of training leave wandering (an hour is 25-70 M target tokens).
+    recipes=(
+        (0, {"train": {"cooldown": 0.3}}, "a short budget: decay to zero over the last 30%"),
+        (10e6, {}, "the defaults, validated over an hour"),
+    ),
 )
 
 

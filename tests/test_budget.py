@@ -313,3 +313,20 @@ def test_a_time_limit_too_short_for_the_final_evaluation_is_refused_before_train
     assert result.exit_code == 2 and not out.exists()  # nothing written: the run directory comes after the plan
     [line] = result.stderr.strip().splitlines()[-1:]
     assert line.startswith("Error: --time-limit 1e-06 leaves no time to train") and "give more minutes" in line
+
+
+# Ten minutes less the start and the final evaluation: 9 to 9.9 minutes of training, whatever the machine.
+@pytest.mark.parametrize("pace, members", [(1, 1), (10, 3), (100, 20)])
+def test_agnews_trains_fewer_members_where_the_budget_cannot_feed_twenty(cli, pace, members):
+    result = cli("run", "agnews", "--data-dir", str(DATA / "ag_news"), "--dry-run", "--quiet", "--time-limit", "10",
+                 "--set", f"train.pace={pace}", "--set", "train.threads=1")
+    assert result.exit_code == 0, result.output
+    [model] = [line for line in result.stdout.splitlines() if line.startswith("model: ")]
+    assert model.endswith("parameters") and (f", {members} members:" in model) == (members > 1)
+
+
+def test_a_short_translation_budget_ends_its_schedule_and_validates_less_often(cli):
+    out = translate_plan(cli, "--time-limit", "60", "--set", "train.pace=1000")  # about 3.6 M target tokens
+    [line] = [line for line in out.splitlines() if line.startswith("recipe: ")]
+    assert line.startswith("recipe: train.cooldown=0.3, train.average_last=0, train.eval_every=200")
+    assert "(from 0: a short budget" in line

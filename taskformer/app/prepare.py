@@ -175,7 +175,8 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
             raise TaskformerError(f"--time-limit {run.time_limit:g} leaves no time to train: the start took "
                                   f"{time.monotonic() - run.started:.0f} s and the final evaluation needs about "
                                   f"{final:.0f} s here; give more minutes")
-        record[0] = budget.choose(task.recipes, table_owner(task), pace, seconds, source, batching(layers, train_enc))
+        record[0] = budget.choose(task.recipes, table_owner(task), pace, seconds, source,
+                                  batching(layers, train_enc, probed))
         record[0].update(final_seconds=round(final, 1), reserve_seconds=round(reserve, 1), search_ratio=round(ratio, 3))
         chosen = [*table_keys(task), *((s, k) for s, values in record[0]["overrides"].items() for k in values)]
         overridden = [f"{s}.{k}" for s, k in dict.fromkeys(chosen) if (s, k) in layers.keys()]
@@ -187,12 +188,14 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
     return record[0]
 
 
-def batching(layers: Layers, train_enc: Encoded):
+def batching(layers: Layers, train_enc: Encoded, probed: RunConfig):
     """``overrides -> (updates per target token, warm-up)`` of the config with those overrides: what
-    :func:`budget.choose` counts a budget's updates in."""
+    :func:`budget.choose` counts a budget's updates in. The budget is in tokens of the probed model;
+    an ensemble of fewer members trains on proportionally more of them."""
     def of(overrides: dict) -> tuple[float, int]:
-        cfg = layers.build(overrides).train
-        return len(epoch_updates(cfg, train_enc.lengths())) / max(train_enc.targets(), 1), cfg.warmup
+        cfg = layers.build(overrides)
+        per_token = len(epoch_updates(cfg.train, train_enc.lengths())) / max(train_enc.targets(), 1)
+        return per_token * probed.model.members / cfg.model.members, cfg.train.warmup
     return of
 
 
