@@ -178,8 +178,10 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
         record[0] = budget.choose(task.recipes, table_owner(task), pace, seconds, source,
                                   batching(layers, train_enc, probed))
         record[0].update(final_seconds=round(final, 1), reserve_seconds=round(reserve, 1), search_ratio=round(ratio, 3))
-        chosen = [*table_keys(task), *((s, k) for s, values in record[0]["overrides"].items() for k in values)]
-        overridden = [f"{s}.{k}" for s, k in dict.fromkeys(chosen) if (s, k) in layers.keys()]
+        keys = [*table_keys(task), *((s, k) for s, values in record[0]["overrides"].items() for k in values)]
+        yours, chosen = (layers.build(record[0]["overrides"], leave_out) for leave_out in (set(), layers.keys()))
+        overridden = [f"{s}.{k}" for s, k in dict.fromkeys(keys)
+                      if getattr(getattr(yours, s), k) != getattr(getattr(chosen, s), k)]
         if overridden:
             record[0]["overridden"] = overridden
             record[0]["why"] += f"; overridden by your settings: {', '.join(overridden)}"
