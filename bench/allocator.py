@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 import torch
-from encn_tutorial_recipe import cpu_model  # bench/ is on the path when a script here runs
+from machine import cpu_name  # bench/ is on the path when a script here runs
 
-from taskformer.app.runner import keep_freed_memory
+from taskformer.app.resources import keep_freed_memory
 from taskformer.core import config as C
 from taskformer.core.engine import TrainConfig, Trainer
 from taskformer.core.model import ModelConfig, Transformer
@@ -82,7 +82,7 @@ def main() -> None:
                                   "--max-tokens", str(args.max_tokens)], capture_output=True, text=True, check=True)
             runs[mode].append(json.loads(out.stdout))
     medians = {mode: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for mode, rs in runs.items()}
-    print(f"{cpu_model()}, {torch.backends.cpu.get_cpu_capability()}, "
+    print(f"{cpu_name()}, {torch.backends.cpu.get_cpu_capability()}, "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}, {dt.datetime.now():%Y-%m-%d %H:%M}")
     print(f"{args.rounds} rounds x {args.steps} updates of {args.max_tokens} target tokens; medians")
     print(f"{'':10} {'s/update':>9} {'faults/update':>14} {'peak RSS MiB':>13}")

@@ -24,7 +24,8 @@ from dataclasses import replace
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 
-from taskformer.app import runner
+from taskformer.app import hooks, runner
+from taskformer.plugins.run import spread
 from taskformer.core.checkpoint import read_json
 from taskformer.tasks.couplet import TONE_MODES
 
@@ -66,14 +67,14 @@ def main() -> None:
     if args.beam:
         run.config = runner.with_search(run.config, beam=args.beam)
     data_dir = read_json(run.dir / "config.json").get("data_dir")
-    pairs = runner.load_data(run.task, run.config, data_dir, [args.split], run.tokenizer).splits[args.split]
+    pairs = hooks.load_data(run.task, run.config, data_dir, [args.split], run.tokenizer).splits[args.split]
     print(f"{args.run_dir}: {args.split}, {len(pairs)} pairs")
     off = replace(run.config, decode=replace(run.config.decode, tone_final="off", tone_opposition="off"))
     if args.paired:
         paired(run, pairs, {"tone rules off": off, "the run's decoding": run.config}, args.paired)
         return
     if args.samples:
-        chosen = runner.spread(pairs, args.samples)
+        chosen = spread(pairs, args.samples)
         plain, _ = runner.predict(run, [s for s, _ in chosen], off)
         ruled, _ = runner.predict(run, [s for s, _ in chosen], run.config)
         print("| first line | reference | tone rules off | tone rules on (the run's) |\n| --- | --- | --- | --- |")
@@ -82,7 +83,7 @@ def main() -> None:
         return
     print(f"{'final':>5} {'opp.':>5} {'pen.':>5} | {'BLEU':>6} {'final%':>7} {'opp.%':>6} {'len%':>6} {'punct%':>6} "
           f"{'dist-2':>6} {'s':>5}")
-    refs = runner.score(run.task, pairs, [r for _, r in pairs])  # the human second lines, scored as outputs
+    refs = hooks.score(run.task, pairs, [r for _, r in pairs])  # the human second lines, scored as outputs
     print(f"  the references themselves | {'':>6} {refs['final_tone']:7.2f} {refs['opposition']:6.2f}")
     rows = [{"references": True, **refs}]
     for final, opposition, penalty in settings(args.penalties, args.finals):
@@ -90,7 +91,7 @@ def main() -> None:
                          tone_penalty=penalty or run.config.decode.tone_penalty)
         decode.validate()
         started = time.perf_counter()
-        metrics, _ = runner.evaluate_split(run, pairs, replace(run.config, decode=decode))
+        metrics, _ = hooks.evaluate_split(run, pairs, replace(run.config, decode=decode))
         seconds = time.perf_counter() - started
         rows.append({"tone_final": final, "tone_opposition": opposition, "tone_penalty": penalty, **metrics})
         print(f"{final:>5} {opposition:>5} {penalty or '':>5} | {metrics['bleu']:6.2f} {metrics['final_tone']:7.2f} "
@@ -105,7 +106,7 @@ def paired(run, pairs, configs: dict, resamples: int) -> None:
     """Decode ``pairs`` under each of ``configs`` (the first is the baseline) and bootstrap their BLEU gap."""
     outputs = {}
     for name, config in configs.items():
-        metrics, rows = runner.evaluate_split(run, pairs, config)
+        metrics, rows = hooks.evaluate_split(run, pairs, config)
         outputs[name] = [hyp for _, hyp, _ in rows]
         print(f"{name:>20}: char BLEU {metrics['bleu']:.3f}, final tone {metrics['final_tone']:.2f}%, "
               f"opposition {metrics['opposition']:.2f}%, distinct-2 {metrics['distinct_2']:.2f}", flush=True)

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from taskformer import Label
-from taskformer.app import runner
+from taskformer.app import hooks, runner
 from taskformer.app.prepare import make_config
 from taskformer.app.cli import main
 from taskformer.plugins.manager import plugins
@@ -31,7 +31,7 @@ def task():
 
 def load(data_dir, *overrides, seed=None):
     cfg = make_config(task(), None, list(overrides), seed)
-    return runner.load_data(task(), cfg, data_dir)
+    return hooks.load_data(task(), cfg, data_dir)
 
 
 def write(path, text: str, gz: bool = False):
@@ -209,7 +209,7 @@ def test_eval_reloads_the_run(trained, cli, tmp_path):
 # -- metrics ------------------------------------------------------------------------------------------
 
 def score(hyps, refs):
-    return runner.score(task(), [("", r) for r in refs], hyps)
+    return hooks.score(task(), [("", r) for r in refs], hyps)
 
 
 def test_metrics_on_hand_made_outputs():
@@ -226,7 +226,7 @@ def test_metrics_on_hand_made_outputs():
 
 def test_metrics_of_another_task_never_reach_agnews():
     # agnews's metrics hook has no guard: were it called for copy's string outputs, it would fail
-    assert runner.score(plugins().task("copy"), [("World", "World")], ["World"]) == \
+    assert hooks.score(plugins().task("copy"), [("World", "World")], ["World"]) == \
         {"exact_match": 100.0, "token_accuracy": 100.0}
 
 

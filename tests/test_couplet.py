@@ -15,7 +15,7 @@ from dataclasses import replace
 from taskformer import EOS, UNK, characters
 from taskformer.app import runner
 from taskformer.app.prepare import make_config
-from taskformer.app.runner import build_model, decode_texts, load_data, score
+from taskformer.app.hooks import build_model, decode_texts, load_data, score
 from taskformer.plugins.manager import plugins
 from taskformer.tasks.couplet import FREE, LEVEL, OBLIQUE, form_constraint, tone, tone_checks, tone_targets
 

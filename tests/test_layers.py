@@ -30,3 +30,22 @@ def test_a_plugin_and_the_plugin_manager_load_without_the_application():
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
+
+
+def test_no_module_of_a_lower_layer_imports_a_higher_one():
+    """Read, not run: an import under ``if TYPE_CHECKING`` or inside a function counts too."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    above = {"core": ("taskformer.plugins", "taskformer.tasks", "taskformer.app", "taskformer.api"),
+             "plugins": ("taskformer.tasks", "taskformer.app", "taskformer.api"),
+             "tasks": ("taskformer.app", "taskformer.api")}
+    found = []
+    for layer, higher in above.items():
+        for path in sorted((root / layer).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                found += [f"{path.relative_to(root)}: {n}" for n in names if n.startswith(higher)]
+    assert not found, found

@@ -132,7 +132,7 @@ def test_a_weights_file_alone_is_the_users_not_a_failed_run(cli, tmp_path):
 
 BIG_TENSOR_FAULTS = """
 import resource, sys, torch
-from taskformer.app.runner import keep_freed_memory
+from taskformer.app.resources import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
 def faults():

@@ -10,7 +10,7 @@ import pytest
 import sacrebleu
 
 from conftest import task_data
-from taskformer.app.runner import score
+from taskformer.app.hooks import score
 from taskformer.plugins.manager import plugins
 
 TASK = "translate-en-zh"

@@ -29,7 +29,7 @@ from taskformer.plugins.builtin import defaults as default_decoder
 from taskformer.plugins.hookspecs import Output, Task
 from taskformer.plugins.manager import PluginError, plugins
 from taskformer.app.resources import check_memory
-from taskformer.app.run import SPLITS, Prediction, Run
+from taskformer.plugins.run import SPLITS, Prediction, Run
 
 
 def build_model(task: Task, config: RunConfig, vocab_size: int, labels: list[str] | None,

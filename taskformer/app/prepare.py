@@ -31,7 +31,7 @@ from taskformer.plugins.hookspecs import Task
 from taskformer.app import datacache, rundir
 from taskformer.app.hooks import build_model, evaluate_split, load_data
 from taskformer.app.resources import check_memory, pick_device, use_threads
-from taskformer.app.run import Run
+from taskformer.plugins.run import Run
 
 
 

@@ -28,7 +28,7 @@ from taskformer.core.errors import TaskformerError
 from taskformer.core.model import Transformer
 from taskformer.core.tokenize import check_specials
 from taskformer.plugins.hookspecs import Output
-from taskformer.app.run import Prediction
+from taskformer.plugins.run import Prediction
 
 
 class RunDirBusy(TaskformerError):

@@ -19,10 +19,8 @@ from taskformer.core.errors import TaskformerError
 from taskformer.plugins.manager import plugins
 from taskformer.app import hooks, training
 from taskformer.app.hooks import build_model, decode_texts, evaluate_split, load_data, normalize
-from taskformer.app.hooks import score  # noqa: F401 -- tests and bench/couplet_tones.py use it from here
 from taskformer.app.resources import check_search_memory, pick_device, use_threads
-from taskformer.app.resources import keep_freed_memory  # noqa: F401 -- tests and bench/allocator.py
-from taskformer.app.run import Run, spread  # noqa: F401 -- spread: bench/couplet_tones.py
+from taskformer.plugins.run import Run
 from taskformer.app.rundir import (bound_files, load_run_weights, read_result, read_run_config, read_tokenizer,
                                    row_from_json)
 from taskformer.app.prepare import TrainRequest

@@ -31,7 +31,7 @@ from taskformer.core.decoding import Label, word_tags
 from taskformer.core.engine import autocast
 from taskformer.core.errors import TaskformerError
 from taskformer.plugins.manager import plugins
-from taskformer.app import runner
+from taskformer.app import hooks, runner
 from taskformer.app.batching import Batcher, QueueFull
 
 MAX_BEAM = 16
@@ -127,7 +127,7 @@ class Served:
     def distributions(self, texts: list[str]) -> list[dict[str, float] | None]:
         """Every label's probability for each text (the page's bars), each text on its own."""
         run, found = self.run, []
-        for text in runner.normalize(run.task, texts):
+        for text in hooks.normalize(run.task, texts):
             if not text.strip():
                 found.append(None)
                 continue

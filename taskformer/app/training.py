@@ -29,7 +29,7 @@ from taskformer.app import datacache
 from taskformer.app.hooks import build_model, evaluate_split, load_data
 from taskformer.app.prepare import Prepared, TrainRequest, prepare
 from taskformer.app.resources import pick_device, use_threads
-from taskformer.app.run import SPLITS, Run
+from taskformer.plugins.run import SPLITS, Run
 from taskformer.app.rundir import (RunDirBusy, bound_files, locked, load_run_weights, model_digest, new_run_dir,
                                    read_run_config, read_tokenizer, row_json, run_mark)
 
