@@ -67,6 +67,14 @@ def saved(out, name):
     return json.loads((out / name).read_text())
 
 
+def paced_run(cli, task, out, pace):
+    """Two updates of ``task`` under an hour's limit at a given pace: its output and recipe record."""
+    result = cli("run", task, "--out", str(out), "--time-limit", "60", "--set", f"train.pace={pace}",
+                 "--set", "train.max_steps=2")
+    assert result.exit_code == 0, result.output
+    return result, saved(out, "result.json")["info"]["recipe"]
+
+
 def translate_plan(cli, *args):
     # model.members=1 keeps the plan independent of the ensembles the recipe asks for
     result = cli("run", "translate-de-en", "--data-dir", str(DATA / "multi30k"), "--dry-run", "--quiet",
@@ -97,10 +105,7 @@ def test_without_a_time_limit_there_is_no_recipe_and_the_epochs_stay(cli):
 
 def test_a_time_limited_run_records_its_recipe_and_why(cli, sorting, tmp_path):
     out = tmp_path / "run"
-    result = cli("run", sorting, "--out", str(out), "--time-limit", "60", "--set", "train.pace=300",
-                 "--set", "train.max_steps=2")
-    assert result.exit_code == 0, result.output
-    recipe = saved(out, "result.json")["info"]["recipe"]
+    result, recipe = paced_run(cli, sorting, out, 300)
     assert f"recipe: {recipe['why']}" in result.stderr  # said before training
     assert recipe["why"].startswith(f"model.d_ff=96: 300 tok/s (train.pace) × {recipe['train_seconds'] / 60:.1f} min "
                                     "of training = 1 M target tokens, about ")
@@ -267,10 +272,7 @@ def short(register):
 
 def test_a_short_budget_cuts_the_warm_up_to_a_share_of_the_updates_it_buys(cli, short, tmp_path):
     out = tmp_path / "run"
-    result = cli("run", short, "--out", str(out), "--time-limit", "60", "--set", "train.pace=10",
-                 "--set", "train.max_steps=2")
-    assert result.exit_code == 0, result.output
-    recipe = saved(out, "result.json")["info"]["recipe"]
+    _, recipe = paced_run(cli, short, out, 10)
     warmup = saved(out, "config.json")["config"]["train"]["warmup"]
     assert 1 <= warmup == recipe["overrides"]["train"]["warmup"] <= 0.1 * recipe["planned_updates"] + 1 < 4000
     assert recipe["name"] == f"model.d_ff=96, train.warmup={warmup}"
@@ -278,10 +280,7 @@ def test_a_short_budget_cuts_the_warm_up_to_a_share_of_the_updates_it_buys(cli, 
 
 def test_a_budget_below_the_smallest_recipe_says_so_before_training_and_in_the_report(cli, short, tmp_path):
     out = tmp_path / "run"
-    result = cli("run", short, "--out", str(out), "--time-limit", "60", "--set", "train.pace=10",
-                 "--set", "train.max_steps=2")
-    assert result.exit_code == 0, result.output
-    recipe = saved(out, "result.json")["info"]["recipe"]
+    result, recipe = paced_run(cli, short, out, 10)
     assert recipe["short"].startswith("the budget, 36 k target tokens, is below the 1 M that the task's smallest "
                                       "recipe needs; about 1666.7 min of training would reach it")
     warned = result.stderr.index(f"warning: {recipe['short']}")
