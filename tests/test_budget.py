@@ -285,6 +285,7 @@ def test_a_budget_below_the_smallest_recipe_says_so_before_training_and_in_the_r
                                       "recipe needs; about 1666.7 min of training would reach it")
     warned = result.stderr.index(f"warning: {recipe['short']}")
     assert warned < result.stderr.index("training: first update done")  # before training
+    assert re.search(r"training: first update done [0-9.]+ s after the command started", result.stderr)
     assert "budget warning" in (out / "report.txt").read_text()
     plan = cli("run", short, "--dry-run", "--quiet", "--time-limit", "60", "--set", "train.pace=10")
     assert plan.exit_code == 0 and f"warning: the budget, 36 k target tokens" in plan.stdout

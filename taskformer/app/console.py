@@ -25,7 +25,7 @@ class ProgressDisplay:
         self.console = Console(stderr=True, log_path=False)
         self.live = not quiet and self.console.is_terminal
         self.quiet, self.stages, self.train_bar = quiet, [], None
-        self.last_val, self.drawn = "", 0.0
+        self.last_val, self.drawn, self.begun = "", 0.0, None  # begun: (monotonic, seconds since the command began)
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
                                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=self.console)
 
@@ -59,6 +59,7 @@ class ProgressDisplay:
             self._say(f"{e['name']}: done in {e['seconds']:.1f} s")
         elif kind == "begun":
             self._say(f"run directory: {e['run_dir']}")
+            self.begun = (time.monotonic(), e["since_start"])
         elif kind == "update":
             self._update(e)
         elif kind == "train" and not self.live:
@@ -84,8 +85,9 @@ class ProgressDisplay:
         """The training bar after an update: against the time budget, else the planned updates."""
         step, elapsed = e["step"], e["elapsed"]
         if not self.live:
-            if step == 1:
-                self._say(f"training: first update done after {elapsed:.1f} s")
+            if step == 1 and self.begun:
+                since = time.monotonic() - self.begun[0] + self.begun[1]
+                self._say(f"training: first update done {since:.1f} s after the command started")
             return
         now = time.monotonic()
         if self.train_bar is not None and now - self.drawn < REDRAW:

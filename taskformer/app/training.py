@@ -80,7 +80,8 @@ def train(request: TrainRequest, on_event=lambda e: None, shard: tuple[int, int]
                 if prepared.recipe:
                     on_event({"event": "recipe", **prepared.recipe})
                 begun = begin(prepared, request.out, shard, lock)
-            on_event({"event": "begun", "run_dir": str(begun.run.dir), "time_limit": begun.time_limit})
+            on_event({"event": "begun", "run_dir": str(begun.run.dir), "time_limit": begun.time_limit,
+                      "since_start": time.monotonic() - begun.started})
             state = fit(begun, on_event, shard)
             return begun.run if shard[0] != 0 else finish(begun, state)  # rank 0 alone evaluates and reports
         except RunDirBusy as e:
