@@ -33,8 +33,8 @@ def one_line_error(result, expected):
     (["--set", "train.lr=nan"], "train.lr must be a finite number"),
     (["--set", "train.clip=-5"], "train.clip"),
     (["--set", "decode.max_len_a=nan"], "decode.max_len_a must be a finite number"),
-    (["--time-limit", "nan"], "--time-limit must be a finite number"),
-    (["--time-limit", "inf"], "--time-limit must be a finite number"),
+    (["--time-limit", "nan"], "--time-limit must be a positive, finite number"),
+    (["--time-limit", "inf"], "--time-limit must be a positive, finite number"),
 ])
 def test_bad_settings_are_refused_before_training(cli, tmp_path, args, expected):
     one_line_error(cli("run", "copy", "--out", str(tmp_path / "r"), *TINY, *args), expected)

@@ -147,25 +147,15 @@ def prepare(request: TrainRequest, shard: tuple[int, int] = (0, 1)) -> Prepared:
 
 def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
     """The plan of a time-limited run: the recipe its budget buys and the warm-up for the updates
-    it plans, as the record a run keeps (see :func:`budget.choose`). The pace is ``train.pace`` if
-    set, else measured on a throwaway model under a forked random generator, so the run's weights and
-    batches are those it would have had without it. The table counts the target tokens of the
-    task's own model, so the keys it sets are measured at the task's values, not yours (a
-    ``model.members=4`` of yours would measure a quarter of the pace); your other settings stand.
+    it plans, as the record a run keeps (see :func:`budget.choose`). The table counts the target
+    tokens of the task's own model, so the keys it sets are measured at the task's values, not yours
+    (a ``model.members=4`` of yours would measure a quarter of the pace); your other settings stand.
     With several processes rank 0 measures and every rank takes its plan."""
     task, record = run.task, [None]
     if shard[0] == 0:
         probed = layers.build(leave_out=set(table_keys(task)))
-        with progress.stage("measuring the training pace and the decoding time"):
-            with torch.random.fork_rng(devices=[]):
-                model = build_model(task, probed, run.data.tokenizer.get_vocab_size(), run.data.labels,
-                                    training=True).to(run.device)
-            train_enc = datacache.encoded(run.data, "train", probed.model.max_len, task.variant)
-            pace, source = probed.train.pace, "train.pace"
-            if not pace:
-                pace, source = budget.measure_pace(model, probed.train, train_enc, run.device) * shard[1], "measured"
-            per_example, ratio = decode_seconds(Run(None, task, probed, run.data.tokenizer, run.data.labels, model),
-                                                run.data)
+        train_enc = datacache.encoded(run.data, "train", probed.model.max_len, task.variant)
+        pace, source, per_example, ratio = probe(run, probed, train_enc, shard[1])
         # after training: a last validation (of the updates since the one before), the final evaluation
         val = len(run.data.splits["val"])
         final = per_example * (val / ratio + val + len(run.data.splits["test"]))
@@ -178,16 +168,36 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
         record[0] = budget.choose(task.recipes, table_owner(task), pace, seconds, source,
                                   batching(layers, train_enc, probed))
         record[0].update(final_seconds=round(final, 1), reserve_seconds=round(reserve, 1), search_ratio=round(ratio, 3))
-        keys = [*table_keys(task), *((s, k) for s, values in record[0]["overrides"].items() for k in values)]
-        yours, chosen = (layers.build(record[0]["overrides"], leave_out) for leave_out in (set(), layers.keys()))
-        overridden = [f"{s}.{k}" for s, k in dict.fromkeys(keys)
-                      if getattr(getattr(yours, s), k) != getattr(getattr(chosen, s), k)]
-        if overridden:
+        if overridden := yours_over(task, layers, record[0]["overrides"]):
             record[0]["overridden"] = overridden
             record[0]["why"] += f"; overridden by your settings: {', '.join(overridden)}"
     if shard[1] > 1:
         torch.distributed.broadcast_object_list(record, src=0)
     return record[0]
+
+
+def probe(run: Prepared, probed: RunConfig, train_enc: Encoded, ranks: int) -> tuple[float, str, float, float]:
+    """On a throwaway model of ``probed``, built and trained under a forked random generator (so the
+    run's weights and batches are those it would have had without it): the pace (``train.pace`` if
+    set, else measured; all ranks together), where it came from, and :func:`decode_seconds`."""
+    with progress.stage("measuring the training pace and the decoding time"):
+        with torch.random.fork_rng(devices=[]):
+            model = build_model(run.task, probed, run.data.tokenizer.get_vocab_size(), run.data.labels,
+                                training=True).to(run.device)
+        pace, source = probed.train.pace, "train.pace"
+        if not pace:
+            pace, source = budget.measure_pace(model, probed.train, train_enc, run.device) * ranks, "measured"
+        per_example, ratio = decode_seconds(Run(None, run.task, probed, run.data.tokenizer, run.data.labels, model),
+                                            run.data)
+    return pace, source, per_example, ratio
+
+
+def yours_over(task: Task, layers: Layers, overrides: dict) -> list[str]:
+    """The keys of the task's table and of the row picked whose value your settings changed."""
+    keys = [*table_keys(task), *((s, k) for s, values in overrides.items() for k in values)]
+    yours, chosen = (layers.build(overrides, leave_out) for leave_out in (set(), layers.keys()))
+    return [f"{s}.{k}" for s, k in dict.fromkeys(keys)
+            if getattr(getattr(yours, s), k) != getattr(getattr(chosen, s), k)]
 
 
 def batching(layers: Layers, train_enc: Encoded, probed: RunConfig):
