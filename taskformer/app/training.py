@@ -172,13 +172,16 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
     final_examples = len(data.splits["val"]) + len(data.splits["test"])
     recipe = begun.recipe or {}
     reserve = [recipe.get("reserve_seconds", 0.0)]  # the probe's estimate until the first validation
+    ratio = [None]  # the final search's time per example over the validations', once measured
 
     def evaluate() -> dict:
         begun_at = time.monotonic()
         metrics, _ = evaluate_split(run, data.splits["val"], eval_config, "validating")
         metrics = {"loss": evaluate_loss(run.model, val_enc, config.train, device), **metrics}
         validation = time.monotonic() - begun_at  # one more may follow the last update (see Trainer.fit)
-        final = validation / len(data.splits["val"]) * final_examples * recipe.get("search_ratio", 1.0)
+        if begun.time_limit and ratio[0] is None:  # an untrained model's searches end anywhere: time a learning one
+            ratio[0] = search_ratio(run, data, validation / len(data.splits["val"]))
+        final = validation / len(data.splits["val"]) * final_examples * (ratio[0] or 1.0)
         reserve[0] = (validation + final) * (1 + budget.RESERVE_MARGIN)
         return metrics
 
@@ -206,6 +209,17 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
     if trainer.stop_reason:
         raise Interrupted(run.dir, trainer.stop_reason)
     return state
+
+
+def search_ratio(run: Run, data: TaskData, per_example: float) -> float:
+    """How many times the validations' ``per_example`` seconds the final search takes, timed on one
+    decoding batch of val (1 where they are the same search)."""
+    if run.config.decode.strategy == run.config.decode.eval_strategy:
+        return 1.0
+    sample = data.splits["val"][:run.config.decode.batch_size]
+    begun_at = time.monotonic()
+    evaluate_split(run, sample, run.config, "timing the final search")
+    return (time.monotonic() - begun_at) / len(sample) / max(per_example, 1e-9)
 
 
 def finish(begun: Begun, state: dict) -> Run:
