@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from taskformer.core.decoding import DecodeConfig
+from taskformer.core.decode_config import DecodeConfig
 from taskformer.core.engine import TrainConfig
 from taskformer.core.errors import TaskformerError
 from taskformer.core.model import ModelConfig

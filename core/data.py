@@ -11,13 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from tokenizers import Tokenizer
 
 from taskformer.core import variants
 from taskformer.core.errors import DataError
-from taskformer.core.model import BOS, EOS, PAD
 from taskformer.core.progress import stage
+from taskformer.core.tokenize import BOS, EOS, PAD
 
 IGNORE = -100  # a target that is not scored: a tagging position with no label (BOS, padding, a word's later tokens)
 
@@ -217,6 +216,8 @@ def token_batches(lengths: list[int], max_tokens: int, seed: int | None = None) 
 
 def pad(seqs: list[list[int]], value: int = PAD) -> torch.Tensor:
     """Right-pad id lists with ``value`` into a (N, max length) tensor."""
+    import torch  # here, not above: a task's declaration imports this module, and listing tasks needs no torch
+
     out = torch.full((len(seqs), max(len(s) for s in seqs)), value, dtype=torch.long)
     for i, s in enumerate(seqs):
         out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
@@ -224,6 +225,8 @@ def pad(seqs: list[list[int]], value: int = PAD) -> torch.Tensor:
 
 
 def collate(enc: Encoded, index: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch
+
     src = pad([enc.src[i] for i in index])
     if isinstance(enc.tgt[0], list):
         return src, pad([enc.tgt[i] for i in index], enc.target_pad)

@@ -16,12 +16,9 @@ from typing import Callable, Iterable, Iterator, NamedTuple, Protocol, TypeVar
 
 import torch
 
-from taskformer.core import variants
 from taskformer.core.errors import TaskformerError
 from taskformer.core.model import BOS, EOS, PAD, Transformer
-from taskformer.core.options import check, option
-from taskformer.core.variants import VARIANTS
-from taskformer.core.inference import QUANTIZE
+from taskformer.core.decode_config import DecodeConfig  # noqa: F401 -- the search's settings, named here too
 
 
 class Constraint(Protocol):
@@ -358,31 +355,3 @@ def decode_workers(workers: int, device: torch.device, batches: int) -> int:
     if not workers:
         workers = torch.get_num_threads() if device.type == "cpu" else 1
     return min(workers, batches)
-
-
-STRATEGIES = ("beam", "greedy")
-SEARCHED = tuple(v for v in VARIANTS if variants.of(v).decoder)  # outputs are searched: the search options apply
-
-
-@dataclass
-class DecodeConfig:
-    """How sequence tasks search; ``max_len_a * source_length + max_len_b`` bounds each output."""
-
-    strategy: str = option("beam", "Search for test outputs and predict.", choices=STRATEGIES, variants=SEARCHED)
-    beam: int = option(5, "Beam size (1 is greedy).", at_least=1, variants=SEARCHED)
-    length_penalty: float = option(1.0, "Finished beams are ranked by score / ((5 + length) / 6) ** length_penalty "
-                                   "(Wu et al., 2016); 0: by score alone.", variants=SEARCHED)
-    max_len_a: float = option(1.2, "Output length limit: max_len_a * source length + max_len_b tokens.",
-                              at_least=0, variants=SEARCHED)
-    max_len_b: int = option(10, "See max_len_a.", at_least=0, variants=SEARCHED)
-    batch_size: int = option(128, "Inputs per decoding batch.", at_least=1)
-    workers: int = option(0, "Batches decoded at once (CPU threads); 0: one per torch thread on CPU, one on GPUs.",
-                          at_least=0)
-    eval_strategy: str = option("greedy", "Cheaper search for the per-evaluation validation score.",
-                                choices=STRATEGIES, variants=SEARCHED)
-    quantize: str = option("none", "int8: decode with int8 linear layers (dynamic quantization, CPU; "
-                           "docs/benchmarks.md has its speed and quality).", choices=QUANTIZE)
-
-    def validate(self) -> None:
-        """Refuse values outside each field's range (its metadata); a task's subclass adds its own checks."""
-        check("decode", self)

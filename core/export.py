@@ -13,7 +13,8 @@ tasks or plugins. The mapping onto ``ctranslate2.specs.TransformerSpec``:
   the spec; left empty, CTranslate2 would build its own table, laid out differently.
 
 ``ctranslate2`` is an optional dependency (``pip install taskformer[export]``): it is imported
-only when an export runs.
+only when an export runs, and so are torch and the model (the command line reads
+:data:`QUANTIZATIONS` for its help, which should not wait for them).
 """
 from __future__ import annotations
 
@@ -24,13 +25,17 @@ import stat
 import tempfile
 from pathlib import Path
 
-import torch
+from typing import TYPE_CHECKING
+
 from tokenizers import Tokenizer
 
-from taskformer.core.checkpoint import read_json, write_json
 from taskformer.core.errors import TaskformerError
-from taskformer.core.model import Ensemble, Generator, Transformer
 from taskformer.core.tokenize import SPECIALS
+
+if TYPE_CHECKING:
+    import torch
+
+    from taskformer.core.model import Transformer
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
                  "bfloat16")
@@ -46,11 +51,13 @@ class ExportExists(ExportError):
 
 
 def _numpy(t: torch.Tensor):
-    return t.detach().to("cpu", torch.float32).numpy()
+    return t.detach().cpu().float().numpy()
 
 
 def check_exportable(model: Transformer) -> None:
     """Refuse models CTranslate2's ``TransformerSpec`` cannot express, before any work is done."""
+    from taskformer.core.model import Ensemble, Generator
+
     if not model.cfg.kind.exportable:
         raise ExportError(
             "only encoder-decoder models can be exported to CTranslate2: its encoder-only models "
@@ -158,6 +165,8 @@ def vocabulary(tokenizer: Tokenizer, size: int) -> list[str]:
 def earlier_export(out_dir: Path) -> list[str] | None:
     """The files an earlier export wrote into ``out_dir``, as its manifest lists them; None where
     there is no manifest of ours (a link or anything but a list of plain file names is not ours)."""
+    from taskformer.core.checkpoint import read_json
+
     path = out_dir / MANIFEST
     try:
         if not stat.S_ISREG(os.lstat(path).st_mode):
@@ -200,6 +209,10 @@ def to_ctranslate2(model: Transformer, tokenizer: Tokenizer, out_dir: str | Path
     built in a temporary folder beside ``out_dir`` (CTranslate2's converter deletes the folder it
     writes to) and each file is moved in by rename, replacing a link rather than writing through it.
     """
+    import torch
+
+    from taskformer.core.checkpoint import write_json
+
     check_exportable(model)
     if quantization not in QUANTIZATIONS:
         raise ExportError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, not {quantization!r}")

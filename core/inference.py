@@ -31,9 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from taskformer.core.decode_config import QUANTIZE
 from taskformer.core.model import MultiHeadAttention
 
-QUANTIZE = ("none", "int8")
 _copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (key, copy)
 _lock = threading.Lock()  # decoding workers share one copy
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-import sacrebleu
-
 
 def translation_metrics(hypotheses: list[str], references: list[str], tokenize: str = "13a") -> dict[str, float]:
     """Corpus BLEU and chrF of detokenized hypotheses against one reference each.
@@ -16,6 +14,8 @@ def translation_metrics(hypotheses: list[str], references: list[str], tokenize: 
     (an unsegmented Chinese sentence would otherwise be one long "word"). chrF reads characters and
     needs no tokenizer.
     """
+    import sacrebleu  # here: the tagging metrics below need none of it
+
     refs = [references]
     return {"bleu": sacrebleu.corpus_bleu(hypotheses, refs, tokenize=tokenize).score,
             "chrf": sacrebleu.corpus_chrf(hypotheses, refs).score}

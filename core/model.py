@@ -22,9 +22,8 @@ from torch import nn
 
 from taskformer.core import variants
 from taskformer.core.options import check, option
+from taskformer.core.tokenize import BOS, EOS, PAD, UNK  # noqa: F401 -- the ids every tokenizer reserves
 from taskformer.core.variants import VARIANTS
-
-PAD, BOS, EOS, UNK = 0, 1, 2, 3
 
 
 @dataclass

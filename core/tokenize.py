@@ -1,6 +1,6 @@
 """Tokenizers for every task, built on Hugging Face ``tokenizers``.
 
-Every tokenizer reserves the same four ids (see :mod:`taskformer.core.model`), so the core can
+Every tokenizer reserves the same four ids (``PAD``, ``BOS``, ``EOS``, ``UNK``), so the core can
 pad, start and stop sequences without knowing which task it serves. Each tokenizer is a single
 ``tokenizer.json`` in the run directory, reloaded for ``eval`` and ``predict``.
 """
@@ -12,7 +12,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 
 from taskformer.core.progress import track
 
-SPECIALS = ["[PAD]", "[BOS]", "[EOS]", "[UNK]"]  # ids 0..3, matching model.PAD/BOS/EOS/UNK
+PAD, BOS, EOS, UNK = 0, 1, 2, 3
+SPECIALS = ["[PAD]", "[BOS]", "[EOS]", "[UNK]"]  # their tokens, ids 0..3
 
 # CJK radicals, symbols and punctuation, ideographs, compatibility forms and full-width forms.
 CJK = r"[\u2e80-\u2fdf\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\ufe30-\ufe4f\uff00-\uffef]"

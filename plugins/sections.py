@@ -15,8 +15,6 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from taskformer.core.checkpoint import WriteFailed, atomic_write
-from taskformer.core.decoding import cross_attention_map
 from taskformer.core.tokenize import CJK
 
 HEATMAP = "attention.png"
@@ -25,6 +23,8 @@ HEATMAP = "attention.png"
 def save_file(path: Path, data: str | bytes) -> None:
     """``atomic_write`` for the report's files: a read-only or full run directory is named as such
     (:class:`WriteFailed`), never as a failure of the plugin whose section wrote."""
+    from taskformer.core.checkpoint import WriteFailed, atomic_write  # here: a task's declaration imports this module
+
     try:
         atomic_write(path, data)
     except OSError as e:
@@ -107,6 +107,8 @@ def _plot_attention(run, source: str, output: str, source_language: str, target_
     """Plot the heatmap; False when some token labels are CJK characters that no installed font can draw."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # imported here: only reports need it
     from matplotlib.figure import Figure
+
+    from taskformer.core.decoding import cross_attention_map
 
     xlabels, ylabels, weights = cross_attention_map(run.model, run.tokenizer, source, output)  # (T, S) rows
     needs_cjk = any(re.search(CJK, t) for t in xlabels + ylabels)

@@ -15,34 +15,39 @@ __version__ = "0.1.0"
 
 import importlib
 
-from taskformer.core.config import RunConfig
-from taskformer.core.data import TaskData, encode_sources, encode_words, find_file, read_lines, read_parallel, read_tsv
-from taskformer.core.decoding import (Attention, Constraint, DecodeConfig, Label, beam_search, best_labels, best_tags,
-                                      classify, greedy, max_lengths, search, tag_scores)
-from taskformer.core.errors import DataError, TaskformerError
-from taskformer.core.metrics import span_scores, translation_metrics
-from taskformer.core.options import option
-from taskformer.core.model import BOS, EOS, PAD, UNK, ClassificationHead, Generator, ModelConfig, TaggingHead
-from taskformer.core.progress import stage, track
-from taskformer.core.tokenize import CJK, SPECIALS, characters, subword, symbols
-from taskformer.plugins.hookspecs import Output, Task, hookimpl
-from taskformer.plugins.sections import cross_attention, save_figure
-
-# The application sits on top of the plugin API: a plugin's ``from taskformer import hookimpl`` must
-# not load it, so these names are imported on first use.
-_APPLICATION = {"Model": "taskformer.api", "load": "taskformer.api", "Run": "taskformer.app.runner"}
+# Every name is imported on first use (PEP 562), from the module that defines it: a plugin's
+# ``from taskformer import Task, hookimpl`` loads only the plugin API, so ``taskformer tasks`` and
+# ``--help`` start without torch, and the application is not loaded by a plugin at all.
+_MODULES = {
+    "taskformer.api": ["Model", "load"],
+    "taskformer.app.runner": ["Run"],
+    "taskformer.core.config": ["RunConfig"],
+    "taskformer.core.data": ["TaskData", "encode_sources", "encode_words", "find_file", "read_lines", "read_parallel",
+                             "read_tsv"],
+    "taskformer.core.decode_config": ["DecodeConfig"],
+    "taskformer.core.decoding": ["Attention", "Constraint", "Label", "beam_search", "best_labels", "best_tags",
+                                 "classify", "greedy", "max_lengths", "search", "tag_scores"],
+    "taskformer.core.errors": ["DataError", "TaskformerError"],
+    "taskformer.core.metrics": ["span_scores", "translation_metrics"],
+    "taskformer.core.model": ["ClassificationHead", "Generator", "ModelConfig", "TaggingHead"],
+    "taskformer.core.options": ["option"],
+    "taskformer.core.progress": ["stage", "track"],
+    "taskformer.core.tokenize": ["BOS", "CJK", "EOS", "PAD", "SPECIALS", "UNK", "characters", "subword", "symbols"],
+    "taskformer.plugins.hookspecs": ["Output", "Task", "hookimpl"],
+    "taskformer.plugins.sections": ["cross_attention", "save_figure"],
+}
+_HOME = {name: module for module, names in _MODULES.items() for name in names}
 
 
 def __getattr__(name: str):
-    if name in _APPLICATION:
-        return getattr(importlib.import_module(_APPLICATION[name]), name)
-    raise AttributeError(f"module 'taskformer' has no attribute {name!r}")
+    if name not in _HOME:
+        raise AttributeError(f"module 'taskformer' has no attribute {name!r}")
+    value = globals()[name] = getattr(importlib.import_module(_HOME[name]), name)  # looked up once
+    return value
 
 
-__all__ = [
-    "Attention", "BOS", "CJK", "EOS", "PAD", "SPECIALS", "UNK", "ClassificationHead", "Constraint", "DataError", "DecodeConfig",
-    "Generator", "Label", "Model", "ModelConfig", "Output", "Run", "RunConfig", "TaggingHead", "Task", "TaskData",
-    "TaskformerError", "beam_search", "best_labels", "best_tags", "characters", "classify", "cross_attention",
-    "encode_sources", "encode_words", "find_file", "greedy", "hookimpl", "load", "max_lengths", "option", "read_lines",
-    "read_parallel", "read_tsv", "save_figure", "search", "span_scores", "stage", "subword", "symbols", "tag_scores", "track", "translation_metrics",
-]
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOME])
+
+
+__all__ = sorted(_HOME)

@@ -29,13 +29,13 @@ import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 
-import sacrebleu
-import torch
-from pypinyin import Style, lazy_pinyin
 from rich.table import Table
 
 from taskformer import (EOS, PAD, SPECIALS, DataError, DecodeConfig, Task, TaskData, TaskformerError, characters,
-                        find_file, hookimpl, option, read_parallel, search)
+                        find_file, hookimpl, option, read_parallel)
+
+# torch, pypinyin and sacreBLEU are imported in the functions that use them: listing the installed
+# tasks imports this module, and should not wait for them.
 
 
 @dataclass
@@ -124,6 +124,8 @@ def tone(ch: str) -> int:
     on one vocabulary entry at a time; the default reading is also what anyone checking the output
     with pypinyin gets. A FREE character imposes no rule on the second line and keeps none either.
     """
+    from pypinyin import Style, lazy_pinyin
+
     reading = "".join(lazy_pinyin(ch, style=Style.TONE3, errors="ignore")) if len(ch) == 1 else ""
     return {"1": LEVEL, "2": LEVEL, "3": OBLIQUE, "4": OBLIQUE}.get(reading[-1:], FREE)
 
@@ -187,6 +189,8 @@ def tone_targets(first) -> tuple[dict[int, int], dict[int, int]]:
 def vocab_tables(tokenizer) -> tuple[list[str], torch.Tensor, torch.Tensor]:
     """Every vocabulary entry by id, whether it is punctuation, and its tone class: worked out once
     per tokenizer, not per batch or step."""
+    import torch
+
     tokens = [""] * tokenizer.get_vocab_size()
     for token, i in tokenizer.get_vocab().items():
         tokens[i] = token
@@ -196,6 +200,8 @@ def vocab_tables(tokenizer) -> tuple[list[str], torch.Tensor, torch.Tensor]:
 def tone_rules(src: torch.Tensor, tokens: list[str], decode: Search) -> list[tuple[torch.Tensor, str, float]]:
     """The tone rules that are on, for :func:`form_constraint`: (targets, mode, penalty), where
     targets (B, S) holds the class that output position ``t`` must take (FREE: no rule there)."""
+    import torch
+
     modes = {0: decode.tone_final, 1: decode.tone_opposition}
     if set(modes.values()) == {"off"}:
         return []
@@ -220,6 +226,8 @@ def form_constraint(src: torch.Tensor, punct: torch.Tensor, no_repeat: bool, cla
     would empty, and a row whose choices are all banned (a tiny vocabulary) may take any ordinary
     character, or with none in the vocabulary any non-special token.
     """
+    import torch
+
     lengths = (src != PAD).sum(1) - 1  # without EOS
     vocab = punct.numel()
     ordinary = ~punct
@@ -260,6 +268,8 @@ def form_constraint(src: torch.Tensor, punct: torch.Tensor, no_repeat: bool, cla
 def taskformer_decode(model, src, tokenizer, config):
     if not config.decode.constrained:
         return None  # unconstrained: the core's plain beam or greedy search
+    from taskformer import search
+
     tokens, punct, classes = vocab_tables(tokenizer)
     rules = tone_rules(src, tokens, config.decode)
     constraint = form_constraint(src, punct.to(src.device), config.decode.no_repeat, classes.to(src.device), rules)
@@ -301,6 +311,8 @@ def distinct(lines: list[str], n: int) -> float:
 
 @hookimpl
 def taskformer_metrics(sources, hypotheses, references):
+    import sacrebleu
+
     checks = [form_checks(s, h) for s, h in zip(sources, hypotheses)]
     tones = [tone_checks(s, h) for s, h in zip(sources, hypotheses)]
     n = max(len(checks), 1)

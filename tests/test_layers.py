@@ -1,9 +1,14 @@
 """Dependencies point down (docs/architecture.md): the plugin API does not load the application."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
+
+import pytest
+
+from conftest import run_cli
 
 
 def test_a_plugin_and_the_plugin_manager_load_without_the_application():
@@ -49,3 +54,21 @@ def test_no_module_of_a_lower_layer_imports_a_higher_one():
                          else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
                 found += [f"{path.relative_to(root)}: {n}" for n in names if n.startswith(higher)]
     assert not found, found
+
+
+HEAVY = ("torch", "sacrebleu", "pypinyin", "matplotlib", "datasets", "fastapi")  # seconds to import on a laptop
+
+
+@pytest.mark.parametrize("args", [["tasks"], ["tasks", "--json"], ["--help"], ["run", "--help"], ["serve", "--help"]])
+def test_listing_tasks_and_help_load_no_heavy_library(args):
+    """The commands a newcomer types first start at once: no torch and no other heavy library is
+    imported (``-X importtime`` lists every module imported), and every plugin is still listed."""
+    result = run_cli(*args, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert result.returncode == 0, result.stderr
+    imported = {line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    assert "taskformer.app.cli" in imported  # the listing is there: the check can see what was loaded
+    assert not [m for m in imported if m.split(".")[0] in HEAVY], sorted(m for m in imported if m.split(".")[0] in HEAVY)
+    if args == ["tasks", "--json"]:
+        listed = {t["name"]: t["plugin"] for t in json.loads(result.stdout)["tasks"]}
+        assert {"copy", "translate-de-en", "translate-en-zh", "agnews", "couplet"} <= set(listed)
+        assert listed["reverse"] == "reverse"  # the entry-point plugin of examples/taskformer-reverse

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import click
 from rich.table import Table
 
-from taskformer import PAD, Task, TaskData, hookimpl, option, search, symbols
+from taskformer import PAD, Task, TaskData, hookimpl, option, symbols
 
 DIGITS = list("0123456789")
 
@@ -57,6 +57,8 @@ def taskformer_data(config):
 
 @hookimpl
 def taskformer_decode(model, src, tokenizer, config):
+    from taskformer import search  # imported where it runs: it loads torch, which listing the tasks does not need
+
     # The answer is exactly as long as the question: search with that budget.
     budget = (src != PAD).sum(1) - 1  # as many tokens as the source, without its EOS
     ids = search(model, src, config.decode, max_len=budget, ignore_eos=True)

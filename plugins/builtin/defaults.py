@@ -5,7 +5,7 @@ with the standard search implements no decode hook at all. The metrics are merge
 """
 from __future__ import annotations
 
-from taskformer import best_labels, best_tags, hookimpl, search, span_scores
+from taskformer import hookimpl, span_scores
 from taskformer.core import variants
 from taskformer.core.metrics import is_bio
 
@@ -14,6 +14,8 @@ from taskformer.core.metrics import is_bio
 def taskformer_decode(model, src, tokenizer, labels, words, config):
     """The arg-max Label for classifiers, the arg-max tag of each word for taggers, and beam or greedy
     search, as ``config.decode`` says, for sequences."""
+    from taskformer import best_labels, best_tags, search  # torch: loaded by the first decode, not by listing tasks
+
     kind = model.cfg.kind
     if kind.decoder:
         return [tokenizer.decode(ids) for ids in search(model, src, config.decode)]

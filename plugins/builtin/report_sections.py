@@ -9,13 +9,15 @@ from dataclasses import asdict
 
 from rich.text import Text
 
-from taskformer import Label, hookimpl
+from taskformer import hookimpl
 from taskformer.core.options import applies
 from taskformer.plugins.sections import fmt, metric_list, simple_table
 
 
 @hookimpl(tryfirst=True)
 def taskformer_report_sections(run):
+    from taskformer import Label  # torch: loaded by a run, not by listing tasks
+
     cfg = simple_table("section", "settings")
     sections = {**vars(run.config), "model": run.model.cfg}  # as built: vocabulary and classes filled in
     for section, values in sections.items():  # the options that apply to this kind of model (a tagger has no beam)

@@ -12,17 +12,20 @@ import warnings
 from pathlib import Path
 
 import click
+from rich.console import Console
 from rich.table import Table
 
-from taskformer.core import config as C
-from taskformer.core import export
 from taskformer.core import progress
-from taskformer.core.decoding import Label, word_tags
 from taskformer.core.errors import TaskformerError
-from taskformer.app import console, distributed, plan, report, resources, rundir, runner, scaffold, serve, training
-from taskformer.app.prepare import TrainRequest, make_config
+from taskformer.app import lazy, scaffold, serve
 from taskformer.plugins.manager import plugins
 from taskformer.plugins.sections import metric_list
+
+# Loaded by the first command that uses them: they load torch, which `taskformer tasks` and --help do without.
+C, decoding, export = lazy("taskformer.core.config"), lazy("taskformer.core.decoding"), lazy("taskformer.core.export")
+console, distributed, plan = lazy("taskformer.app.console"), lazy("taskformer.app.distributed"), lazy("taskformer.app.plan")
+prepare, report, resources = lazy("taskformer.app.prepare"), lazy("taskformer.app.report"), lazy("taskformer.app.resources")
+rundir, runner, training = lazy("taskformer.app.rundir"), lazy("taskformer.app.runner"), lazy("taskformer.app.training")
 
 
 class CLI(click.Group):
@@ -77,6 +80,13 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
     click.echo(f"warning: {message}", err=True)
 
 
+def listing_console() -> Console:
+    """The console for tables that scripts read (tasks, runs, metrics): the terminal's width on a
+    terminal; in a pipe or a file as wide as the table needs, so no name or path is cut or wrapped."""
+    console = Console()
+    return console if console.is_terminal else Console(width=1 << 16)
+
+
 @main.command("tasks")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: the tasks (name, variant, metric, "
                                                         "description, plugin) and the plugins that failed to load.")
@@ -96,7 +106,7 @@ def tasks_cmd(as_json) -> None:
         table.add_row(t.name, t.variant, t.metric, t.description, t.plugin)
     for name, why in p.broken.items():
         table.add_row("[red]-", "", "", "[red]broken (see below)", name)
-    report.listing_console().print(table)
+    listing_console().print(table)
     for name, why in p.broken.items():
         click.echo(f"warning: plugin {name!r} {why}", err=True)
 
@@ -113,7 +123,7 @@ def config_cmd(task, config_file, overrides, as_json) -> None:
     The text is a TOML file that --config reads back; docs/config.md lists the same for every task.
     """
     chosen = plugins().task(task)
-    rows = C.reference(chosen, make_config(chosen, config_file, list(overrides), None))
+    rows = C.reference(chosen, prepare.make_config(chosen, config_file, list(overrides), None))
     if as_json:
         click.echo(json.dumps({"task": chosen.name, "variant": chosen.variant, "options": rows}, indent=2,
                               ensure_ascii=False))
@@ -157,7 +167,7 @@ def run_cmd(task, data_dir, out, time_limit, seed, config_file, overrides, resum
         if given:
             raise TaskformerError(f"--resume continues a run with the settings saved in its config.json; "
                                   f"{', '.join(given)} cannot be given with it")
-    request = TrainRequest(plugins().task(task) if task else None,  # an unknown name fails here, once
+    request = prepare.TrainRequest(plugins().task(task) if task else None,  # an unknown name fails here, once
                            data_dir, out, time_limit, seed, config_file, overrides, resume,
                            started=resources.command_started())
     if nproc > 1:
@@ -168,7 +178,7 @@ def run_cmd(task, data_dir, out, time_limit, seed, config_file, overrides, resum
         train_and_report(request, quiet, shard=distributed.from_environment() or (0, 1))
 
 
-def train_and_report(request: TrainRequest, quiet: bool, shard: tuple[int, int] = (0, 1)) -> None:
+def train_and_report(request: prepare.TrainRequest, quiet: bool, shard: tuple[int, int] = (0, 1)) -> None:
     """One rank's work: train with a progress display; rank 0 prints and saves the report."""
     with console.ProgressDisplay(quiet or shard[0] != 0) as display:
         run = training.train(request, on_event=display, shard=shard)
@@ -196,7 +206,7 @@ def eval_cmd(run_dir, split, data_dir, overrides, average, as_json) -> None:
                                "metrics": results}, indent=2, ensure_ascii=False))
         return
     click.echo(f"{run.task.name}: {run.dir}")  # a line of its own: a table title would wrap the path
-    report.listing_console().print(metric_list(results, run.task.metric, run.task.metric_groups))
+    listing_console().print(metric_list(results, run.task.metric, run.task.metric_groups))
     click.echo(f"weights: {weights}")
 
 
@@ -242,9 +252,9 @@ def predict_cmd(run_dir, text, beam, overrides, as_json) -> None:
 def shown(line: str, out, tagger: bool, as_json: bool) -> str:
     """What predict prints for one input: one line, or a tagger's WORD<TAB>TAG lines and a blank line."""
     if tagger:
-        out = word_tags(line, out)
+        out = decoding.word_tags(line, out)
     if as_json:
-        return json.dumps(out._asdict() if isinstance(out, Label) else out, ensure_ascii=False)
+        return json.dumps(out._asdict() if isinstance(out, decoding.Label) else out, ensure_ascii=False)
     if tagger:
         return "".join(f"{word}\t{tag}\n" for word, tag in out)
     return str(out).replace("\n", " ")
@@ -314,7 +324,7 @@ def runs_cmd(root, as_json) -> None:
     if as_json:
         click.echo(json.dumps(report.finite(runs), indent=2, ensure_ascii=False, allow_nan=False))
         return
-    report.listing_console().print(report.list_runs(runs, Path(root)))
+    listing_console().print(report.list_runs(runs, Path(root)))
 
 
 @main.command("report")

@@ -194,13 +194,6 @@ def _render(run, console: Console | None) -> None:
     save_file(run.dir / "report.html", page.replace("</body>", _figures_html(run.dir, plots) + "\n</body>"))
 
 
-def listing_console() -> Console:
-    """The console for tables that scripts read (tasks, runs, metrics): the terminal's width on a
-    terminal; in a pipe or a file as wide as the table needs, so no name or path is cut or wrapped."""
-    console = Console()
-    return console if console.is_terminal else Console(width=1 << 16)
-
-
 def find_runs(root: Path) -> list[dict]:
     """Every run under ``root`` (any depth), newest first: ``finished`` (it has result.json),
     ``running`` (a process holds its lock) or ``unfinished`` (stopped before the end: resume it).

@@ -12,10 +12,11 @@ import os
 import socket
 
 import click
-import torch
 
 from taskformer.core.errors import TaskformerError
-from taskformer.app import runner
+from taskformer.app import lazy
+
+runner = lazy("taskformer.app.runner")  # loaded when a server starts, not for --help
 
 API_KEY_ENV = "TASKFORMER_API_KEY"
 
@@ -67,6 +68,8 @@ def decode_threads() -> int:
     kernels, so a worker on the event loop's core mostly spins there while the loop waits for it
     (docs/benchmarks.md has the measurement).
     """
+    import torch
+
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(torch.get_num_threads(), cores - 1))
 
@@ -94,6 +97,8 @@ def command(run_dirs, host, port, max_batch, max_wait_ms, max_inputs, max_chars,
     Each RUN_DIR is served under its task's name, or as NAME=RUN_DIR. SIGTERM or Ctrl-C finishes
     the requests in flight, then exits. docs/serve.md has the API.
     """
+    import torch
+
     try:
         import uvicorn
 

@@ -1,0 +1,41 @@
+"""The ``decode`` section of a run's configuration: how sequence outputs are searched.
+
+Plain data, kept apart from the search itself (:mod:`taskformer.core.decoding`) and free of
+torch, so that a task can declare search options of its own (``Task.decode_options``, a subclass)
+in a module that ``taskformer tasks`` imports only to list it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from taskformer.core import variants
+from taskformer.core.options import check, option
+from taskformer.core.variants import VARIANTS
+
+QUANTIZE = ("none", "int8")  # the weights decoding runs on: as trained, or int8 linear layers (core/inference.py)
+STRATEGIES = ("beam", "greedy")
+SEARCHED = tuple(v for v in VARIANTS if variants.of(v).decoder)  # outputs are searched: the search options apply
+
+
+@dataclass
+class DecodeConfig:
+    """How sequence tasks search; ``max_len_a * source_length + max_len_b`` bounds each output."""
+
+    strategy: str = option("beam", "Search for test outputs and predict.", choices=STRATEGIES, variants=SEARCHED)
+    beam: int = option(5, "Beam size (1 is greedy).", at_least=1, variants=SEARCHED)
+    length_penalty: float = option(1.0, "Finished beams are ranked by score / ((5 + length) / 6) ** length_penalty "
+                                   "(Wu et al., 2016); 0: by score alone.", variants=SEARCHED)
+    max_len_a: float = option(1.2, "Output length limit: max_len_a * source length + max_len_b tokens.",
+                              at_least=0, variants=SEARCHED)
+    max_len_b: int = option(10, "See max_len_a.", at_least=0, variants=SEARCHED)
+    batch_size: int = option(128, "Inputs per decoding batch.", at_least=1)
+    workers: int = option(0, "Batches decoded at once (CPU threads); 0: one per torch thread on CPU, one on GPUs.",
+                          at_least=0)
+    eval_strategy: str = option("greedy", "Cheaper search for the per-evaluation validation score.",
+                                choices=STRATEGIES, variants=SEARCHED)
+    quantize: str = option("none", "int8: decode with int8 linear layers (dynamic quantization, CPU; "
+                           "docs/benchmarks.md has its speed and quality).", choices=QUANTIZE)
+
+    def validate(self) -> None:
+        """Refuse values outside each field's range (its metadata); a task's subclass adds its own checks."""
+        check("decode", self)
