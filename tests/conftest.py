@@ -20,6 +20,15 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ["TASKFORMER_CACHE"] = tempfile.mkdtemp(prefix="taskformer-test-cache-")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def scratch_cwd(tmp_path_factory):
+    """Every test runs in a scratch folder: a command that writes to the working directory (a run
+    without --out makes runs/TASK/<time>) never writes into the checkout the tests were started from."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path_factory.mktemp("cwd"))
+        yield
+
+
 @pytest.fixture
 def cli():
     """``cli("run", "copy", ...)`` -> click Result (exit_code, stdout, stderr); never raises."""

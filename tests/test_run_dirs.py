@@ -3,6 +3,7 @@ import datetime as dt
 import json
 import math
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -98,14 +99,9 @@ def test_weights_that_diverge_are_never_kept_and_the_run_can_start_again(cli, tm
     assert result.exit_code == 2
     assert "not kept" in result.stderr or "training loss became" in result.stderr
     assert "the best checkpoint so far is kept" in result.stderr  # every way it stops says what is left
-    assert not (out / "model.safetensors").exists()
-    assert not (out / "result.json").exists()
-    # It failed before its first checkpoint: resume says how to start again, and that works.
-    resumed = cli("run", "--resume", str(out))
-    assert resumed.exit_code == 2 and f"taskformer run copy --out {out}" in resumed.stderr
+    assert not out.exists()  # it failed before its first checkpoint: nothing to resume, nothing left
     again = cli("run", "copy", "--out", str(out), *TINY)
     assert again.exit_code == 0, again.output
-    assert "NaN" not in (out / "metrics.jsonl").read_text()  # nothing left from the failed attempt
 
 
 def test_the_time_limit_stops_training_and_the_report_says_what_it_covered(cli, tmp_path):
@@ -175,17 +171,38 @@ def test_out_never_clears_a_folder_taskformer_did_not_mark(cli, tmp_path, files)
     assert tree(folder) == before
 
 
-def test_a_run_is_marked_before_anything_else_and_only_a_marked_one_starts_afresh(cli, tmp_path):
-    out = tmp_path / "r"
-    first = cli("run", "copy", "--out", str(out), *TINY, "--set", "train.lr=1e30", "--set", "train.warmup=0",
-                "--set", "train.clip=0")
-    assert first.exit_code == 2  # diverged before its first checkpoint: a marked run a new one may replace
-    run_id = json.loads((out / ".taskformer-run").read_text())["taskformer_run"]
-    assert json.loads((out / "config.json").read_text())["binding"]["run"] == run_id
-    (out / ".taskformer-run").unlink()  # the same files, unmarked (as a run of an older version): never cleared
-    before = tree(out)
-    again = cli("run", "copy", "--out", str(out), *TINY)
-    assert again.exit_code == 2 and "already holds a run" in again.stderr and tree(out) == before
+STARTED = (".taskformer-run", "config.json", "tokenizer.json", "metrics.jsonl")  # before the first checkpoint
+
+
+def test_a_run_is_marked_before_anything_else_and_only_a_marked_one_starts_afresh(finished, cli, tmp_path):
+    run_id = json.loads((finished / ".taskformer-run").read_text())["taskformer_run"]
+    assert json.loads((finished / "config.json").read_text())["binding"]["run"] == run_id
+    marked, unmarked = tmp_path / "marked", tmp_path / "unmarked"
+    for out in (marked, unmarked):  # what a run killed before its first checkpoint leaves (kill -9: no clean-up)
+        out.mkdir()
+        for name in STARTED:
+            shutil.copy(finished / name, out / name)
+    (unmarked / ".taskformer-run").unlink()  # the same files, unmarked (as a run of an older version): never cleared
+    before = tree(unmarked)
+    again = cli("run", "copy", "--out", str(unmarked), *TINY)
+    assert again.exit_code == 2 and "already holds a run" in again.stderr and tree(unmarked) == before
+    afresh = cli("run", "copy", "--out", str(marked), *TINY)
+    assert afresh.exit_code == 0, afresh.output
+    assert json.loads((marked / ".taskformer-run").read_text())["taskformer_run"] != run_id
+
+
+@pytest.mark.parametrize("out", [None, "new/deep", "empty"])
+def test_a_run_that_fails_before_its_first_checkpoint_leaves_nothing(cli, tmp_path, monkeypatch, out):
+    """Bad data fails the run after its directory was made: the directory and the folders the run
+    made go again; a folder of the user's (an empty --out that was there) stays, empty."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.csv").write_text('"1","a title","some text"\n"9","bad","class"\n')
+    (tmp_path / "data" / "test.csv").write_text('"1","a title","some text"\n')
+    (tmp_path / "empty").mkdir()
+    result = cli("run", "agnews", "--data-dir", "data", *(["--out", out] if out else []), "--quiet")
+    assert result.exit_code == 2 and "train.csv:2:" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "empty"] and not any((tmp_path / "empty").iterdir())
 
 
 def test_a_run_written_before_the_marker_still_loads_and_is_never_cleared(finished, cli, tmp_path):

@@ -149,21 +149,51 @@ def holds_run(path: Path) -> bool:
     return isinstance(binding, dict) and isinstance(binding.get("run"), str)
 
 
+def missing_folders(path: Path) -> list[Path]:
+    """``path`` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    while not os.path.lexists(path) and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+def remove_started(path: Path) -> bool:
+    """Remove what a marked run that stopped before its first checkpoint left in ``path`` (see
+    :func:`failed_before_checkpoint`); False, with nothing removed, where ``path`` holds anything else."""
+    left = failed_before_checkpoint(path) if run_mark(path) else None
+    for entry in sorted(left or [], key=lambda p: p.name == MARKER):  # the marker last: until then the folder is ours
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    return left is not None
+
+
 def new_run_dir(task: str, out: str | None, lock: ExitStack) -> Path:
     """The run directory, created, locked for this process (see :func:`locked`) and
     marked as ours (:func:`mark_run`). ``--out`` may name a new or empty folder, or a
     marked run that stopped before its first checkpoint (it starts afresh); anything else is refused
-    with nothing in it changed: a folder is never cleared because its files look like a run's."""
+    with nothing in it changed: a folder is never cleared because its files look like a run's.
+
+    A run that fails before its first checkpoint cannot be resumed, so what it wrote is removed
+    when ``lock`` closes on the error, and so are the folders it created (an empty ``--out`` that
+    was there before stays, empty)."""
+    made = missing_folders(Path(out) if out else Path("runs") / task)
     path = Path(out) if out else default_run_dir(task)
+    made = made if out else [path, *made]
     make_dir(path, exist_ok=True)
     lock.enter_context(locked(path))
-    for left in (failed_before_checkpoint(path) or []) if run_mark(path) else []:  # start afresh
-        if left.is_dir() and not left.is_symlink():
-            shutil.rmtree(left)
-        else:
-            left.unlink()
+    remove_started(path)  # a run that stopped before its first checkpoint: start afresh
     refuse_taken(path)
     mark_run(path)
+
+    def discard(failed, *_) -> bool:  # called as ``lock`` closes, before the lock is released
+        if failed is not None and remove_started(path):
+            remove_empty(made)
+        return False  # the error goes on to the user
+
+    lock.push(discard)
     return path
 
 
@@ -187,6 +217,15 @@ def check_out(out: str | None) -> None:
         raise TaskformerError(f"{path}: exists and is not a directory")
     if not (run_mark(path) and failed_before_checkpoint(path) is not None):  # else a new run starts afresh there
         refuse_taken(path)
+
+
+def remove_empty(folders: list[Path]) -> None:
+    """Remove ``folders`` (deepest first) while they are empty; one that holds anything stays, and so do its parents."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            break
 
 
 def row_json(row: tuple[str, Prediction, str]) -> dict:
