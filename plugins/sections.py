@@ -95,6 +95,14 @@ def cross_attention(run, source_language: str, target_language: str) -> list[tup
     return [("Cross-attention", Text(note))]
 
 
+SUBWORD_MARKS = re.compile(r"^(\u2581|\u0120|##)")  # a word start (SentencePiece, byte-level BPE), a continuation (WordPiece)
+
+
+def readable(token: str) -> str:
+    """A token as a reader writes it: without the marks subword tokenizers put in (``▁dog`` is ``dog``)."""
+    return SUBWORD_MARKS.sub("", token) or token
+
+
 def _cjk_fonts() -> list[str]:
     """Installed font families with CJK glyphs, which matplotlib's default font lacks (matched by name)."""
     from matplotlib import font_manager
@@ -111,6 +119,7 @@ def _plot_attention(run, source: str, output: str, source_language: str, target_
     from taskformer.core.decoding import cross_attention_map
 
     xlabels, ylabels, weights = cross_attention_map(run.model, run.tokenizer, source, output)  # (T, S) rows
+    xlabels, ylabels = [readable(t) for t in xlabels], [readable(t) for t in ylabels]
     needs_cjk = any(re.search(CJK, t) for t in xlabels + ylabels)
     cjk = _cjk_fonts() if needs_cjk else []
     font = {"fontfamily": ["DejaVu Sans", *cjk]}  # matplotlib falls back along the list, glyph by glyph

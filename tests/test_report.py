@@ -154,3 +154,49 @@ def test_text_from_data_is_shown_with_its_control_characters_visible_and_never_r
     for shown in (result.stdout, (own_run / "report.txt").read_text(), (own_run / "report.html").read_text()):
         assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e]", shown)  # no control character left
         assert "\\x1b]0;pwned\\x07" in shown and "[/] [bold]x" in shown and "\\u202egnp." in shown
+
+
+def test_report_html_has_real_tables_not_the_consoles_box_drawing(finished_run):
+    _, out = finished_run
+    page = (out / "report.html").read_text()
+    assert not re.search("[\u2500-\u257f]", page)  # no box-drawing character: the tables are HTML
+    assert "<th>source</th><th>output</th><th>reference</th>" in page
+    source = json.loads((out / "outputs-test.jsonl").read_text().splitlines()[0])["source"]
+    assert f"<td>{source}</td>" in page
+
+
+# The left edge of every cell of the test samples' table, column by column, as Chromium lays it out.
+COLUMN_EDGES = ("<script>window.addEventListener('load', () => { const t = [...document.querySelectorAll('table')]"
+                ".find(t => t.textContent.includes('reference')); document.title = JSON.stringify([...t.rows]"
+                ".map(r => [...r.cells].map(c => Math.round(c.getBoundingClientRect().left)))); });</script>")
+
+
+def test_report_html_columns_line_up_with_chinese_text(own_run, tmp_path):
+    """The console's tables count a Chinese character as two cells, which a browser's monospace font
+    does not: in report.html each column starts at one edge, whatever the script of its text."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
+    path = own_run / "outputs-test.jsonl"
+    lines = ["春风送暖入屠苏", "海阔凭鱼跃，天高任鸟飞", "1 2", "一帆风顺年年好，万事如意步步高"]
+    rows = [{**json.loads(line), "source": lines[i % 4], "reference": lines[(i + 1) % 4]}
+            for i, line in enumerate(path.read_text().splitlines())]
+    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    assert run_cli("report", str(own_run)).returncode == 0
+    page = tmp_path / "report.html"
+    page.write_text((own_run / "report.html").read_text().replace("</body>", COLUMN_EDGES + "</body>"))
+    dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                          "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                          f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.as_uri()],
+                         capture_output=True, text=True, timeout=120).stdout
+    edges = json.loads(re.search(r"<title>(.*?)</title>", dom, flags=re.S).group(1).replace("&quot;", '"'))
+    assert len(edges) > 2 and all(len(row) == 3 for row in edges)
+    assert [len({row[c] for row in edges}) for c in range(3)] == [1, 1, 1], edges
+
+
+def test_a_run_too_short_for_a_curve_gets_no_empty_plot(tmp_path):
+    out = tmp_path / "r"
+    result = run_cli("run", "copy", "--out", str(out), *TINY, "--set", "train.max_steps=1", "--set", "train.log_every=1")
+    assert result.returncode == 0, result.stderr
+    assert not (out / "training.png").exists()  # one update: one point of loss, one of learning rate
+    assert 'alt="training"' not in (out / "report.html").read_text()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-import html
 import math
 import os
 import re
@@ -28,7 +27,7 @@ from taskformer.core.decoding import Label
 from taskformer.core.errors import TaskformerError
 from taskformer.plugins.hookspecs import Output
 from taskformer.plugins.manager import PluginError, plugins
-from taskformer.app import rundir
+from taskformer.app import report_html, rundir
 from taskformer.plugins.sections import fmt, save_figure, save_file, simple_table
 
 
@@ -57,19 +56,25 @@ def plotted(run) -> list[dict]:
 
 
 def plot_training(run) -> Path | None:
-    """Training and validation loss, and the learning rate, over steps -> training.png."""
+    """Training and validation loss, and the learning rate, over steps -> training.png.
+
+    A curve needs two points: a run too short for that gets no plot, and the learning rate is
+    drawn only beside a training curve (a lone dot or an empty frame says nothing)."""
     events = plotted(run)
     train = [e for e in events if e["event"] == "train"]
     evals = [e for e in events if e["event"] == "eval" and "averaged" not in e]
     averages = [e for e in events if e["event"] == "eval" and "averaged" in e]
-    if not train:
+    if len(train) < 2 and len(evals) < 2:
         return None
+    train = train if len(train) >= 2 else []
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_loss, ax_lr) = plt.subplots(1, 2, figsize=(10, 3.6))
-    ax_loss.plot([e["step"] for e in train], [e["loss"] for e in train], label="train (smoothed labels)")
+    fig, axes = plt.subplots(1, 2 if train else 1, figsize=(10 if train else 5.5, 3.6), squeeze=False)
+    ax_loss = axes[0][0]
+    if train:
+        ax_loss.plot([e["step"] for e in train], [e["loss"] for e in train], label="train (smoothed labels)")
     if evals:
         ax_loss.plot([e["step"] for e in evals], [e["loss"] for e in evals], "o-", label="validation")
     if averages:
@@ -77,8 +82,9 @@ def plot_training(run) -> Path | None:
                      label="validation, average of the last checkpoints")
     ax_loss.set(xlabel="step", ylabel="loss per token", title="Loss", yscale="log")
     ax_loss.legend()
-    ax_lr.plot([e["step"] for e in train], [e["lr"] for e in train])
-    ax_lr.set(xlabel="step", ylabel="learning rate", title="Learning rate")
+    if train:
+        axes[0][1].plot([e["step"] for e in train], [e["lr"] for e in train])
+        axes[0][1].set(xlabel="step", ylabel="learning rate", title="Learning rate")
     path = run.dir / "training.png"
     try:  # numbers of the right type can still be beyond what an axis can tick (an lr of 1e308)
         fig.tight_layout()
@@ -146,20 +152,18 @@ def _plot(path: Path) -> bytes | None:
     return data if len(data) <= MAX_PLOT and data.startswith(PNG) else None
 
 
-def _figures_html(run_dir: Path, names: list[str]) -> str:
-    """The plots ``names`` of the run directory, embedded (the HTML stays one self-contained file)."""
-    parts = []
+def _figures(run_dir: Path, names: list[str]) -> list[tuple[str, str]]:
+    """The plots ``names`` of the run directory as ``(name, base64 PNG)``, to embed (the HTML stays one
+    self-contained file)."""
+    found = []
     for name in names:
         data = _plot(run_dir / name)
         if data is None:
             warnings.warn(f"{run_dir / name}: not embedded in report.html (not a regular PNG file of at most "
                           f"{MAX_PLOT >> 20} MB)")
             continue
-        parts.append(f'<figure><img alt="{html.escape(Path(name).stem)}" src="data:image/png;base64,'
-                     f'{base64.b64encode(data).decode("ascii")}"><figcaption>{html.escape(name)}</figcaption></figure>')
-    if not parts:
-        return ""
-    return '<section><h2 style="font-family:sans-serif">Figures</h2>' + "\n".join(parts) + "</section>"
+        found.append((name, base64.b64encode(data).decode("ascii")))
+    return found
 
 
 def render(run, console: Console | None = None) -> None:
@@ -180,9 +184,11 @@ def render(run, console: Console | None = None) -> None:
 def _render(run, console: Console | None) -> None:
     before = _pngs(run.dir)
     plot_training(run)
-    body = [Text(f"{run.task.name}: {run.task.description}", style="bold"), Text(f"run directory: {visible(run.dir)}")]
-    for title, renderable in sections(shown(run)):
-        body += [Text(""), Text(title, style="bold cyan"), renderable]
+    title, where = f"{run.task.name}: {run.task.description}", f"run directory: {visible(run.dir)}"
+    parts = sections(shown(run))
+    body = [Text(title, style="bold"), Text(where)]
+    for name, renderable in parts:
+        body += [Text(""), Text(name, style="bold cyan"), renderable]
     after = _pngs(run.dir)
     plots = sorted((n for n in after if after[n] != before.get(n)), key=lambda n: (n != "training.png", n))
     panel = Panel(Group(*body), title="taskformer report", border_style="cyan")
@@ -190,8 +196,7 @@ def _render(run, console: Console | None) -> None:
     record = Console(record=True, width=110, file=_Null(), markup=False, emoji=False)
     record.print(panel)
     save_file(run.dir / "report.txt", record.export_text(clear=False))
-    page = record.export_html(inline_styles=True)
-    save_file(run.dir / "report.html", page.replace("</body>", _figures_html(run.dir, plots) + "\n</body>"))
+    save_file(run.dir / "report.html", report_html.page(title, where, parts, _figures(run.dir, plots)))
 
 
 def find_runs(root: Path) -> list[dict]:
