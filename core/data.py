@@ -9,7 +9,7 @@ import gzip
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import Tokenizer
 
@@ -17,6 +17,9 @@ from taskformer.core import variants
 from taskformer.core.errors import DataError
 from taskformer.core.progress import stage
 from taskformer.core.tokenize import BOS, EOS, PAD
+
+if TYPE_CHECKING:
+    import torch
 
 IGNORE = -100  # a target that is not scored: a tagging position with no label (BOS, padding, a word's later tokens)
 

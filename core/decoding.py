@@ -11,7 +11,6 @@ Rows are ordered sentence-major: row ``i * beam + k`` is hypothesis ``k`` of sen
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, NamedTuple, Protocol, TypeVar
 
 import torch

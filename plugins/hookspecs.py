@@ -77,6 +77,11 @@ class Task:
     ``--config`` and ``--set``, which override every choice. Choose the rows on val and record the
     evidence with the task's results; without a time limit, or with no rows, nothing is measured
     and the ``defaults`` are the recipe.
+    ``examples`` are a few inputs that show what the task does (``taskformer serve``'s page offers
+    them to try, and ``GET /v1/models`` lists them), written as a user would type them.
+    ``languages`` is a translation task's ``(source, target)`` pair of language codes, as
+    LibreTranslate spells them (``("de", "en")``): ``taskformer serve`` answers a ``/translate``
+    request for that pair with this task's model, under whatever name it is served.
     """
 
     name: str
@@ -89,6 +94,8 @@ class Task:
     decode_options: type | None = None
     metric_groups: dict[str, list[str]] = field(default_factory=dict)
     recipes: tuple[tuple[float, dict[str, dict[str, Any]], str], ...] = ()
+    examples: tuple[str, ...] = ()
+    languages: tuple[str, str] | None = None
     plugin: str = ""  # filled in by the plugin manager: who provides the task
 
 

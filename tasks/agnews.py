@@ -45,6 +45,8 @@ TASK = Task(
     description="AG_News 4-class news topic classification (encoder-only)",
     variant="encoder-only",
     metric="accuracy",
+    examples=("Stocks fall as oil climbs to a record high", "Red Sox beat the Yankees in extra innings",
+              "New chip promises longer battery life for laptops", "UN envoy meets rebel leaders for peace talks"),
     higher_is_better=True,
     defaults={
         # Sized for the 5,000-row subset and the full 120,000 rows alike: one narrow layer over mean-pooled

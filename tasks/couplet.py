@@ -28,6 +28,7 @@ import random
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
@@ -36,6 +37,8 @@ from taskformer import (EOS, PAD, SPECIALS, DataError, DecodeConfig, Task, TaskD
 
 # torch, pypinyin and sacreBLEU are imported in the functions that use them: listing the installed
 # tasks imports this module, and should not wait for them.
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -80,6 +83,7 @@ TASK = Task(
     description="Chinese couplets: write the second line (form-constrained decoding; needs --data-dir)",
     variant="encoder-decoder",
     metric="bleu",
+    examples=("春风送暖入屠苏", "海阔凭鱼跃", "一帆风顺年年好"),
     higher_is_better=True,
     defaults={
         # Sized for a 2-core CPU, chosen at equal time (docs/results.md, "Model size on both cores").

@@ -34,6 +34,9 @@ TASK = Task(
     description="German to English translation on Multi30k, scored with sacreBLEU",
     variant="encoder-decoder",
     metric="bleu",
+    examples=("Ein Hund rennt über die Wiese.", "Zwei Kinder spielen am Strand im Sand.",
+              "Eine Frau mit einem roten Hut fährt Fahrrad."),
+    languages=("de", "en"),
     higher_is_better=True,
     defaults={
         # The small recipe of Wu et al. (2021) for these 29k pairs, with what an hour on a 2-core CPU

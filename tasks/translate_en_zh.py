@@ -42,6 +42,8 @@ TASK = Task(
     name="translate-en-zh",
     description="English to Chinese translation on Tatoeba pairs (the tutorial's en-cn split), sacreBLEU zh",
     metric="bleu",
+    examples=("Where is the train station?", "I like reading books.", "It is raining today."),
+    languages=("en", "zh"),
     # The core's model otherwise (d_model 256, 3+3 layers, tied embeddings, beam 5). A 30-minute CPU
     # run is short in updates, so batches are half the core's size and the warm-up half as long
     # (chosen on dev, docs/results.md): the core's 400 warm-up steps are most of such a run. More

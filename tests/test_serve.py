@@ -179,7 +179,7 @@ def test_32_concurrent_clients_each_get_their_own_output(server, runs, cli):
     ("/v1/models/copy/predict", b"x" * ((1 << 20) + 1), 413, "body"),
     ("/v1/models/agnews/predict", {"inputs": ["a"], "return_attention": True}, 422, "return_attention"),
     ("/v1/models/copy/predict", {"inputs": ["1"] * 49}, 503, None),  # more than --max-queue waiting
-    ("/translate", {"q": "1", "source": "xx", "target": "yy"}, 400, "target"),
+    ("/translate", {"q": "1", "source": "xx", "target": "yy"}, 400, "source"),  # no model translates anything
 ])
 def test_bad_requests_get_a_json_error_naming_the_field_and_the_server_stays_up(server, path, body, status, field):
     if isinstance(body, bytes):
@@ -221,6 +221,8 @@ def test_api_key_is_checked_before_any_work(runs, cli):
             assert response.headers["WWW-Authenticate"] == "Bearer"
         assert server.client.get("/v1/models").status_code == 401
         assert server.client.get("/health").status_code == 200
+        for open_path in ("/", "/favicon.svg", "/docs", "/docs/assets/swagger-ui-bundle.js", "/redoc", "/openapi.json"):
+            assert server.client.get(open_path).status_code == 200, open_path  # no model data: no key needed
         server.client.headers["Authorization"] = "Bearer s3cret"
         assert server.stat('taskformer_batch_sentences_count{model="copy"}') == 0  # nothing was decoded
         ok = server.post("/v1/models/copy/predict", {"inputs": ["1 2"]})
@@ -229,7 +231,7 @@ def test_api_key_is_checked_before_any_work(runs, cli):
         del server.client.headers["Authorization"]
         libre = server.client.post("/translate", data={"q": "1 2", "source": "de", "target": "en",
                                                        "api_key": "s3cret"})
-        assert libre.json() == {"translatedText": ok.json()["results"][0]["output"]}
+        assert libre.status_code == 400 and "pairs served: none" in libre.json()["error"]  # past the key: copy translates no pair
     finally:
         server.stop()
 
@@ -270,24 +272,52 @@ def wait_for(condition, tries: int = 600) -> None:
     raise AssertionError("the server never reached the expected state")
 
 
+def chromium_page(p, url: str):
+    """A page of Debian's Chromium, driven by Playwright (no browser can be downloaded here), that can
+    reach nothing but the server: what the page needs must come from it."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    chromium = p.chromium.launch(executable_path=browser, args=[
+        "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run", "--disable-quic"])  # as root, offline
+    page = chromium.new_page()
+    page.set_default_timeout(60_000)  # generous: the machine may be busy
+    page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(url) else route.abort())
+    return chromium, page
+
+
+def playwright():
+    if not (shutil.which("chromium") or shutil.which("chromium-browser")):
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
+    return pytest.importorskip("playwright.sync_api", reason="the page test needs playwright (the test extra)")
+
+
+# How wide each input's placeholder is drawn, against the room the input gives it.
+PLACEHOLDER_ROOM = """() => [...document.querySelectorAll("input[placeholder]")].map((input) => {
+  const style = getComputedStyle(input), context = document.createElement("canvas").getContext("2d");
+  context.font = `${style.fontWeight} ${style.fontSize} ${style.fontFamily}`;
+  const room = input.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+  return [input.id, context.measureText(input.placeholder).width, room];
+})"""
+
+
 def test_page_in_headless_chromium_shows_what_predict_prints(server, runs, cli):
     """Used as a person uses it (issue 33): load ``/``, choose the model, type the inputs with key events and press
-    Predict; the page must show what ``taskformer predict`` prints. Playwright drives Debian's Chromium, since no
-    browser can be downloaded here."""
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if browser is None:
-        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the page test needs playwright (the test extra)")
+    Predict; the page must show what ``taskformer predict`` prints. It offers the task's examples, says the
+    precision in words, draws every placeholder whole and needs nothing from elsewhere, nor does ``/docs``."""
+    sync_api = playwright()
     texts = [t for t in COPY_INPUTS if t]  # the page sends its non-blank lines
+    described = {m["name"]: m for m in server.client.get("/v1/models").json()["models"]}["copy"]
     with sync_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=browser, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run", "--disable-quic"])  # as root, offline
+        chromium, page = chromium_page(p, server.url)
         try:
-            page = chromium.new_page()
-            page.set_default_timeout(60_000)  # generous: the machine may be busy
             page.goto(f"{server.url}/")
             page.select_option("#model", "copy")  # waits for the chooser to list it
+            assert page.locator("#examples .chip").all_text_contents() == described["examples"] != []
+            page.locator("#examples .chip").first.click()
+            assert page.locator("#text").input_value() == described["examples"][0]
+            about = page.locator("#about").text_content()
+            assert described["precision_words"] in about and "fp32" not in about and "matmul" not in about
+            page.locator("#text").fill("")
             page.locator("#text").press_sequentially("\n".join(texts))  # Enter between lines
             page.click("#submit")
             sync_api.expect(page.locator("#status")).to_have_text("done", timeout=60_000)
@@ -295,5 +325,72 @@ def test_page_in_headless_chromium_shows_what_predict_prints(server, runs, cli):
             assert page.locator("#outputs .source").all_text_contents() == texts
             assert page.locator("#outputs .output").all_text_contents() == predicted(cli, runs["copy"], texts)
             assert page.locator("#outputs table.heatmap").count() == len(texts)
+            page.locator("details.settings summary").click()
+            for name, drawn, room in page.evaluate(PLACEHOLDER_ROOM):
+                assert 0 < drawn <= room, f"#{name}'s placeholder is cut off: {drawn:.0f} px in {room:.0f} px"
+            icon = server.client.get(page.locator("link[rel=icon]").get_attribute("href"))
+            assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg+xml")
+            page.goto(f"{server.url}/docs")  # Swagger UI from the server itself: every route listed
+            sync_api.expect(page.locator(".opblock-summary-path")).to_have_count(6, timeout=60_000)
         finally:
             chromium.close()
+
+
+def test_the_page_shows_tokens_without_subword_markers(translators):
+    sync_api = playwright()
+    server = Server(f"de_en={translators['de']}")
+    text = "Ein Hund rennt über die Wiese."
+    try:
+        raw = server.post("/v1/models/de_en/predict", {"inputs": [text], "return_attention": True}).json()
+        source = raw["results"][0]["attention"]["source"]
+        assert any(t.startswith("\u2581") for t in source)  # the tokenizer's word starts: what must not show
+        with sync_api.sync_playwright() as p:
+            chromium, page = chromium_page(p, server.url)
+            try:
+                page.goto(f"{server.url}/")
+                page.select_option("#model", "de_en")
+                page.locator("#text").press_sequentially(text)
+                page.click("#submit")
+                sync_api.expect(page.locator("#status")).to_have_text("done", timeout=60_000)
+                shown = page.locator("#outputs table.heatmap thead th").all_text_contents()[1:]
+                assert len(shown) == len(source) and not [t for t in shown if any(m in t for m in ("\u2581", "##"))]
+                plain = {i: t.lstrip("\u2581") for i, t in enumerate(source) if t.lstrip("\u2581") and t[0] != "["}
+                assert plain and all(shown[i] == t for i, t in plain.items()) and shown[-1] == "end"  # [EOS]
+            finally:
+                chromium.close()
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def translators(tmp_path_factory):
+    """Tiny translate-de-en and translate-en-zh runs: what they output does not matter, which model answers does."""
+    root = tmp_path_factory.mktemp("translators")
+    for task, data in (("translate-de-en", "multi30k"), ("translate-en-zh", "en-cn")):
+        result = CliRunner().invoke(main, ["run", task, "--data-dir", str(HERE / "data" / data), "--out",
+                                           str(root / task), "--quiet", "--set", "train.max_steps=2",
+                                           "--set", "data.vocab_size=200", "--set", "model.d_model=32",
+                                           "--set", "model.d_ff=64", "--set", "model.enc_layers=1",
+                                           "--set", "model.dec_layers=1", "--set", "decode.strategy=greedy"],
+                                    catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+    return {"de": root / "translate-de-en", "zh": root / "translate-en-zh"}
+
+
+def test_translate_takes_the_language_pair_from_the_task_whatever_the_served_name(translators, runs, cli):
+    server = Server(f"de_en={translators['de']}", f"foo={translators['zh']}", f"copy={runs['copy']}")
+    try:
+        for source, target, run, text in (("de", "en", "de", "Ein Hund rennt."), ("en", "zh", "zh", "I read."),
+                                          ("auto", "zh", "zh", "It rains.")):
+            libre = server.post("/translate", {"q": [text], "source": source, "target": target})
+            assert libre.status_code == 200, libre.text
+            assert libre.json() == {"translatedText": predicted(cli, translators[run], [text])}, (source, target)
+        for source, target, field in (("fr", "es", "source"), ("de", "zh", "target"), ("auto", "fr", "target")):
+            refused = server.post("/translate", {"q": "Hallo", "source": source, "target": target})
+            assert refused.status_code == 400 and refused.json()["field"] == field, refused.text
+            assert "de->en (de_en), en->zh (foo)" in refused.json()["error"]  # the pairs that are served
+        listed = {m["name"]: m for m in server.client.get("/v1/models").json()["models"]}
+        assert listed["de_en"]["languages"] == ["de", "en"] and listed["copy"]["languages"] == []
+        assert listed["foo"]["examples"] and all(isinstance(e, str) for e in listed["foo"]["examples"])
+    finally:
+        server.stop()

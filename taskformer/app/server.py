@@ -22,6 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.sse import EventSourceResponse, format_sse_event
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -35,7 +36,8 @@ from taskformer.app import hooks, runner
 from taskformer.app.batching import Batcher, QueueFull
 
 MAX_BEAM = 16
-OPEN_PATHS = ("/", "/health", "/docs", "/docs/oauth2-redirect", "/openapi.json")  # hold no model data
+OPEN_PATHS = ("/", "/favicon.svg", "/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")  # no model data
+DOCS_ASSETS = "/docs/assets"  # Swagger UI and ReDoc, served from the fastapi-offline package: /docs works offline
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,10 @@ class Served:
         return {"name": self.name, "task": task.name, "variant": task.variant, "metric": task.metric,
                 "metrics": {k: v for k, v in (run.metrics.get("test") or run.metrics.get("val") or {}).items()
                             if not isinstance(v, float) or math.isfinite(v)},  # JSON has no NaN
-                "precision": f"{'bf16' if bf16 else 'fp32'} ({why})", "labels": run.labels, "options": options}
+                "precision": f"{'bf16' if bf16 else 'fp32'} ({why})", "labels": run.labels, "options": options,
+                "precision_words": precision_words(run.config.train.bf16, bf16, run.device.type),
+                "description": task.description,
+                "examples": list(task.examples), "languages": list(task.languages or ())}
 
     def decode(self, texts: list[str], options: tuple[int | None, bool]) -> list[dict]:
         """One JSON result per text (runs in the batcher's thread)."""
@@ -211,7 +216,7 @@ class Guard:
         return b"".join(chunks)
 
     def unauthorized(self, scope, body: bytes) -> JSONResponse | None:
-        if self.api_key is None or scope["path"] in OPEN_PATHS:
+        if self.api_key is None or scope["path"] in OPEN_PATHS or scope["path"].startswith(DOCS_ASSETS + "/"):
             return None
         header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
         scheme, _, given = header.partition(" ")
@@ -269,7 +274,7 @@ def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None 
         for model in served.values():
             await model.batcher.stop()
 
-    app = FastAPI(title="taskformer serve", lifespan=lifespan)
+    app = FastAPIOffline(title="taskformer serve", lifespan=lifespan, static_url=DOCS_ASSETS, favicon_url="/favicon.svg")
     app.state.served = served
     app.add_middleware(Guard, limits=limits, api_key=api_key, metrics=metrics)
 
@@ -322,6 +327,11 @@ def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page():
         return resources.files(__package__).joinpath("static/index.html").read_text(encoding="utf-8")
+
+    @app.get("/favicon.svg", include_in_schema=False)
+    async def favicon():
+        return Response(resources.files(__package__).joinpath("static/favicon.svg").read_bytes(),
+                        media_type="image/svg+xml")
 
     @app.get("/health")
     async def health():
@@ -383,15 +393,25 @@ def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None 
     return app
 
 
+def precision_words(setting, bf16: bool, device_type: str) -> str:
+    """The precision decoding runs in, in plain words for the page (``precision`` gives the measured reason)."""
+    unit = "GPU" if device_type == "cuda" else "processor"
+    if precision.normalize(setting) != "auto":
+        return f"{'16-bit (bfloat16)' if bf16 else '32-bit'}, as the run set it"
+    return f"16-bit (bfloat16), native on this {unit}" if bf16 else f"32-bit; this {unit} has no fast 16-bit"
+
+
 def translation_model(served: dict[str, Served], source: str, target: str) -> Served:
-    """The text-to-text model for a LibreTranslate request: the only one, or the one whose name holds
-    ``SOURCE-TARGET`` (``translate-de-en`` for de -> en)."""
-    candidates = [m for m in served.values() if m.run.model.cfg.kind.decoder]
-    named = [m for m in candidates if f"{source}-{target}" in m.name]
-    if len(named) == 1 or len(candidates) == 1:
-        return (named or candidates)[0]
-    raise ApiError(400, f"no single translation model for source {source!r} and target {target!r}; served: "
-                        f"{', '.join(m.name for m in candidates) or 'none'}", "target")
+    """The model for a LibreTranslate request: the first one served whose task translates ``source``
+    into ``target`` (``Task.languages``; a ``source`` of ``auto`` matches any), whatever its served
+    name. A pair that no model translates is refused, naming the pairs that are served."""
+    pairs = [(m, m.run.task.languages) for m in served.values() if m.run.task.languages]
+    for m, (src, tgt) in pairs:
+        if source in (src, "auto") and target == tgt:
+            return m
+    offered = ", ".join(f"{src}->{tgt} ({m.name})" for m, (src, tgt) in pairs) or "none"
+    field = "target" if source == "auto" or any(source == src for _, (src, _) in pairs) else "source"
+    raise ApiError(400, f"no served model translates {source!r} into {target!r}; the pairs served: {offered}", field)
 
 
 async def until_disconnected(request: Request) -> None:
