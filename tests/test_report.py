@@ -30,22 +30,27 @@ def test_report_html_is_self_contained_with_the_training_plot(finished_run):
     assert "src=\"http" not in page and "src='http" not in page  # nothing fetched from elsewhere
 
 
-def test_report_html_plots_render_as_visible_images_in_chromium(finished_run, tmp_path):
+def in_chromium(report, probe: str, tmp_path):
+    """What ``probe``, a script that sets the page's title to JSON once it has loaded, finds in
+    ``report`` as headless Chromium lays it out (Debian's package; skipped where it is missing)."""
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
-    _, out = finished_run
-    probe = ("<script>window.addEventListener('load', () => { document.title = JSON.stringify("
-             "[...document.images].map(i => [i.alt, i.naturalWidth, Math.round(i.getBoundingClientRect().width)]));"
-             "});</script>")
     page = tmp_path / "report.html"
-    page.write_text((out / "report.html").read_text().replace("</body>", probe + "</body>"))
+    page.write_text(report.read_text().replace("</body>", probe + "</body>"))
     dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                           "--disable-background-networking", "--disable-component-update", "--disable-sync",
                           f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.as_uri()],
                          capture_output=True, text=True, timeout=120).stdout
-    title = re.search(r"<title>(.*?)</title>", dom, flags=re.S).group(1)
-    images = json.loads(title.replace("&quot;", '"'))
+    return json.loads(re.search(r"<title>(.*?)</title>", dom, flags=re.S).group(1).replace("&quot;", '"'))
+
+
+def test_report_html_plots_render_as_visible_images_in_chromium(finished_run, tmp_path):
+    _, out = finished_run
+    probe = ("<script>window.addEventListener('load', () => { document.title = JSON.stringify("
+             "[...document.images].map(i => [i.alt, i.naturalWidth, Math.round(i.getBoundingClientRect().width)]));"
+             "});</script>")
+    images = in_chromium(out / "report.html", probe, tmp_path)
     assert any(alt == "training" for alt, _, _ in images)
     for alt, natural_width, shown_width in images:
         assert natural_width > 100 and shown_width > 100, (alt, natural_width, shown_width)
@@ -174,22 +179,13 @@ COLUMN_EDGES = ("<script>window.addEventListener('load', () => { const t = [...d
 def test_report_html_columns_line_up_with_chinese_text(own_run, tmp_path):
     """The console's tables count a Chinese character as two cells, which a browser's monospace font
     does not: in report.html each column starts at one edge, whatever the script of its text."""
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if browser is None:
-        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
     path = own_run / "outputs-test.jsonl"
     lines = ["春风送暖入屠苏", "海阔凭鱼跃，天高任鸟飞", "1 2", "一帆风顺年年好，万事如意步步高"]
     rows = [{**json.loads(line), "source": lines[i % 4], "reference": lines[(i + 1) % 4]}
             for i, line in enumerate(path.read_text().splitlines())]
     path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
     assert run_cli("report", str(own_run)).returncode == 0
-    page = tmp_path / "report.html"
-    page.write_text((own_run / "report.html").read_text().replace("</body>", COLUMN_EDGES + "</body>"))
-    dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                          f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.as_uri()],
-                         capture_output=True, text=True, timeout=120).stdout
-    edges = json.loads(re.search(r"<title>(.*?)</title>", dom, flags=re.S).group(1).replace("&quot;", '"'))
+    edges = in_chromium(own_run / "report.html", COLUMN_EDGES, tmp_path)
     assert len(edges) > 2 and all(len(row) == 3 for row in edges)
     assert [len({row[c] for row in edges}) for c in range(3)] == [1, 1, 1], edges
 
