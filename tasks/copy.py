@@ -32,7 +32,7 @@ TASK = Task(
     description="Copy a random symbol sequence (synthetic, needs no data)",
     variant="encoder-decoder",
     metric="exact_match",
-    examples=("1 4 7 2 9 3 5 8 2 6", "3 3 5 7", "10 9 8 7 6 5 4 3 2 1"),
+    examples=("1 4 7 2 9 3 5 8 2 6", "10 9 8 7 6 5 4 3 2 1", "5 5 1 3 8 8 2 6 9 4"),  # as long as what it learns
     defaults={
         # Sized to reach 100% in well under a minute on any 2-core CPU (AVX2 included, in fp32): a
         # narrow model, and a linear decay that lets the 400 updates settle (the 1/sqrt(step) decay
