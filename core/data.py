@@ -32,8 +32,11 @@ class TaskData:
     target, fields)`` with a dict of per-example fields that the metrics and report hooks receive. The target is text for
     an encoder-decoder; for classification it is one name from ``labels``; for tagging it is one name
     from ``labels`` per whitespace-separated word of the source, separated by spaces
-    (``("Anna lives in Paris", "B-PER O O B-LOC")``). ``notes`` are extra facts for the report's data
-    table (e.g. how many inputs were truncated or held unknown characters).
+    (``("Anna lives in Paris", "B-PER O O B-LOC")``). For a decoder-only model the source is a
+    prompt, read but never scored (a loss mask), and the target the text that follows it: rows
+    with a prompt end in EOS, while the rows without one are running text, joined into one stream
+    (``("", whole_text)`` is a corpus; see :func:`encode_text`). ``notes`` are extra facts for the
+    report's data table (e.g. how many inputs were truncated or held unknown characters).
     """
 
     tokenizer: Tokenizer
@@ -119,6 +122,7 @@ class Encoded:
     tgt: list[list[int]] | list[int]
     truncated: int = 0
     target_pad: int = PAD  # fills a batch's shorter target rows: IGNORE for tags, where 0 is a real tag
+    owners: list[list[int]] | None = None  # decoder-only: the split's row each scored target belongs to
 
     def __len__(self) -> int:
         return len(self.src)
@@ -138,15 +142,53 @@ class Encoded:
         return sum(len(t) - 1 for t in self.tgt)
 
 
-def encode_sources(tokenizer: Tokenizer, texts: list[str], max_len: int, classify: bool) -> tuple[list[list[int]], int]:
+def encode_sources(tokenizer: Tokenizer, texts: list[str], max_len: int, classify: bool = False,
+                   prompt: bool = False) -> tuple[list[list[int]], int]:
     """Source ids with their frame: ``[BOS] + ids`` for classifiers (the "first token" to pool),
-    ``ids + [EOS]`` for encoder-decoders. Truncates to ``max_len`` and counts how many were cut."""
+    ``ids + [EOS]`` for encoder-decoders, the bare ids of a decoder-only model's ``prompt``. Truncates
+    to ``max_len`` and counts how many were cut; a prompt keeps its end, the context of what follows."""
     ids = [e.ids for e in tokenizer.encode_batch(texts)]
+    if prompt:
+        return [x[-max_len:] for x in ids], sum(len(x) > max_len for x in ids)
     room = max_len - 1
     cut = sum(len(x) > room for x in ids)
     if classify:
         return [[BOS] + x[:room] for x in ids], cut
     return [x[:room] + [EOS] for x in ids], cut
+
+
+def encode_text(tokenizer: Tokenizer, rows: list[tuple], block: int) -> Encoded:
+    """A decoder-only model's split: every ``(prompt, text)`` row as blocks of ``block`` inputs, each
+    position's target the next token.
+
+    The text is tokenized once and cut into consecutive blocks (as GPT-2 and nanoGPT train): block
+    ``k`` reads tokens ``k * block .. (k + 1) * block - 1`` and predicts the tokens one further, so
+    every token after the first is a target exactly once. Rows without a prompt are running text:
+    their tokens join one stream in order (a corpus split into lines or files loses no context at
+    the joins). A row with a prompt is an example of its own, ``prompt + text + [EOS]``: the prompt is
+    context, its positions are ``IGNORE`` (not scored), and EOS teaches where a continuation ends.
+    ``owners`` records the row each target came from, so scores can be summed per row.
+    """
+    prompts = tokenizer.encode_batch([row[0] for row in rows])
+    texts = tokenizer.encode_batch([row[1] for row in rows])
+    sequences: list[tuple[list[int], list[int]]] = []  # (ids, owner of each id or -1 where not scored)
+    stream, owner = [], []
+    for i, (p, t) in enumerate(zip(prompts, texts)):
+        if p.ids:
+            sequences.append((p.ids + t.ids + [EOS], [-1] * len(p.ids) + [i] * (len(t.ids) + 1)))
+        else:
+            stream += t.ids
+            owner += [i] * len(t.ids)
+    if stream:
+        sequences.insert(0, (stream, owner))
+    enc = Encoded([], [], target_pad=IGNORE, owners=[])
+    for ids, who in sequences:
+        for start in range(0, len(ids) - 1, block):
+            targets = range(start + 1, min(start + block + 1, len(ids)))
+            enc.src.append(ids[start : targets.stop - 1])
+            enc.tgt.append([ids[j] if who[j] >= 0 else IGNORE for j in targets])
+            enc.owners.append([who[j] for j in targets if who[j] >= 0])
+    return enc
 
 
 def encode_words(tokenizer: Tokenizer, texts: list[str], max_len: int) -> tuple[list[list[int]], list[list[int]], int]:
@@ -174,6 +216,8 @@ def encode_words(tokenizer: Tokenizer, texts: list[str], max_len: int) -> tuple[
 def encode(data: TaskData, split: str, max_len: int, variant: str) -> Encoded:
     """One split as ids for a model of ``variant``, in its batch layout (see :mod:`taskformer.core.variants`)."""
     pairs, kind = data.splits[split], variants.of(variant)
+    if not kind.encoder:
+        return encode_text(data.tokenizer, pairs, max_len)
     index = {name: i for i, name in enumerate(data.labels or [])}
     if kind.per_word:
         src, words, cut = encode_words(data.tokenizer, [row[0] for row in pairs], max_len)

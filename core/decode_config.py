@@ -15,6 +15,8 @@ from taskformer.core.variants import VARIANTS
 QUANTIZE = ("none", "int8")  # the weights decoding runs on: as trained, or int8 linear layers (core/inference.py)
 STRATEGIES = ("beam", "greedy")
 SEARCHED = tuple(v for v in VARIANTS if variants.of(v).decoder)  # outputs are searched: the search options apply
+SHIFTED = tuple(v for v in VARIANTS if variants.of(v).shifted)  # an output's length follows its source's
+PROMPTED = tuple(v for v in VARIANTS if not variants.of(v).encoder)  # an output continues a prompt
 
 
 @dataclass
@@ -26,8 +28,18 @@ class DecodeConfig:
     length_penalty: float = option(1.0, "Finished beams are ranked by score / ((5 + length) / 6) ** length_penalty "
                                    "(Wu et al., 2016); 0: by score alone.", variants=SEARCHED)
     max_len_a: float = option(1.2, "Output length limit: max_len_a * source length + max_len_b tokens.",
-                              at_least=0, variants=SEARCHED)
-    max_len_b: int = option(10, "See max_len_a.", at_least=0, variants=SEARCHED)
+                              at_least=0, variants=SHIFTED)
+    max_len_b: int = option(10, "See max_len_a.", at_least=0, variants=SHIFTED)
+    max_new_tokens: int = option(256, "Most tokens written after the prompt (EOS ends a continuation sooner); past "
+                                 "model.max_len positions the context slides.", at_least=1, variants=PROMPTED)
+    temperature: float = option(0.0, "0: search (decode.strategy); above 0: sample every token from the model's "
+                                "distribution at this temperature (below 1 sharper, above 1 flatter).", at_least=0.0,
+                                variants=SEARCHED)
+    top_k: int = option(0, "Sampling draws among the k most likely tokens only; 0: all (1 is greedy).", at_least=0,
+                        variants=SEARCHED)
+    top_p: float = option(1.0, "Sampling draws among the fewest most likely tokens whose probability reaches p "
+                          "(nucleus sampling); 1: all.", above=0.0, at_most=1.0, variants=SEARCHED)
+    seed: int = option(0, "Seed of sampling: the same input and seed give the same output.", variants=SEARCHED)
     batch_size: int = option(128, "Inputs per decoding batch.", at_least=1)
     workers: int = option(0, "Batches decoded at once (CPU threads); 0: one per torch thread on CPU, one on GPUs.",
                           at_least=0)

@@ -1,11 +1,12 @@
-"""Search over the decoder: greedy and beam search, batched, with a key/value cache.
+"""Search over the decoder: greedy search, sampling and beam search, batched, with a key/value cache.
 
 With the cache each step feeds only the newest token through the decoder, so a step costs one
-position instead of a re-run of the whole prefix.
+position instead of a re-run of the whole prefix. An encoder-decoder's output starts from BOS; a
+decoder-only model's continues its prompt, which the first step reads whole.
 
 A *constraint* lets a task shape the search without owning it: it is called every step as
-``constraint(step, prefix, logprobs) -> logprobs`` where ``prefix`` (N, step + 1) holds the tokens
-so far (BOS first) and ``logprobs`` (N, V) may be edited, e.g. set to ``-inf`` for banned tokens.
+``constraint(step, prefix, logprobs) -> logprobs`` where ``prefix`` holds the tokens so far (BOS
+first, or the prompt) and ``logprobs`` (N, V) may be edited, e.g. set to ``-inf`` for banned tokens.
 Rows are ordered sentence-major: row ``i * beam + k`` is hypothesis ``k`` of sentence ``i``.
 """
 from __future__ import annotations
@@ -16,18 +17,20 @@ from typing import Callable, Iterable, Iterator, NamedTuple, Protocol, TypeVar
 import torch
 
 from taskformer.core.errors import TaskformerError
-from taskformer.core.model import BOS, EOS, PAD, Transformer
+from taskformer.core.model import BOS, EOS, PAD, UNK, Transformer
 from taskformer.core.decode_config import DecodeConfig  # noqa: F401 -- the search's settings, named here too
 
 
 class Constraint(Protocol):
-    """Shapes a search without owning it: called at every step of greedy and beam search.
+    """Shapes a search without owning it: called at every step of greedy search, sampling and beam search.
 
     ``constraint(step, prefix, logprobs)`` receives the step (0 for the first output token),
-    ``prefix`` (N, step + 1), the tokens so far with BOS first, and ``logprobs`` (N, V), the model's
-    log-probabilities of every next token for each row; it returns them edited: ``-inf`` bans a
-    token, a subtracted penalty discourages it. Rows are sentence-major: in beam search row
-    ``i * beam + k`` is hypothesis ``k`` of sentence ``i``; greedy search has one row per sentence.
+    ``prefix`` (N, step + 1), the tokens so far with BOS first (a decoder-only model's: (N, P +
+    step), its prompt of P tokens first), and ``logprobs`` (N, V), the model's log-probabilities of
+    every next token for each row; it returns them edited: ``-inf`` bans a token, a subtracted
+    penalty discourages it; sampling draws from what it returns. Rows are sentence-major: in beam
+    search row ``i * beam + k`` is hypothesis ``k`` of sentence ``i``; greedy search and sampling
+    have one row per sentence.
     With a constraint, finished rows stay in the batch, so row ``i`` is always the same sentence. A
     row past its length budget arrives with only ``PAD`` allowed: leave ``PAD`` allowed. Give it as
     ``search(model, src, config.decode, constraint=...)``; the ``couplet`` task's form and tone
@@ -66,10 +69,10 @@ def max_lengths(src: torch.Tensor, a: float, b: int, cap: int) -> torch.Tensor:
     return (n.float() * a + b).clamp(1, cap - 1).long()  # clamped before the cast: a huge a means the cap
 
 
-def _strip(row: list[int]) -> list[int]:
-    """Tokens after BOS, up to (not including) EOS."""
+def _strip(row: list[int], start: int = 1) -> list[int]:
+    """The output: the tokens after the first ``start`` (BOS, or the prompt), up to (not including) EOS."""
     out = []
-    for t in row[1:]:
+    for t in row[start:]:
         if t in (EOS, PAD):
             break
         out.append(t)
@@ -105,32 +108,100 @@ class Memory(NamedTuple):
 
     @classmethod
     def of(cls, model: Transformer, src: torch.Tensor, rows_per_sentence: int = 1) -> Memory:
-        states, mask = model.encode(src)
+        states, mask = model.encode(src)  # a decoder-only model has no states: the prompt is read as a prefix
         return cls(states, mask.repeat_interleave(rows_per_sentence, 0), None if bool(mask.all()) else mask)
 
     def rows(self, rows: torch.Tensor, sentences: torch.Tensor) -> Memory:
         """The memory of search rows ``rows``, which belong to ``sentences``."""
         cross = None if self.cross_mask is None else self.cross_mask[sentences]
-        return Memory(self.states[sentences], self.mask[rows], cross)
+        return Memory(None if self.states is None else self.states[sentences], self.mask[rows], cross)
 
 
-def _next_logprobs(model, ys, memory: Memory, cache, step, limit, ignore_eos, constraint, normalize=True):
+def _prefix(model: Transformer, src: torch.Tensor, rows_per_sentence: int = 1) -> torch.Tensor:
+    """Every search row's first tokens: BOS for an encoder-decoder, a decoder-only model's prompt."""
+    if model.cfg.kind.encoder:
+        return torch.full((src.size(0) * rows_per_sentence, 1), BOS, dtype=torch.long, device=src.device)
+    if bool((src == PAD).any()) or not src.size(1):  # a continuation would follow the padding, or nothing
+        raise TaskformerError("a decoder-only search continues prompts of one length (at least one token) per "
+                              "batch: src holds padding or no token")
+    return src.repeat_interleave(rows_per_sentence, 0)
+
+
+class Reader:
+    """Feeds the decoder the tokens of each row that it has not read yet, through a key/value cache.
+
+    An encoder-decoder's outputs fit its positions (their budget is capped). A decoder-only model
+    may write past ``model.max_len``: its context then slides, as nanoGPT's sampling crops it, but
+    a quarter of the positions at a time: the cache is rebuilt from the last three quarters of
+    ``max_len`` tokens, which take positions from 0 again.
+    """
+
+    def __init__(self, model: Transformer, steps: int):
+        self.model, self.room = model, model.cfg.max_len
+        self.cache = model.new_cache(min(steps, self.room))
+        self.read = self.first = 0  # columns of the prefix in the cache; the column at position 0
+
+    def next_states(self, ys: torch.Tensor, memory: Memory) -> torch.Tensor:
+        """The decoder's state (N, 1, D) at the last token of every row of ``ys``."""
+        if ys.size(1) - self.first > self.room:
+            self.first = ys.size(1) - self.room * 3 // 4
+            self.read, self.cache = self.first, self.model.new_cache(self.room)
+        h = self.model.decode(ys[:, self.read :], memory.states, memory.cross_mask, cache=self.cache,
+                              start=self.read - self.first)
+        self.read = ys.size(1)
+        return h[:, -1:]
+
+    def keep(self, rows: torch.Tensor, sentences: torch.Tensor | None = None) -> None:
+        """Keep only the cache rows ``rows`` (see ``Transformer.reorder_cache``)."""
+        self.model.reorder_cache(self.cache, rows, sentences)
+
+
+def _next_logprobs(model, ys, memory: Memory, reader: Reader, step, limit, ignore_eos, constraint, normalize=True):
     """Log-probabilities of the next token for every row, with the length budget and constraint applied.
 
     ``normalize=False`` returns raw logits instead: plain greedy search only needs their argmax.
     """
-    tokens = ys[:, -1:] if cache is not None else ys
-    h = model.decode(tokens, memory.states, memory.cross_mask, cache=cache, start=step if cache is not None else 0)
-    logp = model.head(h[:, -1:], memory.mask)[:, -1].float()  # the head contract: head(hidden, src_mask)
+    logp = model.head(reader.next_states(ys, memory), memory.mask)[:, -1].float()  # head(hidden, src_mask)
     if normalize:
         logp = torch.log_softmax(logp, dim=-1)
     if ignore_eos:
         logp[:, EOS] = float("-inf")
+    if not model.cfg.kind.encoder:  # a continuation is text: it never writes a special token but EOS
+        logp[:, [PAD, BOS, UNK]] = float("-inf")
     at_limit = limit <= step  # rows that used up their budget are cut: they may only pad, at no cost
     if at_limit.any():
         logp[at_limit] = float("-inf")
         logp[at_limit, PAD] = 0.0
     return logp if constraint is None else constraint(step, ys, logp)
+
+
+def _one_per_row(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, pick, normalize: bool,
+                 constraint: Constraint | None, ignore_eos: bool) -> list[list[int]]:
+    """The search of greedy and sampling: one output per row, its next token ``pick(scores, rows)`` of the
+    scores of the rows still searched. Rows that end (EOS or budget) leave the batch, unless a
+    constraint reads the whole batch's rows."""
+    memory, start = Memory.of(model, src), _prefix(model, src)
+    steps, width = int(max_len.max()), start.size(1)
+    ys = torch.full((src.size(0), width + steps), PAD, dtype=torch.long, device=src.device)
+    ys[:, :width] = start
+    live = torch.arange(src.size(0), device=src.device)  # the rows still searched
+    limit, done = max_len, torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
+    reader = Reader(model, width + steps)
+    drop = _DROP_FINISHED and constraint is None
+    for step in range(steps):
+        logp = _next_logprobs(model, ys[live, : width + step], memory, reader, step, limit, ignore_eos, constraint,
+                              normalize=normalize or constraint is not None)
+        nxt = pick(logp, live).masked_fill(done, PAD)
+        ys[live, width + step] = nxt
+        done = done | (nxt == EOS) | (limit <= step + 1)
+        if done.all():
+            break
+        if drop and done.any():
+            keep = (~done).nonzero().squeeze(1)
+            live, limit, done = live[keep], limit[keep], done[keep]
+            memory = memory.rows(keep, keep)
+            reader.keep(keep, keep)
+    return [_strip(r, width) for r in ys.tolist()]
 
 
 @torch.inference_mode()
@@ -142,36 +213,49 @@ def greedy(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, constra
     task that knows its output's length (the reverse example).
     Rows that end (EOS or budget) leave the batch, unless a constraint reads the whole batch's rows.
     """
-    memory = Memory.of(model, src)
-    steps = int(max_len.max())
-    ys = torch.full((src.size(0), steps + 1), PAD, dtype=torch.long, device=src.device)
-    ys[:, 0] = BOS
-    live = torch.arange(src.size(0), device=src.device)  # the rows still searched
-    limit, done = max_len, torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
-    cache = model.new_cache(steps)
-    drop = _DROP_FINISHED and constraint is None
-    for step in range(steps):
-        logp = _next_logprobs(model, ys[live, : step + 1], memory, cache, step, limit, ignore_eos, constraint,
-                              normalize=constraint is not None)
-        nxt = argmax(logp).masked_fill(done, PAD)
-        ys[live, step + 1] = nxt
-        done = done | (nxt == EOS) | (limit <= step + 1)
-        if done.all():
-            break
-        if drop and done.any():
-            keep = (~done).nonzero().squeeze(1)
-            live, limit, done = live[keep], limit[keep], done[keep]
-            memory = memory.rows(keep, keep)
-            model.reorder_cache(cache, keep, keep)
-    return [_strip(r) for r in ys.tolist()]
+    return _one_per_row(model, src, max_len, lambda logp, rows: argmax(logp), False, constraint, ignore_eos)
 
 
-def _best(ys: torch.Tensor, scores: torch.Tensor, length_penalty: float) -> list[list[int]]:
-    """The best hypothesis of each sentence by ``score / ((5 + length) / 6) ** length_penalty``."""
+def truncate(logp: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """The distribution sampling draws from, as logits (N, V): ``logp`` divided by ``temperature``, cut to
+    its ``top_k`` most likely tokens (0: all), then to the fewest whose probability reaches ``top_p``
+    (nucleus sampling, Holtzman et al., 2020; 1: all). The most likely token always stays."""
+    logits = logp / temperature
+    if 0 < top_k < logits.size(-1):
+        logits = logits.masked_fill(logits < logits.topk(top_k, dim=-1).values[:, -1:], float("-inf"))
+    if top_p < 1.0:
+        ranked, order = logits.sort(dim=-1, descending=True)
+        probs = ranked.softmax(-1)
+        before = probs.cumsum(-1) - probs  # the probability of the tokens ranked above each
+        logits = logits.scatter(-1, order, ranked.masked_fill(before >= top_p, float("-inf")))
+    return logits
+
+
+@torch.inference_mode()
+def sample(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
+           top_p: float = 1.0, seed: int = 0, constraint: Constraint | None = None,
+           ignore_eos: bool = False) -> list[list[int]]:
+    """Draw every token from the model's distribution (after the constraint), shaped by :func:`truncate`.
+
+    Each row draws from a random generator of its own, seeded with ``seed``: the same input and seed
+    give the same output whatever else shares its batch (or a server's). ``top_k=1`` is greedy search.
+    """
+    generators = [torch.Generator(device=src.device).manual_seed(seed) for _ in range(src.size(0))]
+
+    def pick(logp: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        probs = truncate(logp, temperature, top_k, top_p).softmax(-1)
+        return torch.cat([torch.multinomial(p, 1, generator=generators[i]) for p, i in zip(probs, rows.tolist())])
+
+    return _one_per_row(model, src, max_len, pick, True, constraint, ignore_eos)
+
+
+def _best(ys: torch.Tensor, scores: torch.Tensor, length_penalty: float, start: int = 1) -> list[list[int]]:
+    """The best hypothesis of each sentence by ``score / ((5 + length) / 6) ** length_penalty``; the
+    output begins after column ``start``."""
     n, k = scores.shape
-    lengths = (ys[:, 1:] != PAD).sum(1).view(n, k).float()
+    lengths = (ys[:, start:] != PAD).sum(1).view(n, k).float()
     pick = (scores / ((5.0 + lengths) / 6.0) ** length_penalty).argmax(-1) + torch.arange(n, device=ys.device) * k
-    return [_strip(r) for r in ys[pick].tolist()]
+    return [_strip(r, start) for r in ys[pick].tolist()]
 
 
 @torch.inference_mode()
@@ -190,16 +274,17 @@ def beam_search(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, be
     """
     B, K, device = src.size(0), beam, src.device
     memory, limit = Memory.of(model, src, K), max_len.repeat_interleave(K)
-    ys = torch.full((B * K, 1), BOS, dtype=torch.long, device=device)
+    ys = _prefix(model, src, K)
+    width = ys.size(1)
     scores = torch.zeros(B, K, device=device)
     scores[:, 1:] = float("-inf")  # all beams start identical: expand only the first one
     done = torch.zeros(B * K, dtype=torch.bool, device=device)
     steps = int(max_len.max())
-    cache = model.new_cache(steps)
+    reader = Reader(model, width + steps)
     live, out = torch.arange(B, device=device), [None] * B  # the sentences still searched; the outputs
     drop = _DROP_FINISHED and constraint is None
     for step in range(steps):
-        logp = _next_logprobs(model, ys, memory, cache, step, limit, ignore_eos, constraint)
+        logp = _next_logprobs(model, ys, memory, reader, step, limit, ignore_eos, constraint)
         if done.any():  # finished hypotheses may only grow by PAD, at no cost
             logp[done] = float("-inf")
             logp[done, PAD] = 0.0
@@ -214,33 +299,41 @@ def beam_search(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, be
         ys = torch.cat([ys[origin], tok.unsqueeze(1)], 1)
         done = done[origin] | (tok == EOS)
         scores = top
-        model.reorder_cache(cache, origin)
+        reader.keep(origin)
         ended = (done | (limit <= step + 1)).view(n, K).all(1)  # every hypothesis ended or was cut
         if ended.all() or done.all():
             break
         if drop and ended.any():
             for i, best in zip(live[ended].tolist(), _best(ys.view(n, K, -1)[ended].flatten(0, 1), scores[ended],
-                                                           length_penalty)):
+                                                           length_penalty, width)):
                 out[i] = best
             keep = (~ended).nonzero().squeeze(1)
             rows = (keep.unsqueeze(1) * K + torch.arange(K, device=device)).view(-1)
             live, scores, ys, done, limit = live[keep], scores[keep], ys[rows], done[rows], limit[rows]
             memory = memory.rows(rows, keep)
-            model.reorder_cache(cache, rows, keep)
-    for i, best in zip(live.tolist(), _best(ys, scores, length_penalty)):
+            reader.keep(rows, keep)
+    for i, best in zip(live.tolist(), _best(ys, scores, length_penalty, width)):
         out[i] = best
     return out
 
 
 def search(model: Transformer, src: torch.Tensor, config: DecodeConfig, constraint: Constraint | None = None,
            max_len: torch.Tensor | None = None, ignore_eos: bool = False) -> list[list[int]]:
-    """Beam or greedy search, as ``config`` says: the entry point for tasks and the default decoder.
+    """Sampling (``config.temperature`` above 0), or beam or greedy search, as ``config`` says: the
+    entry point for tasks and the default decoder.
 
-    ``max_len`` (B,) bounds each output (without BOS); by default it is ``config.max_len_a *
-    source length + config.max_len_b``, capped by the model's positions. Returns token ids per row.
+    ``max_len`` (B,) bounds each output (without BOS or the prompt); by default it is
+    ``config.max_len_a * source length + config.max_len_b`` for an encoder-decoder, capped by the
+    model's positions, and ``config.max_new_tokens`` for a decoder-only model, whose ``src`` is the
+    prompt it continues. Returns the output's token ids per row.
     """
+    if max_len is None and not model.cfg.kind.encoder:
+        max_len = torch.full((src.size(0),), config.max_new_tokens, dtype=torch.long, device=src.device)
     if max_len is None:
         max_len = max_lengths(src, config.max_len_a, config.max_len_b, model.cfg.max_len)
+    if config.temperature > 0:
+        return sample(model, src, max_len, config.temperature, config.top_k, config.top_p, config.seed, constraint,
+                      ignore_eos)
     if config.strategy == "beam" and config.beam > 1:
         return beam_search(model, src, max_len, config.beam, config.length_penalty, constraint, ignore_eos)
     return greedy(model, src, max_len, constraint, ignore_eos=ignore_eos)

@@ -122,8 +122,9 @@ def autocast(bf16, device: torch.device):
 
 
 def teacher_forced(model: Transformer) -> bool:
-    """Whether ``model`` (or the model inside a DDP wrapper) has a decoder, which reads the target shifted."""
-    return getattr(model, "module", model).cfg.kind.decoder
+    """Whether ``model`` (or the model inside a DDP wrapper) reads the target shifted beside its source
+    (an encoder-decoder); a decoder-only batch holds its targets aligned with its inputs already."""
+    return getattr(model, "module", model).cfg.kind.shifted
 
 
 def target_count(tgt: torch.Tensor, shifted: bool) -> int:
@@ -189,9 +190,10 @@ def batch_loss(model: Transformer, src: torch.Tensor, tgt: torch.Tensor, smoothi
     """Summed cross-entropy and the number of tokens (or examples) it covers.
 
     Sequence targets ``(B, T)`` of an encoder-decoder are shifted for teacher forcing: the decoder
-    reads ``tgt[:, :-1]`` and predicts ``tgt[:, 1:]``, padding skipped. An encoder-only model's
-    logits are scored against the targets as they are: class targets ``(B,)`` once per example, tag
-    targets ``(B, S)`` at every position that is not ``IGNORE`` (0 is a real class or tag there).
+    reads ``tgt[:, :-1]`` and predicts ``tgt[:, 1:]``, padding skipped. Other models' logits are
+    scored against the targets as they are: class targets ``(B,)`` once per example, tag targets
+    and a decoder-only model's next tokens ``(B, S)`` at every position that is not ``IGNORE`` (0 is
+    a real class or tag there; a language model's prompt and padding are ``IGNORE``).
     """
     shifted = teacher_forced(model)
     count = target_count(tgt, shifted)
@@ -207,16 +209,32 @@ def batch_loss(model: Transformer, src: torch.Tensor, tgt: torch.Tensor, smoothi
 
 
 @torch.no_grad()
-def evaluate_loss(model: Transformer, data: Encoded, cfg: TrainConfig, device: torch.device) -> float:
-    """Mean cross-entropy per target token on ``data`` (no smoothing, no dropout)."""
+def reference_logprobs(model: Transformer, data: Encoded, rows: int, cfg: TrainConfig,
+                       device: torch.device) -> list[list[float]]:
+    """The model's log-probability (nats) of every scored target of ``data``, one list per row of the
+    split: a sequence's tokens, a class, a tagger's tagged words, a language model's text (whose
+    blocks ``data.owners`` maps back to rows). No smoothing, no dropout: ``-mean`` of them all is the
+    validation loss, and their sums per row give perplexity or a label's likelihood."""
     model.eval()
-    total, count = 0.0, 0
+    shifted = teacher_forced(model)
+    per_sequence: list[list[float]] = [[] for _ in range(len(data))]
     for index in token_batches(data.lengths(), cfg.max_tokens):
         src, tgt = (t.to(device) for t in collate(data, index))
         with autocast(cfg.bf16, device):
-            loss, n = batch_loss(model, src, tgt, 0.0)
-        total, count = total + float(loss), count + n
-    return total / max(count, 1)
+            logits = model(src, tgt[:, :-1]) if shifted else model(src)
+        gold, skip = (tgt[:, 1:], PAD) if shifted else (tgt, IGNORE)
+        logits = logits.float()
+        picked = logits.gather(-1, gold.clamp(min=0).unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+        keep = gold != skip
+        for row, i in enumerate(index):
+            per_sequence[i] = picked[row].reshape(-1)[keep[row].reshape(-1)].tolist()
+    if data.owners is None:
+        return per_sequence
+    out: list[list[float]] = [[] for _ in range(rows)]
+    for scores, owners in zip(per_sequence, data.owners):
+        for score, owner in zip(scores, owners):
+            out[owner].append(score)
+    return out
 
 
 class Stop(Exception):

@@ -1,7 +1,8 @@
-"""Scores every task may share: corpus BLEU and chrF of generated text (sacreBLEU), and entity-level
-(span) precision, recall and F1 of BIO-tagged sequences."""
+"""Scores every task may share: corpus BLEU and chrF of generated text (sacreBLEU), entity-level
+(span) precision, recall and F1 of BIO-tagged sequences, and a language model's perplexity and bits."""
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 
@@ -19,6 +20,19 @@ def translation_metrics(hypotheses: list[str], references: list[str], tokenize: 
     refs = [references]
     return {"bleu": sacrebleu.corpus_bleu(hypotheses, refs, tokenize=tokenize).score,
             "chrf": sacrebleu.corpus_chrf(hypotheses, refs).score}
+
+
+def language_model_scores(references: list[str], logprobs: list[list[float]]) -> dict[str, float]:
+    """How well a language model predicts ``references`` from the log-probabilities (nats) of their
+    tokens: ``perplexity`` (exp of the mean loss per token), ``bits_per_token`` and ``bits_per_char``
+    (all the bits over the references' characters: comparable across tokenizers, e.g. characters
+    against BPE)."""
+    nats, tokens = -sum(map(sum, logprobs)), sum(map(len, logprobs))
+    if not tokens:
+        return {}
+    chars = sum(map(len, references))
+    return {"perplexity": math.exp(min(nats / tokens, 700.0)), "bits_per_token": nats / tokens / math.log(2),
+            "bits_per_char": nats / max(chars, 1) / math.log(2)}
 
 
 BIO = re.compile(r"O|[BIES]-.+")  # the tags of BIO (IOB1, IOB2) and IOBES schemes: O, or a prefix and a type

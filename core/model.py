@@ -1,11 +1,14 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), in one file.
 
-Three variants (:mod:`taskformer.core.variants`) share every building block:
+Four variants (:mod:`taskformer.core.variants`) share every building block:
 
 * ``encoder-decoder`` -- source tokens are encoded once; the decoder attends to its own prefix
   (causal self-attention) and to the encoder memory (cross-attention). Used for sequence tasks.
 * ``encoder-only`` -- just the encoder stack; a head pools it into class logits (classification).
 * ``tagging`` -- the same encoder stack; a head gives label logits at every source position.
+* ``decoder-only`` -- just the decoder stack, without cross-attention: each position attends to
+  itself and the positions before it, and the tied output projection predicts the next token (a
+  language model, the shape of GPT; Radford et al., 2018). The prompt is the decoder's prefix.
 
 Shapes: ``B`` batch, ``S`` source length, ``T`` target length, ``D`` model width, ``H`` heads.
 Token id conventions are fixed for every task (see :mod:`taskformer.core.tokenize`):
@@ -35,14 +38,17 @@ class ModelConfig:
     num_classes: int = option(0, "Classes or tags; filled in from the task's labels.", at_least=0)
     d_model: int = option(256, "Width of every layer (the embedding size).", above=0)
     n_heads: int = option(8, "Attention heads per layer; must divide d_model.", above=0)
-    enc_layers: int = option(3, "Encoder layers.", above=0)
-    dec_layers: int = option(3, "Decoder layers.", at_least=0, variants=("encoder-decoder",))
+    enc_layers: int = option(3, "Encoder layers.", above=0,
+                             variants=tuple(v for v in VARIANTS if variants.of(v).encoder))
+    dec_layers: int = option(3, "Decoder layers (a decoder-only model's only stack).", at_least=0,
+                             variants=tuple(v for v in VARIANTS if variants.of(v).decoder))
     d_ff: int = option(1024, "Inner width of each feed-forward block.", above=0)
     dropout: float = option(0.1, "Dropout on embeddings, sub-layer outputs and heads.", at_least=0.0, below=1.0)
     attn_dropout: float = option(0.0, "Dropout on attention weights.", at_least=0.0, below=1.0)
     max_len: int = option(256, "Longest sequence in tokens, with begin and end; longer inputs are cut.", at_least=3)
     norm_first: bool = option(True, "Pre-norm (trains stably without a long warm-up); false: the paper's post-norm.")
-    tie_embeddings: bool = option(True, "Source, target and output projection share one matrix (joint vocabulary).")
+    tie_embeddings: bool = option(True, "Source, target and output projection share one matrix (joint vocabulary); "
+                                  "a decoder-only model's input embedding and output projection.")
     pooling: str = option("mean", "How an encoder-only head pools the encoder states: over real tokens, the "
                           "first token, or the maximum.", choices=("mean", "first", "max"), variants=("encoder-only",))
     members: int = option(1, "Networks trained as one ensemble whose log-probabilities are averaged (at every "
@@ -294,14 +300,17 @@ class TaggingHead(nn.Module):
         return self.proj(h)
 
 
-DEFAULT_HEADS = {"encoder-decoder": Generator, "encoder-only": ClassificationHead, "tagging": TaggingHead}
+DEFAULT_HEADS = {"encoder-decoder": Generator, "encoder-only": ClassificationHead, "tagging": TaggingHead,
+                 "decoder-only": Generator}
 
 
 class Transformer(nn.Module):
-    """Encoder-decoder or encoder-only (classification, tagging) Transformer with a task-supplied head.
+    """Encoder-decoder, encoder-only (classification, tagging) or decoder-only Transformer with a
+    task-supplied head.
 
     ``forward(src, tgt_in)`` returns logits for training; decoding uses ``encode`` once and then
-    ``decode_step`` with a key/value cache (see :mod:`taskformer.core.decoding`).
+    ``decode`` a step at a time with a key/value cache (see :mod:`taskformer.core.decoding`). A
+    decoder-only model has no encoder: ``encode`` gives no memory, and its decoder reads ``src``.
     """
 
     def __init__(self, cfg: ModelConfig, head: nn.Module | None = None):
@@ -309,16 +318,18 @@ class Transformer(nn.Module):
         cfg.validate()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=PAD)
+        kind = cfg.kind
         self.tgt_embed = None
-        if cfg.kind.decoder and not cfg.tie_embeddings:
+        if kind.shifted and not cfg.tie_embeddings:
             self.tgt_embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=PAD)
         self.positions = SinusoidalPositions(cfg.d_model, cfg.max_len)
         self.drop = Dropout(cfg.dropout)
-        self.encoder = nn.ModuleList(Block(cfg, cross=False) for _ in range(cfg.enc_layers))
-        self.enc_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
-        self.decoder = None
-        if cfg.kind.decoder:
-            self.decoder = nn.ModuleList(Block(cfg, cross=True) for _ in range(cfg.dec_layers))
+        self.encoder = self.decoder = None
+        if kind.encoder:
+            self.encoder = nn.ModuleList(Block(cfg, cross=False) for _ in range(cfg.enc_layers))
+            self.enc_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
+        if kind.decoder:  # cross-attention only where there is an encoder to attend to
+            self.decoder = nn.ModuleList(Block(cfg, cross=kind.encoder) for _ in range(cfg.dec_layers))
             self.dec_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
         self.head = head if head is not None else DEFAULT_HEADS[cfg.variant](cfg)
         self._init_weights()
@@ -342,15 +353,21 @@ class Transformer(nn.Module):
         return self.drop(self.positions(x, start))
 
     def encode(self, src: torch.Tensor):
-        """Encode ``src`` (B, S). Returns the memory (B, S, D) and the key mask (B, 1, 1, S), True = real token."""
+        """Encode ``src`` (B, S). Returns the memory (B, S, D) and the key mask (B, 1, 1, S), True = real token.
+
+        A decoder-only model has no memory (``None``): its prompt is the decoder's own prefix."""
         mask = (src != PAD).view(src.size(0), 1, 1, -1)
+        if self.encoder is None:
+            return None, mask
         x = self._embed(src, self.embed)
         for block in self.encoder:
             x = block(x, mask=mask)
         return self.enc_norm(x), mask
 
     def decode(self, tgt: torch.Tensor, memory, memory_mask, cache=None, start: int = 0) -> torch.Tensor:
-        """Decoder states for ``tgt`` (B, T). With a cache, ``tgt`` holds only the new positions from ``start``."""
+        """Decoder states for ``tgt`` (B, T). With a cache, ``tgt`` holds only the new positions from ``start``.
+
+        ``memory`` is ``None`` for a decoder-only model (its blocks have no cross-attention)."""
         x = self._embed(tgt, self.embed if self.tgt_embed is None else self.tgt_embed, start)
         # Right padding means a real query never sees a pad key under the causal mask; a single new
         # position attends to everything cached, so it needs no mask at all.
@@ -381,8 +398,10 @@ class Transformer(nn.Module):
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor | None = None) -> torch.Tensor:
         memory, mask = self.encode(src)
-        if self.decoder is None:
+        if self.decoder is None:  # encoder-only: the head reads the encoder
             return self.head(memory, mask)
+        if self.encoder is None:  # decoder-only: next-token logits at every position of src itself
+            return self.head(self.decode(src, None, None), mask)
         return self.head(self.decode(tgt_in, memory, mask), mask)
 
     @torch.no_grad()
@@ -433,11 +452,14 @@ class Ensemble(nn.Module):
         """The members' memories stacked as (B, K, S, D) (sentences first, as the search indexes them) and
         the key mask (B, 1, 1, S), which depends only on ``src``."""
         encoded = [m.encode(src) for m in self.members]
+        if encoded[0][0] is None:  # decoder-only: no memory
+            return None, encoded[0][1]
         return torch.stack([states for states, _ in encoded], dim=1), encoded[0][1]
 
     def decode(self, tgt: torch.Tensor, memory, memory_mask, cache=None, start: int = 0) -> torch.Tensor:
         """Each member's decoder states on its own memory and cache, stacked as (B, T, K, D)."""
-        return torch.stack([m.decode(tgt, memory[:, i], memory_mask, None if cache is None else cache[i], start)
+        return torch.stack([m.decode(tgt, None if memory is None else memory[:, i], memory_mask,
+                                     None if cache is None else cache[i], start)
                             for i, m in enumerate(self.members)], dim=2)
 
     def head(self, hidden: torch.Tensor, src_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -66,13 +66,15 @@ def subword(texts: Iterable[str], vocab_size: int, kind: str = "bpe", min_freque
     return tok
 
 
-def characters(texts: Iterable[str], min_frequency: int = 1) -> Tokenizer:
-    """One token per character of ``texts`` (NFKC-normalized); characters seen fewer than
-    ``min_frequency`` times become ``[UNK]``. Whitespace in the input is ignored and none is put
-    back on decode (Chinese, couplets)."""
+def characters(texts: Iterable[str], min_frequency: int = 1, whitespace: bool = False) -> Tokenizer:
+    """One token per character of ``texts``; characters seen fewer than ``min_frequency`` times
+    become ``[UNK]``. By default the text is NFKC-normalized and whitespace is ignored, none put back
+    on decode (Chinese, couplets). ``whitespace=True`` keeps every character as written, spaces and
+    line breaks included, so ``decode`` gives the text back: running text for a language model."""
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
-    tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace(Regex(r"\s+"), "")])
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    if not whitespace:
+        tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace(Regex(r"\s+"), "")])
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]" if whitespace else "."), behavior="isolated")
     tok.decoder = decoders.Fuse()
     trainer = trainers.WordLevelTrainer(special_tokens=SPECIALS, min_frequency=min_frequency, show_progress=False)
     tok.train_from_iterator(track(texts, "building the character vocabulary"), trainer=trainer)

@@ -2,22 +2,24 @@
 
 A task names its variant (``Task.variant``, copied into ``model.variant``); the model, the data
 encoding, the loss, the default decoder, the runner's checks and the export ask :func:`of` what it
-means instead of comparing names. A new variant (a decoder-only language model, say) starts here.
+means instead of comparing names. A new variant starts here.
 
-======================  =====================  ======================  ======================
-                        ``encoder-decoder``    ``encoder-only``        ``tagging``
-======================  =====================  ======================  ======================
-a target in TaskData    text                   one of ``labels``       one of ``labels`` per
-                                                                       source word
-source frame            ``ids + [EOS]``        ``[BOS] + ids``         ``[BOS] + ids``
-batch target            ``(B, T)`` token ids,  ``(B,)`` class ids      ``(B, S)`` tag ids at
-                        shifted for teacher                            each word's first
-                        forcing                                        token, ``IGNORE`` else
-head logits             ``(B, T, vocab)``      ``(B, classes)``        ``(B, S, classes)``
-default decoding        search                 arg-max label           arg-max tag per word
-                        (``decode.strategy``)
-CTranslate2 export      yes                    no                      no
-======================  =====================  ======================  ======================
+==================  =====================  ==================  ==================  =========================
+                    ``encoder-decoder``    ``encoder-only``    ``tagging``         ``decoder-only``
+==================  =====================  ==================  ==================  =========================
+a row in TaskData   (source, text)         (text, one of       (text, one of       (prompt, text): the prompt
+                                           ``labels``)         ``labels`` per      is read, never scored
+                                                               word)
+source frame        ``ids + [EOS]``        ``[BOS] + ids``     ``[BOS] + ids``     ``ids`` (the prompt)
+batch               source ``(B, S)``,     ``(B, S)``,         ``(B, S)``, tag     a block ``(B, L)`` of
+                    target ``(B, T)``      class ids ``(B,)``  ids at each word's  prompt + text, the next
+                    shifted for teacher                        first token,        token at each position
+                    forcing                                    ``IGNORE`` else     (``IGNORE`` in the prompt)
+head logits         ``(B, T, vocab)``      ``(B, classes)``    ``(B, S, classes)`` ``(B, L, vocab)``
+default decoding    search                 arg-max label       arg-max tag         search continues the
+                    (``decode.strategy``)                      per word            prompt
+CTranslate2 export  yes                    no                  no                  no
+==================  =====================  ==================  ==================  =========================
 """
 from __future__ import annotations
 
@@ -32,6 +34,13 @@ class Variant:
     name: str
     decoder: bool  # a decoder writes the output token by token: targets are text, outputs are searched
     per_word: bool = False  # no decoder: one label per source word (a tagger) instead of one per input
+    encoder: bool = True  # False: no encoder, the decoder reads the source as its own prefix (a language model)
+
+    @property
+    def shifted(self) -> bool:
+        """The target is read shifted by one (teacher forcing), beside the source: an encoder-decoder's.
+        A decoder-only batch holds its next tokens already aligned with its inputs."""
+        return self.decoder and self.encoder
 
     @property
     def labelled(self) -> bool:
@@ -47,17 +56,17 @@ class Variant:
     def exportable(self) -> bool:
         """CTranslate2 can run it: its Transformer spec is an encoder-decoder ending in a vocabulary
         projection, with its own greedy and beam search (docs/export.md)."""
-        return self.decoder
+        return self.shifted
 
     def logits_shape(self, batch: int, src_len: int, tgt_len: int, vocab_size: int, num_classes: int) -> tuple:
         """The shape a head must give for a batch: what the loss scores against the batch's targets."""
         if self.decoder:
-            return (batch, tgt_len, vocab_size)
+            return (batch, tgt_len if self.encoder else src_len, vocab_size)
         return (batch, src_len, num_classes) if self.per_word else (batch, num_classes)
 
 
 _ALL = (Variant("encoder-decoder", decoder=True), Variant("encoder-only", decoder=False),
-        Variant("tagging", decoder=False, per_word=True))
+        Variant("tagging", decoder=False, per_word=True), Variant("decoder-only", decoder=True, encoder=False))
 VARIANTS = tuple(v.name for v in _ALL)  # the names ``model.variant`` and ``Task.variant`` accept
 
 

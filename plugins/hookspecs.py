@@ -50,7 +50,8 @@ class Task:
     """A task as declared by :func:`taskformer_tasks`.
 
     ``variant`` is the model: ``"encoder-decoder"`` (text to text), ``"encoder-only"`` (one class
-    per input) or ``"tagging"`` (an encoder-only model with one label per input word). ``metric``
+    per input), ``"tagging"`` (an encoder-only model with one label per input word) or
+    ``"decoder-only"`` (a language model: it continues a prompt). ``metric``
     names the key of the metrics dict that selects the best checkpoint (``higher_is_better`` tells
     which way); a tagging task may pick the core's ``token_accuracy``.
     ``data_options`` is a dataclass of the task's ``data`` section: one field per option, each made
@@ -256,15 +257,23 @@ def taskformer_decode(task: Task, model: Transformer, src: torch.Tensor, tokeniz
 
 @hookspec
 def taskformer_metrics(task: Task, sources: list[str], hypotheses: list[str] | list[Label],
-                       references: list[str], fields: list[dict[str, Any]]) -> dict[str, float]:
+                       references: list[str], fields: list[dict[str, Any]],
+                       logprobs: list[list[float]]) -> dict[str, float]:
     """Score predictions against references; return a dict of metric name to number.
 
     Called for each evaluated split with lists of equal length: ``hypotheses`` are what the decode
     hook returned (strings, or ``Label`` values for classifiers), ``references`` the target strings,
     ``fields`` the per-example dicts the data hook attached (a row ``(source, target, {"domain":
     "news"})``; ``{}`` for plain pairs): name it to score by group, e.g. accuracy per domain.
+    ``logprobs`` are the model's log-probabilities (nats) of each reference, computed once per
+    evaluation: one per scored token (with EOS) of a text, one for a class, one per tagged word; their
+    sum is a row's log-likelihood (calibration, perplexity). The core adds ``loss``, the mean negative
+    log-probability per scored token, to every split's metrics, so ``Task(metric="loss",
+    higher_is_better=False)`` selects by it.
     Every answer is merged, so a plugin that declares no task may add metrics to any task; the
-    task's ``metric`` must be among them. The core scores every tagging task already:
+    task's ``metric`` must be among them. The core scores every decoder-only task already:
+    ``perplexity``, ``bits_per_token`` and ``bits_per_char`` (bits per character of the references,
+    their final EOS included in the bits). It scores every tagging task too:
     ``token_accuracy`` (percent of words tagged right) and ``exact_match`` (percent of inputs with
     every word right), and, when the tags are BIO, IOB or IOBES (``B-PER I-PER O``), the entity-level
     ``span_precision``, ``span_recall``, ``span_f1`` and ``span_f1_TYPE`` of seqeval's default

@@ -31,6 +31,7 @@ BUILTIN = [
     "taskformer.tasks.translate_en_zh",
     "taskformer.tasks.agnews",
     "taskformer.tasks.couplet",
+    "taskformer.tasks.shakespeare",
 ]
 
 

@@ -58,7 +58,7 @@ def test_tied_embeddings_share_one_matrix():
 @pytest.mark.parametrize("bad, message", [
     (dict(d_model=30, n_heads=4), "divisible"),
     (dict(enc_layers=-1), "enc_layers"),
-    (dict(variant="decoder-only"), "variant"),
+    (dict(variant="decoder-encoder"), "variant"),
     (dict(dropout=1.5), "dropout"),
 ])
 def test_impossible_shapes_are_refused(bad, message):

@@ -1,4 +1,5 @@
-"""The defaults every task gets through the same hooks as any plugin: a decoder and tagging metrics.
+"""The defaults every task gets through the same hooks as any plugin: a decoder, tagging metrics and
+a language model's metrics.
 
 The decoder runs last (``trylast``), so a task's own implementation always wins; a task that is happy
 with the standard search implements no decode hook at all. The metrics are merged with the task's.
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 from taskformer import hookimpl, span_scores
 from taskformer.core import variants
-from taskformer.core.metrics import is_bio
+from taskformer.core.metrics import is_bio, language_model_scores
 
 
 @hookimpl(trylast=True)
@@ -23,11 +24,15 @@ def taskformer_decode(model, src, tokenizer, labels, words, config):
 
 
 @hookimpl
-def taskformer_metrics(task, hypotheses, references):
-    """For tagging tasks: ``token_accuracy``, the percentage of words tagged right, and ``exact_match``,
+def taskformer_metrics(task, hypotheses, references, logprobs):
+    """For decoder-only tasks: ``perplexity``, ``bits_per_token`` and ``bits_per_char`` of the
+    references (see :func:`taskformer.core.metrics.language_model_scores`). For tagging tasks: ``token_accuracy``, the percentage of words tagged right, and ``exact_match``,
     the percentage of inputs with every word right; for BIO, IOB or IOBES tags also the entity-level
     ``span_precision``, ``span_recall``, ``span_f1`` and ``span_f1_TYPE`` (see :func:`taskformer.span_scores`)."""
-    if not variants.of(task.variant).per_word:
+    kind = variants.of(task.variant)
+    if not kind.encoder:
+        return language_model_scores(references, logprobs)
+    if not kind.per_word:
         return None
     pairs = [(h.split(), r.split()) for h, r in zip(hypotheses, references)]
     right = sum(a == b for h, r in pairs for a, b in zip(h, r))

@@ -142,7 +142,9 @@ def read_encoded(path: Path) -> Encoded:
         return [r.tolist() for r in torch.split(tensors[name], tensors[f"{name}_lengths"].tolist())]
 
     tgt = rows("tgt") if meta["nested"] else tensors["tgt"].tolist()
-    return Encoded(rows("src"), tgt, meta["truncated"], meta["target_pad"])
+    owners = rows("owners") if "owners" in tensors else None  # a language model's: see encode_text
+    stream = tensors["stream"].tolist() if "stream" in tensors else None
+    return Encoded(rows("src"), tgt, meta["truncated"], meta["target_pad"], owners, stream, meta.get("block", 0))
 
 
 def write_encoded(path: Path, enc: Encoded) -> None:
@@ -154,9 +156,14 @@ def write_encoded(path: Path, enc: Encoded) -> None:
                        tgt_lengths=torch.tensor([len(row) for row in enc.tgt], dtype=torch.int64))
     else:
         tensors["tgt"] = torch.tensor(enc.tgt, dtype=torch.int64)
+    if enc.owners is not None:
+        tensors.update(owners=torch.tensor([t for row in enc.owners for t in row], dtype=torch.int64),
+                       owners_lengths=torch.tensor([len(row) for row in enc.owners], dtype=torch.int64))
+    if enc.stream:
+        tensors["stream"] = torch.tensor(enc.stream, dtype=torch.int32)
     try:
         ckpt.atomic_write(path.with_suffix(".json"), json.dumps(
-            {"nested": nested, "truncated": enc.truncated, "target_pad": enc.target_pad}))
+            {"nested": nested, "truncated": enc.truncated, "target_pad": enc.target_pad, "block": enc.block}))
         save_file(tensors, str(path) + ".tmp")
         os.replace(str(path) + ".tmp", path)
     except OSError:

@@ -8,6 +8,7 @@ was expected, instead of surfacing later as an error deep inside the core.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,9 +20,9 @@ from taskformer.core import progress
 from taskformer.core import inference
 from taskformer.core import variants
 from taskformer.core.config import RunConfig
-from taskformer.core.data import TaskData, encode_sources, encode_words, pad
+from taskformer.core.data import Encoded, TaskData, encode, encode_sources, encode_words, pad
 from taskformer.core.decoding import Label
-from taskformer.core.engine import autocast
+from taskformer.core.engine import autocast, reference_logprobs
 from taskformer.core.errors import TaskformerError
 from taskformer.core.model import BOS, UNK, Ensemble, Transformer
 from taskformer.core.tokenize import check_specials
@@ -103,7 +104,7 @@ def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, c
         src, words, cut = encode_words(tokenizer, inputs, model.cfg.max_len)
     else:
         words = None
-        src, cut = encode_sources(tokenizer, inputs, model.cfg.max_len, classify=kind.labelled)
+        src, cut = encode_sources(tokenizer, inputs, model.cfg.max_len, classify=kind.labelled, prompt=not kind.encoder)
     dc, device = config.decode, next(model.parameters()).device
     # A batch holds sources of one length. Padding changes a row's rounding (in bf16, its words), and a
     # sentence must decode to the same output alone, in eval's batches or beside a stranger's on a server.
@@ -137,12 +138,13 @@ def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, c
     return outputs, cut
 
 
-def score(task: Task, pairs: list[tuple], hyps: list[Prediction]) -> dict:
+def score(task: Task, pairs: list[tuple], hyps: list[Prediction], logprobs: list[list[float]] | None = None) -> dict:
     """Merge the metrics every plugin that hears this task reports."""
     merged: dict = {}
     for plugin, part in plugins().answers("taskformer_metrics", task, sources=[row[0] for row in pairs],
                                           hypotheses=hyps, references=[row[1] for row in pairs],
-                                          fields=[row[2] if len(row) > 2 else {} for row in pairs]):
+                                          fields=[row[2] if len(row) > 2 else {} for row in pairs],
+                                          logprobs=logprobs if logprobs is not None else [[] for _ in pairs]):
         if not isinstance(part, dict):
             raise PluginError(f"plugin {plugin!r}: taskformer_metrics for task {task.name!r} must return a dict "
                               f"of metric name to number, got {type(part).__name__}")
@@ -150,12 +152,23 @@ def score(task: Task, pairs: list[tuple], hyps: list[Prediction]) -> dict:
     return merged
 
 
-def evaluate_split(run: Run, pairs: list[tuple[str, str]], config: RunConfig | None = None, name: str = "decoding"):
-    """Decode and score one split; returns (metrics, [(source, prediction, reference), ...])."""
-    hyps, _ = decode_texts(run.task, run.model, run.tokenizer, run.labels, config or run.config,
-                           [row[0] for row in pairs], name)
-    return score(run.task, pairs, hyps), [Output(row[0], h, row[1], row[2] if len(row) > 2 else None)
-                                          for row, h in zip(pairs, hyps)]
+def evaluate_split(run: Run, pairs: list[tuple[str, str]], config: RunConfig | None = None, name: str = "decoding",
+                   encoded: Encoded | None = None):
+    """Score the references and decode one split; returns (metrics, [(source, prediction, reference), ...]).
+
+    The metrics hold ``loss``, the mean negative log-likelihood (nats) per scored reference token, from
+    the per-token log-probabilities the metrics hook also receives. ``encoded`` is the split already
+    encoded for the model (training encodes val once)."""
+    config = config or run.config
+    if encoded is None:
+        encoded = encode(TaskData(run.tokenizer, {"split": pairs}, run.labels), "split", run.model.cfg.max_len,
+                         run.model.cfg.variant)
+    logprobs = reference_logprobs(run.model, encoded, len(pairs), config.train, run.device)
+    count = sum(map(len, logprobs))
+    loss = -sum(map(sum, logprobs)) / count if count else math.nan
+    hyps, _ = decode_texts(run.task, run.model, run.tokenizer, run.labels, config, [row[0] for row in pairs], name)
+    return {"loss": loss, **score(run.task, pairs, hyps, logprobs)}, [
+        Output(row[0], h, row[1], row[2] if len(row) > 2 else None) for row, h in zip(pairs, hyps)]
 
 
 def load_data(task: Task, config: RunConfig, data_dir: str | None, splits=SPLITS,

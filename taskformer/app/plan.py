@@ -27,7 +27,7 @@ def dry_run(task_name: str, data_dir: str | None = None, config_file: str | None
     m = config.model
     return {
         "task": task.name, "plugin": task.plugin, "variant": task.variant, "metric": task.metric,
-        "model": {"d_model": m.d_model, "n_heads": m.n_heads, "enc_layers": m.enc_layers,
+        "model": {"d_model": m.d_model, "n_heads": m.n_heads, "enc_layers": m.enc_layers if m.kind.encoder else 0,
                   "dec_layers": m.dec_layers if m.kind.decoder else 0, "d_ff": m.d_ff,
                   "max_len": m.max_len, "members": m.members, "parameters": model.num_parameters()},
         "vocab_size": data.tokenizer.get_vocab_size(), "labels": len(data.labels or []),
@@ -45,7 +45,7 @@ def dry_run(task_name: str, data_dir: str | None = None, config_file: str | None
 def describe(plan: dict) -> str:
     """The plan as lines for a person: what would be trained, on what, for how long."""
     m, b = plan["model"], plan["budget"]
-    layers = f"{m['enc_layers']}+{m['dec_layers']} layers" if m["dec_layers"] else f"{m['enc_layers']} layers"
+    layers = "+".join(str(n) for n in (m["enc_layers"], m["dec_layers"]) if n) + " layers"
     budget = [f"{b['epochs']} epochs of {b['updates_per_epoch']:,} updates" if b["epochs"]
               else f"no epoch cap (epochs of {b['updates_per_epoch']:,} updates)"]
     if b["max_steps"]:

@@ -21,7 +21,7 @@ from taskformer.core import precision
 from taskformer.core import progress
 from taskformer.core.config import RunConfig
 from taskformer.core.data import Encoded, TaskData
-from taskformer.core.engine import Trainer, evaluate_loss
+from taskformer.core.engine import Trainer
 from taskformer.core.errors import TaskformerError
 from taskformer.plugins.hookspecs import Task
 from taskformer.plugins.manager import plugins
@@ -176,8 +176,7 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
 
     def evaluate() -> dict:
         begun_at = time.monotonic()
-        metrics, _ = evaluate_split(run, data.splits["val"], eval_config, "validating")
-        metrics = {"loss": evaluate_loss(run.model, val_enc, config.train, device), **metrics}
+        metrics, _ = evaluate_split(run, data.splits["val"], eval_config, "validating", val_enc)
         validation = time.monotonic() - begun_at  # one more may follow the last update (see Trainer.fit)
         if begun.time_limit and ratio[0] is None:  # an untrained model's searches end anywhere: time a learning one
             ratio[0] = search_ratio(run, data, validation / len(data.splits["val"]))
