@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+import torch
+
 from taskformer.app import runner
 from taskformer.core.decoding import word_tags
 from taskformer.core.errors import TaskformerError
@@ -45,13 +47,22 @@ class Model:
     def dir(self) -> Path:
         return self._run.dir
 
+    @property
+    def network(self) -> torch.nn.Module:
+        """The trained network (a ``taskformer`` Transformer or ensemble), for scores of your own:
+        ``model.network(src)`` gives a decoder-only model's next-token logits ``(B, L, vocab)``."""
+        return self._run.model
+
     def predict(self, texts: Iterable[str], *, beam: int | None = None, batch_size: int | None = None,
-                return_attention: bool = False) -> list:
-        """One prediction per text, in order; a blank text gives an empty prediction.
+                return_attention: bool = False, **decode) -> list:
+        """One prediction per text, in order; a blank text gives an empty prediction (a language
+        model: the continuation of each prompt).
 
         ``beam`` overrides the run's search (1 = greedy), ``batch_size`` the sentences decoded at once.
         ``return_attention`` (encoder-decoder runs) gives ``(prediction, taskformer.Attention)`` pairs:
-        the cross-attention of the last decoder layer (``None`` for a blank text).
+        the cross-attention of the last decoder layer (``None`` for a blank text). Any other keyword
+        is a ``decode`` setting for this call, checked as ``--set decode.KEY=VALUE`` is, e.g.
+        ``model.predict(["ROMEO:"], temperature=0.8, top_k=200, seed=1, max_new_tokens=500)``.
         """
         if isinstance(texts, str):
             raise TaskformerError("predict takes a list of texts, not one string: model.predict([text])")
@@ -68,7 +79,8 @@ class Model:
             except UnicodeEncodeError as e:  # a lone surrogate such as "\udcff": no tokenizer can take it
                 raise TaskformerError(f"predict: texts[{i}] is not valid unicode ({e.reason} at position {e.start}); "
                                       "decode bytes with errors='replace'") from None
-        outputs, _ = runner.predict(self._run, texts, runner.with_search(self.config, beam, batch_size),
+        config = runner.with_decoding(self._run, decode, "predict") if decode else self.config
+        outputs, _ = runner.predict(self._run, texts, runner.with_search(config, beam, batch_size),
                                     return_attention=bool(return_attention))
         if self._run.model.cfg.kind.per_word:  # a tagger: the user's words, each with its tag
             return [word_tags(text, tags) for text, tags in zip(texts, outputs)]

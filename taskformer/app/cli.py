@@ -213,11 +213,12 @@ def eval_cmd(run_dir, split, data_dir, overrides, average, as_json) -> None:
 @main.command("predict")
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.argument("text", nargs=-1)
-@click.option("--beam", type=click.IntRange(min=1), help="Beam size (1 = greedy).")
+@click.option("--beam", type=click.IntRange(min=1), help="Beam size (1 = greedy); a search: sampling is off.")
 @click.option("--set", "overrides", multiple=True, metavar="decode.KEY=VALUE",
               help="Override a decoding setting (e.g. decode.quantize=int8).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON value per input line: the output string, "
-              "{label, probability} for a classifier, [[word, tag], ...] for a tagger.")
+              "{label, probability} for a classifier, [[word, tag], ...] for a tagger, {prompt, continuation, "
+              "settings} for a language model.")
 def predict_cmd(run_dir, text, beam, overrides, as_json) -> None:
     """Run a trained model on TEXT, or on each line of stdin (one output line per input line).
 
@@ -229,6 +230,7 @@ def predict_cmd(run_dir, text, beam, overrides, as_json) -> None:
     runner.set_decoding(run, overrides, "predict")
     config = runner.with_search(run.config, beam)
     tagger, cut = run.model.cfg.kind.per_word, 0
+    settings = None if run.model.cfg.kind.encoder else runner.generation_settings(config)
     texts = [t.encode("utf-8", "surrogateescape").decode("utf-8", "replace") for t in text]  # as stdin's lines
     for i in (i for i, (t, clean) in enumerate(zip(text, texts), 1) if t != clean):
         click.echo(f"warning: TEXT argument {i} is not valid UTF-8; its undecodable bytes were replaced by U+FFFD",
@@ -238,7 +240,7 @@ def predict_cmd(run_dir, text, beam, overrides, as_json) -> None:
             outputs, n = runner.predict(run, lines, config)
             cut += n
             for line, out in zip(lines, outputs):
-                click.echo(shown(line, out, tagger, as_json))  # click.echo flushes: each reaches the pipe at once
+                click.echo(shown(line, out, tagger, as_json, settings))  # click.echo flushes: each reaches the pipe at once
     except BrokenPipeError:  # the reader went away (`| head -1`): stop quietly, like any pipe filter
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python exits
         sys.exit(141)  # what a shell reports for a filter ended by SIGPIPE
@@ -249,10 +251,13 @@ def predict_cmd(run_dir, text, beam, overrides, as_json) -> None:
                    err=True)
 
 
-def shown(line: str, out, tagger: bool, as_json: bool) -> str:
-    """What predict prints for one input: one line, or a tagger's WORD<TAB>TAG lines and a blank line."""
+def shown(line: str, out, tagger: bool, as_json: bool, settings: dict | None = None) -> str:
+    """What predict prints for one input: one line, or a tagger's WORD<TAB>TAG lines and a blank line;
+    for a language model (which has generation ``settings``), its continuation."""
     if tagger:
         out = decoding.word_tags(line, out)
+    if as_json and settings is not None:
+        return json.dumps({"prompt": line, "continuation": out, "settings": settings}, ensure_ascii=False)
     if as_json:
         return json.dumps(out._asdict() if isinstance(out, decoding.Label) else out, ensure_ascii=False)
     if tagger:

@@ -35,7 +35,7 @@ def predict(run: Run, lines: list[str], config: RunConfig | None = None, return_
     the attention ``None`` for a blank line.
     """
     config = fit_search(config or run.config, run.model.cfg.vocab_size)
-    if return_attention and not run.model.cfg.kind.decoder:
+    if return_attention and not run.model.cfg.kind.shifted:
         raise TaskformerError(f"return_attention is for encoder-decoder models; task {run.task.name!r} is "
                               f"{run.task.variant}")
     sources = normalize(run.task, lines)
@@ -48,17 +48,27 @@ def predict(run: Run, lines: list[str], config: RunConfig | None = None, return_
 
 
 def with_search(config: RunConfig, beam: int | None = None, batch_size: int | None = None) -> RunConfig:
-    """``config`` with another beam size (1 = greedy) or decoding batch size, as predict's options ask."""
+    """``config`` with another beam size (1 = greedy; a search, so sampling is off) or decoding batch
+    size, as predict's options ask."""
     decode = config.decode
     if beam is not None:
         if not isinstance(beam, int) or isinstance(beam, bool) or beam < 1:
             raise TaskformerError(f"beam must be a whole number of at least 1, got {beam!r}")
-        decode = replace(decode, strategy="beam" if beam > 1 else "greedy", beam=beam)
+        decode = replace(decode, strategy="beam" if beam > 1 else "greedy", beam=beam, temperature=0.0)
     if batch_size is not None:
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise TaskformerError(f"batch_size must be a whole number of at least 1, got {batch_size!r}")
         decode = replace(decode, batch_size=batch_size)
     return replace(config, decode=decode)
+
+
+def generation_settings(config: RunConfig) -> dict:
+    """The decode settings that shaped a language model's continuation: what ``predict --json`` and the
+    server report beside it."""
+    d = config.decode
+    how = ({"temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p, "seed": d.seed} if d.temperature > 0
+           else {"strategy": d.strategy if d.beam > 1 else "greedy", "beam": d.beam if d.strategy == "beam" else 1})
+    return {**how, "max_new_tokens": d.max_new_tokens}
 
 
 def fit_search(config: RunConfig, vocab: int) -> RunConfig:
@@ -78,8 +88,14 @@ def set_decoding(run: Run, overrides: list[str], command: str) -> None:
     updates = C.parse_overrides(list(overrides))
     if other := sorted(f"{section}.{key}" for section in set(updates) - {"decode"} for key in updates[section]):
         raise TaskformerError(f"{command} --set changes decoding only, not {', '.join(other)}: use decode.KEY=VALUE")
-    config = C.build(run.task, C.merge(run.config.to_dict(), updates, "--set"))
-    run.config = fit_search(config, run.model.cfg.vocab_size)
+    run.config = with_decoding(run, updates.get("decode", {}), "--set")
+
+
+def with_decoding(run: Run, decode: dict, source: str) -> RunConfig:
+    """The run's configuration with the ``decode`` settings changed, checked like any setting (an
+    unknown key or a value out of range is an error naming ``source``)."""
+    config = C.build(run.task, C.merge(run.config.to_dict(), {"decode": decode}, source))
+    return fit_search(config, run.model.cfg.vocab_size)
 
 
 def evaluate_saved(run: Run, splits, data_dir: str | Path | None = None) -> dict[str, dict]:

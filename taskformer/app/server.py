@@ -83,7 +83,7 @@ class Served:
         bf16, why = precision.choose(run.config.train.bf16, run.device)
         options = {"beam": {"default": run.config.decode.beam if run.config.decode.strategy == "beam" else 1,
                             "min": 1, "max": MAX_BEAM}}
-        if run.model.cfg.kind.decoder:
+        if run.model.cfg.kind.shifted:
             options["return_attention"] = {"default": False}
         return {"name": self.name, "task": task.name, "variant": task.variant, "metric": task.metric,
                 "metrics": {k: v for k, v in (run.metrics.get("test") or run.metrics.get("val") or {}).items()
@@ -116,6 +116,8 @@ class Served:
             out = {"output": prediction._asdict(), "probabilities": distribution}
         elif self.run.model.cfg.kind.per_word:
             out = {"output": [list(pair) for pair in word_tags(text, prediction)]}
+        elif not self.run.model.cfg.kind.encoder:  # a language model: its continuation, as predict --json gives it
+            out = {"output": prediction, "prompt": text, "settings": runner.generation_settings(self.run.config)}
         else:
             out = {"output": prediction}
             marks = [self.marks(text), self.marks(prediction)]
@@ -296,7 +298,7 @@ def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None 
         return served[name]
 
     def options(m: Served, body: PredictRequest) -> tuple[int | None, bool]:
-        if body.return_attention and not m.run.model.cfg.kind.decoder:
+        if body.return_attention and not m.run.model.cfg.kind.shifted:
             raise ApiError(422, f"return_attention: only encoder-decoder models have cross-attention; "
                                 f"{m.name!r} is {m.run.task.variant}", "return_attention")
         return body.beam, body.return_attention
