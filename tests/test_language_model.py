@@ -137,3 +137,5 @@ def test_the_server_streams_a_continuation(lm):
     events = [json.loads(line.removeprefix("data: ")) for line in streamed.splitlines() if line.startswith("data: ")]
     expected = predicted(lm.dir)
     assert events[-1]["output"] == expected["continuation"] and events[-1]["settings"] == expected["settings"]
+    pieces = [e["text"] for e in events[:-1]]
+    assert len(pieces) > 1 and "".join(pieces) == expected["continuation"]  # token by token, as it was written

@@ -9,11 +9,15 @@ import warnings
 from dataclasses import replace
 from pathlib import Path
 
+import torch
+
 from taskformer.core import checkpoint as ckpt
 from taskformer.core import config as C
 from taskformer.core import decoding
 from taskformer.core import export as export_model
+from taskformer.core import inference
 from taskformer.core.config import RunConfig
+from taskformer.core.data import encode_sources
 from taskformer.core.engine import autocast
 from taskformer.core.errors import TaskformerError
 from taskformer.plugins.manager import plugins
@@ -45,6 +49,35 @@ def predict(run: Run, lines: list[str], config: RunConfig | None = None, return_
             outputs = [(out, decoding.cross_attention_map(run.model, run.tokenizer, src, str(out)) if src.strip()
                         else None) for src, out in zip(sources, outputs)]
     return outputs, cut
+
+
+def continue_prompt(run: Run, text: str, config: RunConfig, on_text) -> str:
+    """A language model's continuation of ``text``, as :func:`predict` gives it, calling ``on_text(piece)``
+    with the text each new token adds as soon as it is chosen (the server streams them); returns the
+    continuation. A search that keeps several hypotheses (beam) or a task's own decoder gives its text
+    at the end, in one piece. ``on_text`` may raise to stop the search."""
+    if config.decode.temperature == 0 and config.decode.strategy == "beam" and config.decode.beam > 1 \
+            or hooks.own_decoder(run.task) or not text.strip():
+        out = predict(run, [text], config)[0][0]
+        on_text(out)
+        return out
+    model = inference.for_decoding(run.model.eval(), config.decode.quantize)
+    ids, _ = encode_sources(run.tokenizer, normalize(run.task, [text]), model.cfg.max_len, prompt=True)
+    shown, width = "", len(ids[0])
+
+    def emit(step, prefix, logprobs):  # an observer in the constraint's place: it changes nothing
+        nonlocal shown
+        written = run.tokenizer.decode(prefix[0, width:].tolist())
+        if written.startswith(shown) and len(written) > len(shown):
+            on_text(written[len(shown):])
+            shown = written
+        return logprobs
+
+    with autocast(config.train.bf16 if config.decode.quantize == "none" else False, run.device):
+        out = run.tokenizer.decode(decoding.search(model, torch.tensor(ids, device=run.device), config.decode, emit)[0])
+    if out.startswith(shown) and len(out) > len(shown):
+        on_text(out[len(shown):])
+    return out
 
 
 def with_search(config: RunConfig, beam: int | None = None, batch_size: int | None = None) -> RunConfig:

@@ -102,6 +102,33 @@ class Served:
         return [self.result_or_error(text, out, att, distributions[i] if distributions else None)
                 for i, (text, (out, att)) in enumerate(zip(texts, pairs))]
 
+    async def continuations(self, texts: list[str], beam: int | None):
+        """Server-sent events of a language model: ``{"index", "text"}`` with the text each new token
+        adds, then the input's result as ``/predict`` gives it; one input after another. A client that
+        goes away stops the generation at its next token."""
+        loop, config = asyncio.get_running_loop(), runner.with_search(self.run.config, beam)
+        for i, text in enumerate(texts):
+            pieces: asyncio.Queue = asyncio.Queue()
+            gone = False
+
+            def on_text(piece: str) -> None:
+                if gone:
+                    raise asyncio.CancelledError  # the client went away: end the search
+                loop.call_soon_threadsafe(pieces.put_nowait, piece)
+
+            work = loop.run_in_executor(None, runner.continue_prompt, self.run, text, config, on_text)
+            work.add_done_callback(lambda _: loop.call_soon_threadsafe(pieces.put_nowait, None))
+            try:
+                while (piece := await pieces.get()) is not None:
+                    yield format_sse_event(data_str=json.dumps({"index": i, "text": piece}, ensure_ascii=False))
+                try:
+                    data = {"index": i, **self.result_or_error(text, await work, None, None)}
+                except Exception as e:
+                    data = {"index": i, "error": f"{type(e).__name__}: {e}"}
+                yield format_sse_event(data_str=json.dumps(data, ensure_ascii=False))
+            finally:
+                gone = True
+
     def result_or_error(self, *args) -> dict:
         """An input the task cannot answer (a tagger's normalizer that changed its word count) fails its
         own request, not the others decoded beside it."""
@@ -361,6 +388,9 @@ def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None 
 
         async def one(i: int, text: str):
             return i, (await m.batcher.predict([text], opts))[0]
+
+        if not m.run.model.cfg.kind.encoder:  # a language model: its text as it is written
+            return EventSourceResponse(m.continuations(body.inputs, opts[0]))
 
         async def events():
             tasks = [asyncio.ensure_future(one(i, t)) for i, t in enumerate(body.inputs)]
