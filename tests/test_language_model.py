@@ -54,7 +54,7 @@ def test_a_tiny_language_model_trains_reports_its_loss_and_continues_a_prompt(lm
     assert first["prompt"] == "Citizen:" and first["settings"]["temperature"] > 0
     assert 0 < len(first["continuation"]) <= 24 and first == predicted(lm.dir)  # the same seed, the same text
     assert predicted(lm.dir, "--set", "decode.seed=1")["continuation"] != first["continuation"]
-    assert "Samples" in lm.report  # the task's section: continuations of val prompts
+    assert "Samples" in lm.report and "Test samples" not in lm.report  # continuations of val prompts instead
 
 
 def test_top_k_of_one_samples_the_greedy_continuation(lm):

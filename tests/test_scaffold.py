@@ -8,7 +8,7 @@ from pathlib import Path
 from conftest import run_cli
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "taskformer-reverse"
-VARIANTS = ("encoder-decoder", "classification", "tagging")
+VARIANTS = ("encoder-decoder", "classification", "tagging", "decoder-only")
 
 
 def _build_output(path):
@@ -39,13 +39,13 @@ def test_every_variant_installs_runs_and_passes_its_own_test(tmp_path, cli):
     listed = run_cli("tasks", env=env)
     rows = {line.split()[1]: line.split()[3] for line in listed.stdout.splitlines() if "demo-" in line}
     assert rows == {"demo-encoder-decoder": "encoder-decoder", "demo-classification": "encoder-only",
-                    "demo-tagging": "tagging"}, listed.stdout
+                    "demo-tagging": "tagging", "demo-decoder-only": "decoder-only"}, listed.stdout
     assert "taskformer_demo" not in listed.stderr
     own_tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                 *(str(pkg / "tests") for pkg in packages.values())],
                                capture_output=True, text=True, env={**os.environ, **env}, cwd=tmp_path)
     assert own_tests.returncode == 0, own_tests.stdout[-2000:]
-    assert "6 passed" in own_tests.stdout
+    assert "8 passed" in own_tests.stdout
 
 
 def test_scaffold_refuses_bad_names_and_existing_folders(tmp_path, cli):

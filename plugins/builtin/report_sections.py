@@ -52,5 +52,6 @@ def taskformer_report_sections(run):
         right = (prediction.label if isinstance(prediction, Label) else prediction) == ref
         samples.add_row(src, Text(str(prediction), style="green" if right else "yellow"), ref)
 
+    decoded = any(src.strip() for src, _, _ in run.samples.get("test", []))  # a language model's text has no source
     return [("Configuration", cfg), ("Data and training", facts),
-            (f"Metrics (selected by {run.task.metric})", metrics), ("Test samples", samples)]
+            (f"Metrics (selected by {run.task.metric})", metrics), *([("Test samples", samples)] if decoded else [])]

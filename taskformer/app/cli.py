@@ -346,7 +346,8 @@ def report_cmd(run_dir) -> None:
 @click.argument("name")
 @click.option("--dir", "target", type=click.Path(file_okay=False), help="Where to write the package (default ./taskformer-NAME).")
 @click.option("--variant", type=click.Choice(list(scaffold.SPELLINGS)), default="encoder-decoder", show_default=True,
-              help="The kind of task: text to text, one class per input, or one tag per input word.")
+              help="The kind of task: text to text, one class per input, one tag per input word, or a language "
+                   "model that continues a prompt.")
 def new_task_cmd(name, target, variant) -> None:
     """Write a complete, installable plugin package for a new task called NAME."""
     installed = plugins().tasks.get(name)

@@ -1,7 +1,8 @@
 """``taskformer new-task``: write a complete, installable task plugin package from templates.
 
 One package per model variant, each a small synthetic task that trains in seconds: reverse digits
-(encoder-decoder), low or high digits (encoder-only: a classifier), digits seen once or repeated (tagging).
+(encoder-decoder), low or high digits (encoder-only: a classifier), digits seen once or repeated (tagging),
+counting on from a prompt (decoder-only: a language model).
 ``pyproject.toml`` and the README are shared; the module and its test are the variant's own.
 The encoder-decoder package for ``reverse`` is ``examples/taskformer-reverse`` (a test keeps them
 equal), so the scaffold, the example and the tutorial in docs/plugins.md are one piece of code.
@@ -20,6 +21,8 @@ VARIANTS = {  # variant: (what the package's task is, for its README; an input t
     "encoder-only": ("the model learns whether most digits of a sequence are low (0-4) or high (5-9)",
                        "1 2 3 7 8 9 9"),
     "tagging": ("the model learns to tag each digit of a sequence `once` or `repeated`", "1 2 1 3 4 3"),
+    "decoder-only": ("a language model learns to count on from a prompt of digits in its steps (`1 3 5` goes on "
+                     "`7 9 1 3 5 7`)", "1 3 5"),
 }
 SPELLINGS = {**{v: v for v in VARIANTS}, "classification": "encoder-only"}  # what --variant accepts
 FILES = {"pyproject.toml.tmpl": "pyproject.toml", "README.md.tmpl": "README.md",
