@@ -26,6 +26,7 @@ def test_hook_reference_matches_the_hook_docstrings():
 
 
 ENCODER_ONLY = "## Encoder-only tasks"
+DECODER_ONLY = "## Language models: the decoder-only variant"
 
 
 def code_lines(text):
@@ -43,9 +44,16 @@ def test_tutorial_code_is_the_example_plugin():
 
 
 def test_encoder_only_tutorial_code_is_the_tagging_scaffold(tmp_path):
-    section = ENCODER_ONLY + DOC.split(MARKER)[0].split(ENCODER_ONLY)[1]
+    section = ENCODER_ONLY + DOC.split(MARKER)[0].split(ENCODER_ONLY)[1].split(DECODER_ONLY)[0]
     written = scaffold.write("repeats", tmp_path / "pkg", "tagging")
     module = next(p for p in written if p.name == "taskformer_repeats.py").read_text(encoding="utf-8")
+    assert code_lines(python_blocks(section)) == code_lines(module)
+
+
+def test_language_model_section_code_is_the_decoder_only_scaffold(tmp_path):
+    section = DOC.split(MARKER)[0].split(DECODER_ONLY)[1]
+    written = scaffold.write("counting", tmp_path / "pkg", "decoder-only")
+    module = next(p for p in written if p.name == "taskformer_counting.py").read_text(encoding="utf-8")
     assert code_lines(python_blocks(section)) == code_lines(module)
 
 
