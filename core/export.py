@@ -1,7 +1,8 @@
-"""Export an encoder-decoder model to CTranslate2, through CTranslate2's own converter API.
+"""Export an encoder-decoder or decoder-only model to CTranslate2, through CTranslate2's own converter API.
 
 This module knows the weight layout of :class:`taskformer.core.model.Transformer` and nothing of
-tasks or plugins. The mapping onto ``ctranslate2.specs.TransformerSpec``:
+tasks or plugins. The mapping onto ``ctranslate2.specs.TransformerSpec`` (a decoder-only model:
+``TransformerDecoderModelSpec``, the decoder alone, which ``ctranslate2.Generator`` runs):
 
 * ``in_proj`` stacks the query, key and value rows: it is CTranslate2's fused self-attention
   projection as it is; cross-attention takes its query rows and its key/value rows apart.
@@ -60,7 +61,7 @@ def check_exportable(model: Transformer) -> None:
 
     if not model.cfg.kind.exportable:
         raise ExportError(
-            "only encoder-decoder models can be exported to CTranslate2: its encoder-only models "
+            "only encoder-decoder and decoder-only models can be exported to CTranslate2: its encoder-only models "
             "(ctranslate2.Encoder) end in hidden states or a BERT first-token pooler, with no place "
             "for this model's classification head (pooling + two-layer MLP), so no labels would come out")
     if isinstance(model, Ensemble):
@@ -123,6 +124,8 @@ def _converter_class():
 
         def _load(self):
             m, cfg = self.model, self.model.cfg
+            if m.encoder is None:
+                return self._language_model()
             spec = transformer_spec.TransformerSpec.from_config(
                 (cfg.enc_layers, cfg.dec_layers), cfg.n_heads, pre_norm=cfg.norm_first,
                 activation=common_spec.Activation.RELU)
@@ -147,6 +150,24 @@ def _converter_class():
             spec.config.decoder_start_token = SPECIALS[1]
             spec.config.add_source_eos = True
             spec.config.layer_norm_epsilon = m.encoder[0].norms[0].eps
+            return spec
+
+        def _language_model(self):
+            """A decoder-only model: the decoder stack without cross-attention; a prompt is its start."""
+            m, cfg = self.model, self.model.cfg
+            spec = transformer_spec.TransformerDecoderModelSpec.from_config(
+                cfg.dec_layers, cfg.n_heads, pre_norm=cfg.norm_first, activation=common_spec.Activation.RELU,
+                no_final_norm=not cfg.norm_first)
+            spec.decoder.embeddings.weight = _numpy(m.embed.weight)
+            spec.decoder.position_encodings.encodings = _numpy(m.positions.pe)
+            for layer_spec, blk in zip(spec.decoder.layer, m.decoder):
+                block(layer_spec, blk)
+            if cfg.norm_first:
+                norm(spec.decoder.layer_norm, m.dec_norm)
+            linear(spec.decoder.projection, m.head.proj.weight, m.head.proj.bias)
+            spec.register_vocabulary(self.vocabulary)
+            spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = SPECIALS[3], SPECIALS[1], SPECIALS[2]
+            spec.config.layer_norm_epsilon = m.decoder[0].norms[0].eps
             return spec
 
     return TaskformerConverter

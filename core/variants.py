@@ -18,7 +18,7 @@ batch               source ``(B, S)``,     ``(B, S)``,         ``(B, S)``, tag  
 head logits         ``(B, T, vocab)``      ``(B, classes)``    ``(B, S, classes)`` ``(B, L, vocab)``
 default decoding    search                 arg-max label       arg-max tag         search continues the
                     (``decode.strategy``)                      per word            prompt
-CTranslate2 export  yes                    no                  no                  no
+CTranslate2 export  yes                    no                  no                  yes (a generator)
 ==================  =====================  ==================  ==================  =========================
 """
 from __future__ import annotations
@@ -54,9 +54,9 @@ class Variant:
 
     @property
     def exportable(self) -> bool:
-        """CTranslate2 can run it: its Transformer spec is an encoder-decoder ending in a vocabulary
-        projection, with its own greedy and beam search (docs/export.md)."""
-        return self.shifted
+        """CTranslate2 can run it: its Transformer specs end in a vocabulary projection, with its own
+        search: an encoder-decoder (a ``Translator``) or a decoder alone (a ``Generator``; docs/export.md)."""
+        return self.decoder
 
     def logits_shape(self, batch: int, src_len: int, tgt_len: int, vocab_size: int, num_classes: int) -> tuple:
         """The shape a head must give for a batch: what the loss scores against the batch's targets."""

@@ -151,7 +151,7 @@ def test_encoder_only_runs_are_refused_with_the_reason(cli, tmp_path):
     assert result.exit_code == 0, result.output
     result = cli("export", str(run), "--to", "ctranslate2", str(tmp_path / "ct2"))
     assert result.exit_code == 2
-    assert "only encoder-decoder models" in result.stderr and "classification head" in result.stderr
+    assert "only encoder-decoder and decoder-only models" in result.stderr and "classification head" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "ct2").exists()
 

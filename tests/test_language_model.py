@@ -34,8 +34,8 @@ def lm(tmp_path_factory):
                     settings=TINY)
 
 
-def predicted(run_dir, *args):
-    result = cli("predict", run_dir, "Citizen:", "--json", *args)
+def predicted(run_dir, *args, prompt="Citizen:"):
+    result = cli("predict", run_dir, prompt, "--json", *args)
     assert result.exit_code == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -139,3 +139,20 @@ def test_the_server_streams_a_continuation(lm):
     assert events[-1]["output"] == expected["continuation"] and events[-1]["settings"] == expected["settings"]
     pieces = [e["text"] for e in events[:-1]]
     assert len(pieces) > 1 and "".join(pieces) == expected["continuation"]  # token by token, as it was written
+
+
+def test_ctranslate2_generates_the_greedy_continuations_of_taskformer(lm, tmp_path):
+    ctranslate2 = pytest.importorskip("ctranslate2", reason="the export tests need the test extra (ctranslate2)")
+    from tokenizers import Tokenizer
+
+    exported = cli("export", lm.dir, "--to", "ctranslate2", tmp_path / "ct2")
+    assert exported.exit_code == 0, exported.stderr
+    prompts = ["Citizen:", "All:\nSpeak", "You are", "Resolved"]  # a context of 16: the prompt and 6 more fit it
+    ours = [predicted(lm.dir, "--beam", "1", "--set", "decode.max_new_tokens=6", prompt=p)["continuation"]
+            for p in prompts]
+    tokenizer = Tokenizer.from_file(str(tmp_path / "ct2" / "tokenizer.json"))
+    generator = ctranslate2.Generator(str(tmp_path / "ct2"), device="cpu", compute_type="float32")
+    results = generator.generate_batch([tokenizer.encode(p).tokens for p in prompts], max_length=6,
+                                       sampling_topk=1, include_prompt_in_result=False, end_token="[EOS]")
+    assert [tokenizer.decode(r.sequences_ids[0]) for r in results] == ours
+    assert any(ours)
