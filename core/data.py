@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import gzip
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -123,6 +123,24 @@ class Encoded:
     truncated: int = 0
     target_pad: int = PAD  # fills a batch's shorter target rows: IGNORE for tags, where 0 is a real tag
     owners: list[list[int]] | None = None  # decoder-only: the split's row each scored target belongs to
+    stream: list[int] | None = None  # decoder-only training: the running text its first blocks are cut from
+    block: int = 0  # and their length
+
+    def for_epoch(self, epoch: int, seed: int) -> Encoded:
+        """The examples of training epoch ``epoch``. A language model's running text is cut at another
+        offset each epoch (drawn from ``seed`` and ``epoch``, so a resumed run cuts alike): its blocks
+        begin anywhere in the text, as nanoGPT's randomly placed ones, instead of at the same places
+        every epoch. Every epoch has the same blocks' count and lengths; other data is as it is."""
+        if not self.stream:
+            return self
+        block, offset = self.block, random.Random(seed * 100_003 + epoch).randrange(self.block)
+        cut = [self.stream[offset + k * block : offset + (k + 1) * block + 1] for k in range(self.stream_blocks())]
+        return replace(self, src=[ids[:-1] for ids in cut] + self.src[len(cut):],
+                       tgt=[ids[1:] for ids in cut] + self.tgt[len(cut):])
+
+    def stream_blocks(self) -> int:
+        """Whole blocks of the stream at any offset below a block."""
+        return (len(self.stream) - 1) // self.block - 1
 
     def __len__(self) -> int:
         return len(self.src)
@@ -157,7 +175,7 @@ def encode_sources(tokenizer: Tokenizer, texts: list[str], max_len: int, classif
     return [x[:room] + [EOS] for x in ids], cut
 
 
-def encode_text(tokenizer: Tokenizer, rows: list[tuple], block: int) -> Encoded:
+def encode_text(tokenizer: Tokenizer, rows: list[tuple], block: int, training: bool = False) -> Encoded:
     """A decoder-only model's split: every ``(prompt, text)`` row as blocks of ``block`` inputs, each
     position's target the next token.
 
@@ -167,7 +185,9 @@ def encode_text(tokenizer: Tokenizer, rows: list[tuple], block: int) -> Encoded:
     their tokens join one stream in order (a corpus split into lines or files loses no context at
     the joins). A row with a prompt is an example of its own, ``prompt + text + [EOS]``: the prompt is
     context, its positions are ``IGNORE`` (not scored), and EOS teaches where a continuation ends.
-    ``owners`` records the row each target came from, so scores can be summed per row.
+    ``owners`` records the row each target came from, so scores can be summed per row. The
+    ``training`` split keeps the stream, to be cut anew each epoch (:meth:`Encoded.for_epoch`), and
+    drops the stream's last block or two, which no offset would keep whole.
     """
     prompts = tokenizer.encode_batch([row[0] for row in rows])
     texts = tokenizer.encode_batch([row[1] for row in rows])
@@ -182,8 +202,11 @@ def encode_text(tokenizer: Tokenizer, rows: list[tuple], block: int) -> Encoded:
     if stream:
         sequences.insert(0, (stream, owner))
     enc = Encoded([], [], target_pad=IGNORE, owners=[])
+    if training and len(stream) > 2 * block + 1:  # the stream's blocks come first: offset 0 for now
+        enc.stream, enc.block = stream, block
     for ids, who in sequences:
-        for start in range(0, len(ids) - 1, block):
+        ends = enc.stream_blocks() * block if enc.stream is ids else len(ids) - 1
+        for start in range(0, ends, block):
             targets = range(start + 1, min(start + block + 1, len(ids)))
             enc.src.append(ids[start : targets.stop - 1])
             enc.tgt.append([ids[j] if who[j] >= 0 else IGNORE for j in targets])
@@ -217,7 +240,7 @@ def encode(data: TaskData, split: str, max_len: int, variant: str) -> Encoded:
     """One split as ids for a model of ``variant``, in its batch layout (see :mod:`taskformer.core.variants`)."""
     pairs, kind = data.splits[split], variants.of(variant)
     if not kind.encoder:
-        return encode_text(data.tokenizer, pairs, max_len)
+        return encode_text(data.tokenizer, pairs, max_len, training=split == "train")
     index = {name: i for i, name in enumerate(data.labels or [])}
     if kind.per_word:
         src, words, cut = encode_words(data.tokenizer, [row[0] for row in pairs], max_len)

@@ -514,8 +514,9 @@ class Trainer:
         try:
             while not cfg.epochs or st["epoch"] < cfg.epochs:
                 updates = self.epoch_updates(lengths)
+                data = self.train_data.for_epoch(st["epoch"], cfg.seed)  # a language model's text cut anew
                 while st["batch"] < len(updates):
-                    micro = [tuple(t.to(self.device) for t in collate(self.train_data, b)) for b in updates[st["batch"]]]
+                    micro = [tuple(t.to(self.device) for t in collate(data, b)) for b in updates[st["batch"]]]
                     loss, count = self._step(micro)
                     st["step"] += 1
                     st["batch"] += 1
