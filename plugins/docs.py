@@ -50,7 +50,7 @@ def hook_reference() -> str:
             parts += [f"#### `{signature(fn)}`", "", f"*{kind}*", "", inspect.cleandoc(fn.__doc__), ""]
     parts += ["## Decoding reference", "",
               "What a decode hook calls to get predictions and scores from the model (all from `taskformer`).", ""]
-    for fn in (decoding.search, decoding.greedy, decoding.beam_search, decoding.classify, decoding.best_labels,
+    for fn in (decoding.search, decoding.greedy, decoding.sample, decoding.beam_search, decoding.classify, decoding.best_labels,
                decoding.tag_scores, decoding.best_tags, data.encode_words):
         parts += _entry(signature(fn), fn)
     parts += _entry("Constraint(step: int, prefix: torch.Tensor, logprobs: torch.Tensor) -> torch.Tensor",

@@ -26,7 +26,7 @@ _MODULES = {
                              "read_tsv"],
     "taskformer.core.decode_config": ["DecodeConfig"],
     "taskformer.core.decoding": ["Attention", "Constraint", "Label", "beam_search", "best_labels", "best_tags",
-                                 "classify", "greedy", "max_lengths", "search", "tag_scores"],
+                                 "classify", "greedy", "max_lengths", "sample", "search", "tag_scores"],
     "taskformer.core.errors": ["DataError", "TaskformerError"],
     "taskformer.core.metrics": ["span_scores", "translation_metrics"],
     "taskformer.core.model": ["ClassificationHead", "Generator", "ModelConfig", "TaggingHead"],
