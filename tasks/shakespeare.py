@@ -34,8 +34,7 @@ TASK = Task(
     name="shakespeare-char",
     description="Character-level language model of Tiny Shakespeare (nanoGPT's split)",
     variant="decoder-only",
-    metric="loss",
-    higher_is_better=False,
+    metric="loss", higher_is_better=False,  # the val loss in nats per character, as nanoGPT reports it
     metric_groups={"language model": ["loss", "perplexity", "bits_per_char", "bits_per_token"]},
     defaults={
         # nanoGPT's CPU recipe: 4 layers of width 128, 4 heads, context 64, 12 blocks a batch, no
