@@ -10,7 +10,7 @@ continues a prompt.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from rich.table import Table
@@ -41,7 +41,8 @@ TASK = Task(
         # dropout, 2,000 updates with a warm-up of 100 and a decay to the end; AdamW's decay of 0.1.
         "model": {"d_model": 128, "n_heads": 4, "dec_layers": 4, "d_ff": 512, "dropout": 0.0, "max_len": 64},
         "train": {"epochs": 0, "max_steps": 2000, "max_tokens": 12 * 64, "lr": 1e-3, "warmup": 100,
-                  "schedule": "linear", "label_smoothing": 0.0, "weight_decay": 0.1, "eval_every": 250},
+                  "schedule": "linear", "label_smoothing": 0.0, "weight_decay": 0.1,
+                  "eval_every": 500},  # every val token, not nanoGPT's sample of 20 blocks: fewer evaluations
         # nanoGPT's sample.py: temperature 0.8 among the 200 most likely tokens, 500 new ones
         "decode": {"temperature": 0.8, "top_k": 200, "max_new_tokens": 500},
     },
@@ -91,10 +92,12 @@ def taskformer_data(config, data_dir, tokenizer):
 
 @hookimpl
 def taskformer_report_sections(run):
-    """Continuations of the first line of a few val paragraphs, with the run's decode settings."""
+    """Continuations of the first line of a few val paragraphs, with the run's decode settings (at
+    most 200 tokens each)."""
     prompts = [reference.split("\n")[0] for _, _, reference in run.samples.get("val", []) if reference.strip()][:3]
+    decode = replace(run.config.decode, max_new_tokens=min(run.config.decode.max_new_tokens, 200))
     table = Table("prompt", "continuation", show_lines=True)
     for prompt in prompts:
         src = torch.tensor([run.tokenizer.encode(prompt).ids[-run.model.cfg.max_len:]], device=run.device)
-        table.add_row(prompt, run.tokenizer.decode(search(run.model.eval(), src, run.config.decode)[0]))
+        table.add_row(prompt, run.tokenizer.decode(search(run.model.eval(), src, decode)[0]))
     return [("Samples", table)]
