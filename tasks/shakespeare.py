@@ -12,11 +12,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-import torch
 from rich.table import Table
 
-from taskformer import (DataError, Task, TaskData, characters, find_file, hookimpl, option, read_lines, search,
-                        subword)
+from taskformer import DataError, Task, TaskData, characters, find_file, hookimpl, option, read_lines, subword
 
 
 @dataclass
@@ -94,6 +92,9 @@ def taskformer_data(config, data_dir, tokenizer):
 def taskformer_report_sections(run):
     """Continuations of the first line of a few val paragraphs, with the run's decode settings (at
     most 200 tokens each)."""
+    import torch
+
+    from taskformer import search
     prompts = [reference.split("\n")[0] for _, _, reference in run.samples.get("val", []) if reference.strip()][:3]
     decode = replace(run.config.decode, max_new_tokens=min(run.config.decode.max_new_tokens, 200))
     table = Table("prompt", "continuation", show_lines=True)
