@@ -54,7 +54,8 @@ def test_dry_run_checks_and_describes_the_run_but_trains_nothing(cli, tmp_path, 
     assert lines["model"].startswith("d_model 64, 4 heads, 2+2 layers") and lines["model"].endswith(" parameters")
     assert lines["data"] == "train 500, val 500, test 1,000"
     # 500 rows of 10 symbols fill five 1,200-token batches: the epochs end before train.max_steps
-    assert lines["budget"] == "2 epochs of 5 updates; at most 30 updates (train.max_steps); planned 10 updates"
+    assert lines["budget"] == ("2 epochs of 5 updates; at most 30 updates (train.max_steps); planned 10 updates, "
+                               "the first 100 warming up")
     assert not out.exists() and not (tmp_path / "runs").exists()
 
 
