@@ -25,6 +25,11 @@ def pick_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, where the system has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def use_threads(config: RunConfig) -> None:
     """``train.threads``: torch's intra-op threads for training and decoding (0 keeps torch's choice);
     and freed memory kept for reuse (see ``keep_freed_memory``)."""

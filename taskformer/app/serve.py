@@ -8,7 +8,7 @@ from __future__ import annotations
 import gc
 import ipaddress
 import math
-import os
+import re
 import socket
 
 import click
@@ -17,8 +17,10 @@ from taskformer.core.errors import TaskformerError
 from taskformer.app import lazy
 
 runner = lazy("taskformer.app.runner")  # loaded when a server starts, not for --help
+resources = lazy("taskformer.app.resources")
 
 API_KEY_ENV = "TASKFORMER_API_KEY"
+API_KEY_CHARS = re.compile(r"[!-~]+")  # visible ASCII: what an HTTP header carries unchanged
 
 
 def is_loopback(host: str) -> bool:
@@ -70,8 +72,7 @@ def decode_threads() -> int:
     """
     import torch
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(torch.get_num_threads(), cores - 1))
+    return max(1, min(torch.get_num_threads(), resources.usable_cores() - 1))
 
 
 @click.command("serve")
@@ -79,23 +80,24 @@ def decode_threads() -> int:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (not loopback: "
               "needs an API key).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port (0: any free one).")
-@click.option("--max-batch", type=click.IntRange(min=1), default=32, show_default=True,
+@click.option("--max-batch", type=click.IntRange(1, 4096), default=32, show_default=True,
               help="Sentences decoded together across concurrent requests.")
 @click.option("--max-wait-ms", type=click.FloatRange(0, 60_000), default=5.0, show_default=True,
               help="How long a request waits for others to share its batch.")
-@click.option("--max-inputs", type=click.IntRange(min=1), default=64, show_default=True, help="Inputs per request.")
-@click.option("--max-chars", type=click.IntRange(min=1), default=2000, show_default=True, help="Characters per input.")
-@click.option("--max-queue", type=click.IntRange(min=1), default=1024, show_default=True,
+@click.option("--max-inputs", type=click.IntRange(1, 10_000), default=64, show_default=True, help="Inputs per request.")
+@click.option("--max-chars", type=click.IntRange(1, 1_000_000), default=2000, show_default=True,
+              help="Characters per input.")  # a request body holds at most 1 MiB anyway
+@click.option("--max-queue", type=click.IntRange(1, 1_000_000), default=1024, show_default=True,
               help="Sentences waiting per model before requests get 503.")
-@click.option("--threads", type=click.IntRange(min=1), help="torch threads for decoding  [default: one core fewer "
-              "than the machine gives this process, at least 1]")
+@click.option("--threads", type=click.IntRange(min=1), help="torch threads for decoding, at most the cores this "
+              "process may use  [default: one core fewer, at least 1]")
 @click.option("--api-key", envvar=API_KEY_ENV, help=f"Bearer token every API request must carry (or ${API_KEY_ENV}, "
               "which other users cannot read from the process list).")
 def command(run_dirs, host, port, max_batch, max_wait_ms, max_inputs, max_chars, max_queue, threads, api_key) -> None:
     """Serve trained runs over HTTP: a JSON API, a web page at /, metrics at /metrics.
 
     Each RUN_DIR is served under its task's name, or as NAME=RUN_DIR. SIGTERM or Ctrl-C finishes
-    the requests in flight, then exits. docs/serve.md has the API.
+    the requests in flight, then exits; a second one exits at once. docs/serve.md has the API.
     """
     import torch
 
@@ -108,6 +110,12 @@ def command(run_dirs, host, port, max_batch, max_wait_ms, max_inputs, max_chars,
                               "pip install 'taskformer[serve]'") from None
     if not math.isfinite(max_wait_ms):
         raise TaskformerError(f"--max-wait-ms must be a number of milliseconds, got {max_wait_ms}")
+    if threads and threads > resources.usable_cores():  # OpenMP crashes far beyond the machine's cores
+        raise TaskformerError(f"--threads {threads}: this process may use {resources.usable_cores()} core(s); "
+                              "give at most that many")
+    if api_key is not None and not API_KEY_CHARS.fullmatch(api_key):
+        raise TaskformerError("--api-key: a key is printable ASCII without spaces (what a client can send in an "
+                              "'Authorization: Bearer KEY' header)")
     if not is_loopback(host) and not api_key:
         raise TaskformerError(f"--host {host} is reachable from other machines: give --api-key (or set "
                               f"${API_KEY_ENV}); without one, serve on 127.0.0.1")
@@ -123,6 +131,6 @@ def command(run_dirs, host, port, max_batch, max_wait_ms, max_inputs, max_chars,
     gc.collect()
     gc.freeze()
     shown = f"[{host}]" if ":" in host else host
-    click.echo(f"serving {', '.join(runs)} on http://{shown}:{sock.getsockname()[1]}/ with {torch.get_num_threads()} "
-               "decoding thread(s) (Ctrl-C or SIGTERM stops)", err=True)
-    Uvicorn(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
+    banner = (f"serving {', '.join(runs)} on http://{shown}:{sock.getsockname()[1]}/ with {torch.get_num_threads()} "
+              "decoding thread(s) (Ctrl-C or SIGTERM stops)")
+    Uvicorn(uvicorn.Config(app, log_level="warning", access_log=False), banner).run(sockets=[sock])

@@ -9,6 +9,8 @@ import asyncio
 import json
 import math
 import secrets
+import signal
+import sys
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -51,10 +53,25 @@ class Limits:
 
 
 class Uvicorn(uvicorn.Server):
-    """uvicorn's server, which on SIGTERM or Ctrl-C stops accepting and finishes the requests in flight;
-    queued sentences are then decoded at once instead of waiting ``max_wait_ms`` for company."""
+    """uvicorn's server, which says ``banner`` on stderr once its port accepts connections, and on
+    SIGTERM or Ctrl-C stops accepting and finishes the requests in flight; queued sentences are then
+    decoded at once instead of waiting ``max_wait_ms`` for company. A second signal ends the process
+    at once, as that signal asks (uvicorn itself would wait for every open connection on SIGTERM, and
+    for the decode thread in any case)."""
+
+    def __init__(self, config: uvicorn.Config, banner: str):
+        super().__init__(config)
+        self.banner = banner
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            print(self.banner, file=sys.stderr, flush=True)
 
     def handle_exit(self, sig, frame) -> None:
+        if self.should_exit:
+            signal.signal(sig, signal.SIG_DFL)
+            signal.raise_signal(sig)
         super().handle_exit(sig, frame)
         for model in self.config.app.state.served.values():
             model.batcher.flush()
