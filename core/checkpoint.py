@@ -341,7 +341,7 @@ def refuse_pickles(run_dir: Path) -> None:
     """A run directory must not carry pickle files beside its weights: we never load them, and
     their presence means the directory did not come from taskformer as it is."""
     for p in Path(run_dir).glob("*"):
-        if p.suffix in PICKLE_SUFFIXES:
+        if p.suffix.lower() in PICKLE_SUFFIXES:  # MODEL.PT is as much a pickle as model.pt
             raise TaskformerError(f"{p}: refusing a run directory that holds a pickle file; "
                                   "taskformer stores weights only as safetensors")
 

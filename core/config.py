@@ -138,8 +138,13 @@ def _coerce(value, default, key: str):
     return value
 
 
-def merge(cfg: dict, updates: dict, source: str) -> dict:
-    """Lay ``updates`` (nested) over ``cfg`` in place, refusing unknown sections and keys."""
+# Keys the run fills in from its data, whatever a layer sets (0: not set); a run's own config.json records them.
+FILLED_IN = {"model.vocab_size": "the task's tokenizer", "model.num_classes": "the task's labels"}
+
+
+def merge(cfg: dict, updates: dict, source: str, saved: bool = False) -> dict:
+    """Lay ``updates`` (nested) over ``cfg`` in place, refusing unknown sections and keys, and a value
+    for a key the data fills in unless ``updates`` is a run's saved config (it would be replaced)."""
     for section, values in updates.items():
         if section not in cfg:
             hint = difflib.get_close_matches(section, cfg, n=1)
@@ -155,6 +160,9 @@ def merge(cfg: dict, updates: dict, source: str) -> dict:
                                       + (f" (did you mean '{section}.{hint[0]}'?)" if hint else "")
                                       + f"; the {section} keys: {', '.join(cfg[section])}")
             cfg[section][key] = _coerce(value, cfg[section][key], name)
+            if name in FILLED_IN and cfg[section][key] and not saved:
+                raise TaskformerError(f"{source}: {name} is not a setting: the run takes it from {FILLED_IN[name]}; "
+                                      "leave it out")
     return cfg
 
 

@@ -11,12 +11,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
 from taskformer.core import variants
 from taskformer.core.errors import DataError
 from taskformer.core.progress import stage
-from taskformer.core.tokenize import BOS, EOS, PAD
+from taskformer.core.tokenize import BOS, EOS, PAD, UNK
 
 if TYPE_CHECKING:
     import torch
@@ -160,12 +160,24 @@ class Encoded:
         return sum(len(t) - 1 for t in self.tgt)
 
 
+def encode_as_text(tokenizer: Tokenizer, texts: list, is_pretokenized: bool = False) -> list[tuple[list[int], Encoding]]:
+    """``(ids, encoding)`` of each text, read as text: ``[EOS]`` or ``[PAD]`` typed in an input is
+    characters, never the control token, which would end, pad or restart the sentence where it was typed.
+
+    The tokenizer's matching of its special tokens in raw text is turned off, and a control id a
+    tokenizer still makes of a word (a fixed vocabulary lists ``[EOS]`` as a word) becomes ``[UNK]``.
+    """
+    tokenizer.encode_special_tokens = True
+    return [([i if i >= UNK else UNK for i in e.ids], e)  # ids below UNK are PAD, BOS and EOS
+            for e in tokenizer.encode_batch(texts, is_pretokenized=is_pretokenized)]
+
+
 def encode_sources(tokenizer: Tokenizer, texts: list[str], max_len: int, classify: bool = False,
                    prompt: bool = False) -> tuple[list[list[int]], int]:
     """Source ids with their frame: ``[BOS] + ids`` for classifiers (the "first token" to pool),
     ``ids + [EOS]`` for encoder-decoders, the bare ids of a decoder-only model's ``prompt``. Truncates
     to ``max_len`` and counts how many were cut; a prompt keeps its end, the context of what follows."""
-    ids = [e.ids for e in tokenizer.encode_batch(texts)]
+    ids = [x for x, _ in encode_as_text(tokenizer, texts)]
     if prompt:
         return [x[-max_len:] for x in ids], sum(len(x) > max_len for x in ids)
     room = max_len - 1
@@ -225,14 +237,14 @@ def encode_words(tokenizer: Tokenizer, texts: list[str], max_len: int) -> tuple[
     pieces = [t.split() for t in texts]
     room = max_len - 1
     src, words, cut = [], [], 0
-    for row, e in zip(pieces, tokenizer.encode_batch(pieces, is_pretokenized=True)):
+    for row, (ids, e) in zip(pieces, encode_as_text(tokenizer, pieces, is_pretokenized=True)):
         starts = [-1] * len(row)
         for pos, w in enumerate(e.word_ids[:room], start=1):
             if w is not None and starts[w] < 0:
                 starts[w] = pos
-        src.append([BOS] + e.ids[:room])
+        src.append([BOS] + ids[:room])
         words.append(starts)
-        cut += len(e.ids) > room
+        cut += len(ids) > room
     return src, words, cut
 
 
@@ -254,7 +266,7 @@ def encode(data: TaskData, split: str, max_len: int, variant: str) -> Encoded:
     if kind.labelled:
         return Encoded(src, [index[row[1]] for row in pairs], cut)
     room = max_len - 2
-    tgt = [[BOS] + e.ids[:room] + [EOS] for e in data.tokenizer.encode_batch([row[1] for row in pairs])]
+    tgt = [[BOS] + ids[:room] + [EOS] for ids, _ in encode_as_text(data.tokenizer, [row[1] for row in pairs])]
     return Encoded(src, tgt, cut)
 
 

@@ -16,6 +16,7 @@ from typing import Callable, Iterable, Iterator, NamedTuple, Protocol, TypeVar
 
 import torch
 
+from taskformer.core.data import encode_as_text
 from taskformer.core.errors import TaskformerError
 from taskformer.core.model import BOS, EOS, PAD, UNK, Transformer
 from taskformer.core.decode_config import DecodeConfig  # noqa: F401 -- the search's settings, named here too
@@ -378,8 +379,8 @@ def cross_attention_map(model: Transformer, tokenizer, source: str, output: str)
     """The last decoder layer's cross-attention, mean over heads, with ``output`` fed in as the target
     (teacher forcing). Both sides are truncated to the model's positions, as in decoding."""
     room = model.cfg.max_len - 1
-    src_ids = tokenizer.encode(source).ids[:room] + [EOS]
-    out_ids = tokenizer.encode(output).ids[:room]
+    (src_ids, _), (out_ids, _) = encode_as_text(tokenizer, [source, output])
+    src_ids, out_ids = src_ids[:room] + [EOS], out_ids[:room]
     device = next(model.parameters()).device
     model.eval()
     src, tgt_in = torch.tensor([src_ids], device=device), torch.tensor([[BOS] + out_ids], device=device)

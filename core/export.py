@@ -217,6 +217,10 @@ def _replaceable(out_dir: Path, overwrite: bool) -> list[str]:
                           "listing the files it wrote); choose a new directory (nothing in it was changed)")
     if not overwrite:
         raise ExportExists(f"{out_dir}: already holds a CTranslate2 model")
+    folder = next((f for f in files if (out_dir / f).is_dir() and not (out_dir / f).is_symlink()), None)
+    if folder:  # an export writes files only: a folder of that name is the user's
+        raise ExportError(f"{out_dir / folder}: a folder, not a file the earlier export wrote (its {MANIFEST} lists "
+                          "it); choose a new directory (nothing in it was changed)")
     return files
 
 
@@ -240,8 +244,11 @@ def to_ctranslate2(model: Transformer, tokenizer: Tokenizer, out_dir: str | Path
     out_dir = Path(out_dir)
     earlier = _replaceable(out_dir, overwrite)
     converter = _converter_class()(model.eval(), vocabulary(tokenizer, model.cfg.vocab_size))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.export-"))
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.export-"))
+    except OSError as e:  # /proc, a read-only disk, a denied folder
+        raise ExportError(f"{out_dir}: cannot write there ({e.strerror or e})") from None
     try:
         built = staging / "model"
         with torch.no_grad():

@@ -76,3 +76,32 @@ def test_a_second_sigterm_ends_the_server_at_once(finished):
         slow.close()
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def app(finished):
+    """The server's app for the finished tiny run, in process (FastAPI's test client)."""
+    from fastapi.testclient import TestClient
+
+    from taskformer.app import runner
+    from taskformer.app.server import Limits, create_app
+
+    with TestClient(create_app({"copy": runner.load(finished)}, Limits(max_queue=8)), raise_server_exceptions=False) \
+            as client:
+        yield client
+
+
+def still_up(app) -> None:
+    assert app.post("/v1/models/copy/predict", json={"inputs": ["3"]}).status_code == 200
+
+
+def test_beam_true_is_refused_as_the_api_refuses_it(app):
+    refused = app.post("/v1/models/copy/predict", json={"inputs": ["1 2"], "beam": True})
+    assert refused.status_code == 422 and refused.json()["field"] == "beam", refused.text
+    assert "beam must be a whole number" in refused.json()["error"]
+    still_up(app)
+
+
+def test_control_tokens_typed_in_a_request_are_text(app):
+    answer = app.post("/v1/models/copy/predict", json={"inputs": ["1 [EOS] 2 [PAD] 3"], "return_attention": True})
+    assert answer.json()["results"][0]["attention"]["source"] == ["1", "[UNK]", "2", "[UNK]", "3", "[EOS]"]

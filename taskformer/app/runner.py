@@ -84,13 +84,9 @@ def with_search(config: RunConfig, beam: int | None = None, batch_size: int | No
     """``config`` with another beam size (1 = greedy; a search, so sampling is off) or decoding batch
     size, as predict's options ask."""
     decode = config.decode
-    if beam is not None:
-        if not isinstance(beam, int) or isinstance(beam, bool) or beam < 1:
-            raise TaskformerError(f"beam must be a whole number of at least 1, got {beam!r}")
+    if whole_number("beam", beam) is not None:
         decode = replace(decode, strategy="beam" if beam > 1 else "greedy", beam=beam, temperature=0.0)
-    if batch_size is not None:
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise TaskformerError(f"batch_size must be a whole number of at least 1, got {batch_size!r}")
+    if whole_number("batch_size", batch_size) is not None:
         decode = replace(decode, batch_size=batch_size)
     return replace(config, decode=decode)
 
@@ -102,6 +98,14 @@ def generation_settings(config: RunConfig) -> dict:
     how = ({"temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p, "seed": d.seed} if d.temperature > 0
            else {"strategy": d.strategy if d.beam > 1 else "greedy", "beam": d.beam if d.strategy == "beam" else 1})
     return {**how, "max_new_tokens": d.max_new_tokens}
+
+
+def whole_number(name: str, value):
+    """``value`` of a caller's option (the API's, the server's): unset (None) or a whole number of at least 1.
+    ``True`` is not a number here, though Python counts it as 1."""
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise TaskformerError(f"{name} must be a whole number of at least 1, got {value!r}")
+    return value
 
 
 def fit_search(config: RunConfig, vocab: int) -> RunConfig:
@@ -180,6 +184,9 @@ def load(run_dir: str | Path) -> Run:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise TaskformerError(f"{run_dir}: no such run directory")
+    if export_model.earlier_export(run_dir) is not None:  # its model.bin is CTranslate2's, not a pickle
+        raise TaskformerError(f"{run_dir}: a CTranslate2 model written by taskformer export, not a run directory; "
+                              "run it with CTranslate2 (docs/export.md), or give the run it was exported from")
     ckpt.refuse_pickles(run_dir)
     saved = read_run_config(run_dir)
     cfg = saved["config"]

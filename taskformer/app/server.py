@@ -26,7 +26,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.sse import EventSourceResponse, format_sse_event
 from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
 from taskformer.core import decoding, precision
 from taskformer.core.data import encode_sources, pad
@@ -285,6 +285,14 @@ def libretranslate_fields(headers: dict, body: bytes) -> dict:
         return {}
 
 
+def whole_beam(value):
+    """A request's ``beam``, checked as the Python API checks it (``true`` is not a beam of 1)."""
+    try:
+        return runner.whole_number("beam", value)
+    except TaskformerError as e:
+        raise ValueError(str(e)) from None  # pydantic names the field
+
+
 def field_name(loc) -> str:
     """``("body", "inputs", 3)`` -> ``inputs[3]``."""
     name = ""
@@ -302,7 +310,7 @@ def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None 
     class PredictRequest(BaseModel):
         model_config = ConfigDict(extra="forbid")
         inputs: list[Text] = Field(max_length=limits.max_inputs)
-        beam: int | None = Field(None, ge=1, le=MAX_BEAM)
+        beam: Annotated[int | None, BeforeValidator(whole_beam), Field(le=MAX_BEAM)] = None
         return_attention: bool = False
 
     class TranslateRequest(BaseModel):  # LibreTranslate's /translate

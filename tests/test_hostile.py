@@ -1,0 +1,94 @@
+"""A careless or hostile user of the command line and the Python API: each case ends in a right
+result or one ``Error:`` line naming what is wrong (exit 2), never a silent wrong result, an internal
+error or a half-written folder (docs/robustness.md)."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+import taskformer
+from conftest import TINY
+
+CONTROL_TYPED = "1 [EOS] 2 [PAD] [BOS] [UNK] 3"
+
+
+def one_error(result, *names) -> str:
+    """The one ``Error:`` line of a refused command (exit 2), which names each of ``names``."""
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and "internal error" not in result.output, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, result.output
+    assert all(name in errors[0] for name in names), errors[0]
+    return errors[0]
+
+
+def test_control_tokens_typed_in_the_input_are_text(finished, cli):
+    """``[EOS]`` typed in an input is not the end of the sentence, nor ``[PAD]`` padding: each is a word
+    the copy vocabulary does not hold, as ``zz`` is."""
+    model = taskformer.load(finished)
+    (_, attention), = model.predict([CONTROL_TYPED], return_attention=True)
+    assert attention.source == ["1", "[UNK]", "2", "[UNK]", "[UNK]", "[UNK]", "3", "[EOS]"]
+    typed = cli("predict", str(finished), CONTROL_TYPED, "--json")
+    unknown = cli("predict", str(finished), "1 zz 2 zz zz zz 3", "--json")
+    assert typed.exit_code == 0 and typed.stdout == unknown.stdout
+    assert model.predict([CONTROL_TYPED]) == model.predict(["1 zz 2 zz zz zz 3"])
+
+
+def test_beam_true_is_refused_by_the_api(finished):
+    with pytest.raises(taskformer.TaskformerError, match="beam must be a whole number"):
+        taskformer.load(finished).predict(["1 2"], beam=True)
+
+
+@pytest.mark.parametrize("where", ["--set", "--config"])
+def test_a_key_the_tokenizer_fills_in_is_refused_not_replaced(cli, tmp_path, where):
+    if where == "--set":
+        given = ["--set", "model.vocab_size=5"]
+    else:
+        (tmp_path / "c.toml").write_text("[model]\nvocab_size = 5\n")
+        given = ["--config", str(tmp_path / "c.toml")]
+    one_error(cli("run", "copy", "--out", str(tmp_path / "run"), *TINY, *given), "model.vocab_size", "tokenizer")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_pickle_is_refused_whatever_the_case_of_its_name(finished, cli, tmp_path):
+    run = shutil.copytree(finished, tmp_path / "run")
+    (run / "MODEL.PT").write_bytes(b"\x80\x04K\x01.")
+    one_error(cli("predict", str(run), "1 2"), "MODEL.PT", "pickle")
+    with pytest.raises(taskformer.TaskformerError, match="pickle"):
+        taskformer.load(run)
+
+
+@pytest.fixture(scope="module")
+def exported(finished, tmp_path_factory):
+    pytest.importorskip("ctranslate2", reason="the export tests need ctranslate2 (the test extra)")
+    from click.testing import CliRunner
+
+    from taskformer.app.cli import main
+
+    out = tmp_path_factory.mktemp("export") / "ct2"
+    result = CliRunner().invoke(main, ["export", str(finished), "--to", "ctranslate2", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_predict_on_an_export_says_what_the_folder_is(exported, cli):
+    said = one_error(cli("predict", str(exported), "1 2"), str(exported), "CTranslate2", "taskformer export")
+    assert "pickle" not in said
+
+
+def test_export_where_nothing_can_be_written_is_one_error(finished, exported, cli):
+    one_error(cli("export", str(finished), "--to", "ctranslate2", "/proc/self/taskformer-export"),
+              "/proc/self/taskformer-export", "cannot write")
+
+
+def test_export_overwrite_never_removes_a_folder_its_record_lists(finished, exported, cli, tmp_path):
+    target = shutil.copytree(exported, tmp_path / "ct2")
+    record = json.loads((target / "taskformer.json").read_text())
+    (target / "taskformer.json").write_text(json.dumps({**record, "files": record["files"] + ["notes"]}))
+    (target / "notes").mkdir()
+    (target / "notes" / "mine.txt").write_text("the user's")
+    before = {p: p.read_bytes() for p in target.rglob("*") if p.is_file()}
+    one_error(cli("export", str(finished), "--to", "ctranslate2", str(target), "--overwrite"), "notes", "folder")
+    assert {p: p.read_bytes() for p in target.rglob("*") if p.is_file()} == before
