@@ -64,7 +64,7 @@ class TrainConfig:
     log_every: int = option(20, "Updates between training log lines.", at_least=1)
     pace: float = option(0.0, "Target tokens/s this machine trains the task's model at, from which --time-limit picks "
                          "the task's recipe; 0: measure it before training (a few seconds). Pin it on a shared "
-                         "machine.", at_least=0.0)
+                         "machine.", at_least=0.0, at_most=1e12)
     threads: int = option(0, "torch's intra-op threads for training and decoding, per process with --nproc; 0: "
                           "torch's choice, shared out among --nproc processes (on a busy 2-core machine one "
                           "can be much faster than two).", at_least=0,

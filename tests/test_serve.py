@@ -178,7 +178,7 @@ def test_32_concurrent_clients_each_get_their_own_output(server, runs, cli):
     ("/v1/models/copy/predict", b'{"inputs": ["1"', 422, "body"),
     ("/v1/models/copy/predict", b"x" * ((1 << 20) + 1), 413, "body"),
     ("/v1/models/agnews/predict", {"inputs": ["a"], "return_attention": True}, 422, "return_attention"),
-    ("/v1/models/copy/predict", {"inputs": ["1"] * 49}, 503, None),  # more than --max-queue waiting
+    ("/v1/models/copy/predict", {"inputs": ["1"] * 49}, 422, "inputs"),  # more than --max-queue can ever wait
     ("/translate", {"q": "1", "source": "xx", "target": "yy"}, 400, "source"),  # no model translates anything
 ])
 def test_bad_requests_get_a_json_error_naming_the_field_and_the_server_stays_up(server, path, body, status, field):

@@ -4,6 +4,7 @@ and the server stays up (docs/serve.md, docs/robustness.md).
 """
 from __future__ import annotations
 
+import json
 import signal
 import socket
 
@@ -105,3 +106,76 @@ def test_beam_true_is_refused_as_the_api_refuses_it(app):
 def test_control_tokens_typed_in_a_request_are_text(app):
     answer = app.post("/v1/models/copy/predict", json={"inputs": ["1 [EOS] 2 [PAD] 3"], "return_attention": True})
     assert answer.json()["results"][0]["attention"]["source"] == ["1", "[UNK]", "2", "[UNK]", "3", "[EOS]"]
+
+
+DEEP = b"[" * 100_000 + b"]" * 100_000
+
+
+@pytest.mark.parametrize("path, body, says", [
+    ("/v1/models/copy/predict", b'{"inputs": ' + DEEP + b"}", "nested too deeply"),
+    ("/v1/models/copy/predict", b'{"inputs": ["1"], "beam": ' + b"7" * 5000 + b"}", "not valid JSON"),
+    ("/v1/models/copy/predict", b'{"inputs": ["\xff\xfe"]}', "not valid UTF-8"),
+    ("/v1/models/copy/predict/stream", b'{"inputs": ' + DEEP + b"}", "nested too deeply"),
+    ("/translate", DEEP, "nested too deeply"),
+    ("/translate", b'{"q": ' + b"7" * 5000 + b"}", "not valid JSON"),
+    ("/translate", b"q=1 2", "not valid JSON"),  # a form sent as JSON
+    ("/translate", b'["1 2"]', "expected a JSON object"),
+])
+def test_a_body_no_parser_takes_is_a_422_naming_the_body(app, path, body, says):
+    refused = app.post(path, content=body, headers={"Content-Type": "application/json"})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["field"] == "body" and says in refused.json()["error"], refused.json()
+    still_up(app)
+
+
+@pytest.mark.parametrize("q", [5, ["1", 5], None])
+def test_translate_names_the_field_q(app, q):
+    refused = app.post("/translate", json={"q": q, "source": "de", "target": "en"})
+    assert refused.status_code == 422 and refused.json()["field"] in ("q", "q[1]"), refused.text
+
+
+def test_a_request_larger_than_the_queue_says_it_can_never_be_served(app):
+    for path, body, field in (("/v1/models/copy/predict", {"inputs": ["1"] * 9}, "inputs"),
+                              ("/v1/models/copy/predict/stream", {"inputs": ["1"] * 9}, "inputs"),
+                              ("/translate", {"q": ["1"] * 9}, "q")):
+        refused = app.post(path, json=body)
+        assert refused.status_code == 422 and refused.json()["field"] == field, refused.text
+        assert "can never be served" in refused.json()["error"]
+
+
+def test_a_deep_translate_body_is_refused_by_the_key_check_first(finished):
+    from fastapi.testclient import TestClient
+
+    from taskformer.app import runner
+    from taskformer.app.server import Limits, create_app
+
+    with TestClient(create_app({"copy": runner.load(finished)}, Limits(), "s3cret"),
+                    raise_server_exceptions=False) as client:
+        refused = client.post("/translate", content=DEEP, headers={"Content-Type": "application/json"})
+        assert refused.status_code == 401 and refused.json()["field"] == "Authorization", refused.text
+
+
+@pytest.fixture(scope="module")
+def live(finished):
+    server = Server(str(finished))
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("path", ["/v1/models/a/b/predict", "/v1/models/a%2Fb/predict", "/v1/models/../predict",
+                                  "/v1/models/./copy/predict", "/nowhere"])
+def test_a_path_no_route_has_gets_the_json_404(live, path):
+    """Sent as written (a client would resolve the dot-segments first)."""
+    host, port = live.url.removeprefix("http://").split(":")
+    body = b'{"inputs": ["1"]}'
+    with socket.create_connection((host, int(port))) as raw:
+        raw.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                    b"Connection: close\r\n\r\n%s" % (path.encode(), len(body), body))
+        answer = b""
+        while chunk := raw.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 404"), answer
+    refusal = json.loads(body)
+    assert refusal["error"] and refusal["field"] == ("path" if path == "/nowhere" else "name"), refusal
+    still_up(live.client)

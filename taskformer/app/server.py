@@ -22,6 +22,7 @@ import torch
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.sse import EventSourceResponse, format_sse_event
 from fastapi_offline import FastAPIOffline
@@ -267,7 +268,10 @@ class Guard:
         header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
         scheme, _, given = header.partition(" ")
         if scheme.lower() != "bearer" and scope["path"] == "/translate":
-            given = libretranslate_fields(dict(scope["headers"]), body).get("api_key", "")
+            try:
+                given = libretranslate_fields(dict(scope["headers"]), body).get("api_key", "")
+            except ApiError:  # a body that is not a request holds no key
+                given = ""
         if isinstance(given, str) and given and secrets.compare_digest(given.encode(), self.api_key.encode()):
             return None
         return error(401, "missing or wrong API key: send it as the header 'Authorization: Bearer KEY'",
@@ -275,14 +279,30 @@ class Guard:
 
 
 def libretranslate_fields(headers: dict, body: bytes) -> dict:
-    """A LibreTranslate request's fields, sent as JSON or as a form; {} if the body is neither."""
+    """A LibreTranslate request's fields, sent as JSON or as a form; ApiError (422, ``body``) if the body
+    is neither."""
     try:
         if b"application/x-www-form-urlencoded" in headers.get(b"content-type", b""):
             return {k: v[0] if len(v) == 1 else v for k, v in parse_qs(body.decode("utf-8")).items()}
         fields = json.loads(body or b"{}")
-        return fields if isinstance(fields, dict) else {}
-    except (UnicodeDecodeError, ValueError):
-        return {}
+    except (ValueError, RecursionError) as e:
+        raise unparseable(e) from None
+    if not isinstance(fields, dict):
+        raise ApiError(422, f"body: expected a JSON object or a form, got a JSON {type(fields).__name__}", "body")
+    return fields
+
+
+def unparseable(e: Exception) -> ApiError:
+    """The answer to a body no parser takes, whichever parser (json's, in FastAPI or here) found out: the
+    nesting is bounded by the interpreter's recursion limit, numbers by its 4,300 digits, the size by
+    ``Limits.max_body``."""
+    if isinstance(e, RecursionError):
+        why = "nested too deeply"
+    elif isinstance(e, UnicodeDecodeError):
+        why = f"not valid UTF-8 (byte {e.start})"
+    else:  # json's own message, or Python's digit limit, whose advice is for programmers
+        why = f"not valid JSON ({str(e).split(';')[0]})"
+    return ApiError(422, f"body: {why}", "body")
 
 
 def whole_beam(value):
@@ -297,6 +317,8 @@ def field_name(loc) -> str:
     """``("body", "inputs", 3)`` -> ``inputs[3]``."""
     name = ""
     for part in loc[1:] if loc and loc[0] == "body" else loc:
+        if isinstance(part, str) and not part.isidentifier():
+            continue  # a union member's type that pydantic names (``q.constrained-str``), not a field
         name += f"[{part}]" if isinstance(part, int) else f".{part}" if name else str(part)
     return name or "body"
 
@@ -344,10 +366,29 @@ def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None 
     async def refused(request, exc: ApiError):
         return error(exc.status, exc.message, exc.field, exc.headers)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def starlette_refused(request, exc: StarletteHTTPException):
+        """What FastAPI and Starlette answer themselves, in the shape of every other answer."""
+        if exc.status_code == 400 and exc.__cause__ is not None:  # FastAPI's parse of a body failed
+            return await refused(request, unparseable(exc.__cause__))
+        if exc.status_code == 404:
+            path = request.url.path
+            if path.startswith("/v1/models/"):
+                return error(404, f"no model or route {path!r}; served: {', '.join(served)}", "name")
+            return error(404, f"no route {path!r}", "path")
+        return error(exc.status_code, str(exc.detail), "method" if exc.status_code == 405 else None, exc.headers)
+
     def model(name: str) -> Served:
         if name not in served:
             raise ApiError(404, f"no model {name!r}; served: {', '.join(served)}", "name")
         return served[name]
+
+    def servable(texts: list[str], field: str) -> list[str]:
+        """``texts``, unless there are more than can ever wait in a queue (more than --max-inputs allows)."""
+        if len(texts) > limits.max_queue:
+            raise ApiError(422, f"{field}: {len(texts)} texts can never be served here: at most {limits.max_queue} "
+                                "wait per model (--max-queue); send fewer per request", field)
+        return texts
 
     def options(m: Served, body: PredictRequest) -> tuple[int | None, bool]:
         if body.return_attention and not m.run.model.cfg.kind.shifted:
@@ -402,13 +443,13 @@ def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None 
     @app.post("/v1/models/{name}/predict")
     async def predict(name: str, body: PredictRequest, request: Request):
         m = model(name)
-        return {"results": await answer(m, body.inputs, options(m, body), request)}
+        return {"results": await answer(m, servable(body.inputs, "inputs"), options(m, body), request)}
 
     @app.post("/v1/models/{name}/predict/stream")
     async def predict_stream(name: str, body: PredictRequest):
         m = model(name)
         opts = options(m, body)
-        if m.batcher.queued + len(body.inputs) > limits.max_queue:
+        if m.batcher.queued + len(servable(body.inputs, "inputs")) > limits.max_queue:
             raise ApiError(503, "server busy: the queue is full; retry shortly", None, {"Retry-After": "1"})
 
         async def one(i: int, text: str):
@@ -444,6 +485,7 @@ def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None 
         texts = body.q if isinstance(body.q, list) else [body.q]
         if len(texts) > limits.max_inputs:
             raise ApiError(422, f"q: at most {limits.max_inputs} texts per request", "q")
+        servable(texts, "q")
         results = [r["output"] for r in await answer(m, texts, (None, False), request)]
         return {"translatedText": results if isinstance(body.q, list) else results[0]}
 
