@@ -284,6 +284,8 @@ def _refuse_links(run_dir: Path, folder: Path) -> None:
 def _own_folder(run_dir: Path, folder: Path) -> Path:
     """``folder`` of ``run_dir``, made if missing, as a place taskformer may write into (no link on the way)."""
     _refuse_links(run_dir, folder)
+    if not run_dir.is_dir():  # removed while training: not made again, so the write fails and says so
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(run_dir))
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
@@ -425,6 +427,8 @@ def disk_space(run_dir: Path, needed: int):
         code = getattr(e, "errno", None)
         if why := next((sign for c, sign in WRITE_ERRORS.items() if c == code or sign in str(e)), None):
             raise WriteFailed(f"cannot write {run_dir} ({why})") from None
+        if not Path(run_dir).is_dir():  # removed (or moved away) while it was written
+            raise WriteFailed(f"cannot write {run_dir} (it no longer exists)") from None
         if getattr(e, "errno", None) not in (errno.ENOSPC, errno.EDQUOT) and not any(
                 sign in str(e) for sign in ("No space left on device", "Disk quota exceeded")):
             raise

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -92,3 +95,34 @@ def test_export_overwrite_never_removes_a_folder_its_record_lists(finished, expo
     before = {p: p.read_bytes() for p in target.rglob("*") if p.is_file()}
     one_error(cli("export", str(finished), "--to", "ctranslate2", str(target), "--overwrite"), "notes", "folder")
     assert {p: p.read_bytes() for p in target.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--time-limit", "nan"], "--time-limit"),
+    (["--time-limit", "1e308"], "--time-limit"),  # pace x time overflowed after the pace probe
+    (["--time-limit", "100", "--set", "train.pace=1e306"], "train.pace"),
+])
+@pytest.mark.parametrize("dry", [["--dry-run"], []])
+def test_a_time_budget_no_number_holds_is_refused_before_any_work(cli, tmp_path, args, named, dry):
+    one_error(cli("run", "copy", "--out", str(tmp_path / "run"), *TINY, *args, *dry), named)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_directory_removed_while_training_is_one_error_with_the_next_step(tmp_path):
+    run = tmp_path / "run"
+    training = subprocess.Popen([sys.executable, "-m", "taskformer", "run", "copy", "--out", str(run), "--quiet",
+                                 "--set", "data.train_size=200", "--set", "train.max_steps=2000", "--set",
+                                 "train.save_every=5", "--set", "train.eval_every=0", "--set", "train.threads=1"],
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(6000):  # polls of the run's state, a tenth of a second apart
+            if training.poll() is not None or list((run / "checkpoints").glob("step-*")):
+                break
+            time.sleep(0.1)
+        shutil.rmtree(run)
+        _, stderr = training.communicate(timeout=600)
+    finally:
+        training.kill()
+    assert training.returncode == 2, stderr
+    assert stderr.strip().splitlines() == [f"Error: cannot write {run} (it no longer exists); once it can be "
+                                           f"written, then start the run again with --out {run}"]

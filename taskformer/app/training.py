@@ -191,20 +191,14 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
         ckpt.check_stamp(latest / ckpt.WEIGHTS, begun.stamp, run.dir / "config.json")
     checkpoint_bytes = 3 * sum(p.numel() * p.element_size() for p in run.model.parameters())  # weights, Adam's 2 moments
     seconds = begun.time_limit * 60 - (time.monotonic() - begun.started) if begun.time_limit else None
-    try:
-        with stop_on_signals(trainer, task.name), ckpt.disk_space(run.dir, checkpoint_bytes):
-            if begun.resume and not trainer.resume():  # resuming rewrites metrics.jsonl: a write like the others
-                raise TaskformerError(f"{run.dir}: no checkpoint to resume from (checkpoints/ is empty); the run "
-                                      f"stopped before its first one, so start it again: taskformer run {task.name} "
-                                      f"--out {run.dir}")
-            if seconds is not None and begun.resume:  # the clock of a resumed run counts its earlier training too
-                seconds += trainer.state["elapsed"]
-            state = trainer.fit(seconds, lambda: reserve[0])
-    except ckpt.WriteFailed as e:
-        then = (f"resume with: taskformer run --resume {run.dir}" if ckpt.latest_training_state(run.dir / "checkpoints")
-                else f"start the run again with --out {run.dir}")
-        fix = "free some space" if isinstance(e, ckpt.DiskFull) else "once it can be written"
-        raise TaskformerError(f"{e}; {fix}, then {then}") from None
+    with stop_on_signals(trainer, task.name), writes_named(run.dir, checkpoint_bytes):
+        if begun.resume and not trainer.resume():  # resuming rewrites metrics.jsonl: a write like the others
+            raise TaskformerError(f"{run.dir}: no checkpoint to resume from (checkpoints/ is empty); the run "
+                                  f"stopped before its first one, so start it again: taskformer run {task.name} "
+                                  f"--out {run.dir}")
+        if seconds is not None and begun.resume:  # the clock of a resumed run counts its earlier training too
+            seconds += trainer.state["elapsed"]
+        state = trainer.fit(seconds, lambda: reserve[0])
     if trainer.stop_reason:
         raise Interrupted(run.dir, trainer.stop_reason)
     return state
@@ -251,14 +245,29 @@ def finish(begun: Begun, state: dict) -> Run:
         "stopped": state["stopped"] or "completed all epochs",
         **({"recipe": begun.recipe} if begun.recipe else {}),
     }
-    for split, rows in run.outputs.items():
-        ckpt.atomic_write(run_dir / f"outputs-{split}.jsonl", "".join(
-            json.dumps(row_json(row), ensure_ascii=False) + "\n" for row in rows))
-    samples = {split: [row_json(row) for row in rows] for split, rows in run.samples.items()}
-    ckpt.write_json(run_dir / "result.json", {"task": task.name, "metric": task.metric, "metrics": run.metrics,
-                                               "samples": samples, "info": run.info,
-                                               "weights_sha256": ckpt.sha256(run_dir / ckpt.WEIGHTS)})
+    with writes_named(run_dir, 3 * sum(p.numel() * p.element_size() for p in model.parameters())):
+        for split, rows in run.outputs.items():
+            ckpt.atomic_write(run_dir / f"outputs-{split}.jsonl", "".join(
+                json.dumps(row_json(row), ensure_ascii=False) + "\n" for row in rows))
+        samples = {split: [row_json(row) for row in rows] for split, rows in run.samples.items()}
+        ckpt.write_json(run_dir / "result.json", {"task": task.name, "metric": task.metric, "metrics": run.metrics,
+                                                   "samples": samples, "info": run.info,
+                                                   "weights_sha256": ckpt.sha256(run_dir / ckpt.WEIGHTS)})
     return run
+
+
+@contextmanager
+def writes_named(run_dir: Path, checkpoint_bytes: int):
+    """A failed write to the run directory (full, read-only, removed) as one line with the next step:
+    every write is atomic, so the last checkpoint is whole and the run resumes from it."""
+    try:
+        with ckpt.disk_space(run_dir, checkpoint_bytes):
+            yield
+    except ckpt.WriteFailed as e:
+        then = (f"resume with: taskformer run --resume {run_dir}" if ckpt.latest_training_state(run_dir / "checkpoints")
+                else f"start the run again with --out {run_dir}")
+        fix = "free some space" if isinstance(e, ckpt.DiskFull) else "once it can be written"
+        raise TaskformerError(f"{e}; {fix}, then {then}") from None
 
 
 class Interrupted(TaskformerError):
