@@ -4,6 +4,7 @@ error or a half-written folder (docs/robustness.md)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -126,3 +127,40 @@ def test_a_run_directory_removed_while_training_is_one_error_with_the_next_step(
     assert training.returncode == 2, stderr
     assert stderr.strip().splitlines() == [f"Error: cannot write {run} (it no longer exists); once it can be "
                                            f"written, then start the run again with --out {run}"]
+
+
+def test_runs_passes_over_entries_that_vanish_while_it_scans(cli):
+    """Processes come and go while ``runs /proc`` walks their entries."""
+    churn = subprocess.Popen(["sh", "-c", "i=0; while [ $i -lt 20000 ]; do /bin/true; i=$((i+1)); done"])
+    try:
+        listed = cli("runs", "/proc")
+    finally:
+        churn.kill()
+        churn.wait()
+    assert listed.exit_code == 0 and "Error" not in listed.output, listed.output
+
+
+def test_predict_with_stdin_closed_says_where_inputs_come_from(finished):
+    closed = subprocess.run([sys.executable, "-m", "taskformer", "predict", str(finished)], stdin=subprocess.DEVNULL,
+                            capture_output=True, text=True, preexec_fn=lambda: os.close(0))
+    assert closed.returncode == 2, closed.stderr
+    assert closed.stderr.strip().splitlines() == ["Error: standard input is closed; give the inputs as TEXT arguments "
+                                                  "or pipe them in"]
+
+
+@pytest.mark.parametrize("name, where, says", [
+    ("a" * 300, "pkg", "at most 64 characters"),
+    ("sort-digits", "/proc/taskformer-sort-digits", "cannot write a package there"),
+])
+def test_new_task_refuses_what_it_cannot_write_and_leaves_nothing_half_written(cli, tmp_path, name, where, says):
+    target = tmp_path / where
+    one_error(cli("new-task", name, "--dir", str(target)), says)
+    assert not target.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_new_task_writes_the_whole_package_or_nothing(cli, tmp_path):
+    (tmp_path / "pkg").mkdir()
+    assert cli("new-task", "sort-digits", "--dir", str(tmp_path / "pkg")).exit_code == 0
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+        "pkg", "pkg/README.md", "pkg/pyproject.toml", "pkg/taskformer_sort_digits.py", "pkg/tests",
+        "pkg/tests/test_taskformer_sort_digits.py"]

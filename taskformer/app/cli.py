@@ -232,6 +232,8 @@ def predict_cmd(run_dir, text, beam, overrides, as_json) -> None:
     """
     if sys.stdout is None:  # started with stdout closed (`>&-`): every output would be lost without a word
         raise TaskformerError("standard output is closed; predict has nowhere to write its outputs")
+    if sys.stdin is None and not text:  # started with stdin closed (`<&-`): no lines will ever come
+        raise TaskformerError("standard input is closed; give the inputs as TEXT arguments or pipe them in")
     run = runner.load(run_dir)
     runner.set_decoding(run, overrides, "predict")
     config = runner.with_search(run.config, beam)

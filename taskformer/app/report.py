@@ -204,7 +204,10 @@ def find_runs(root: Path) -> list[dict]:
     ``running`` (a process holds its lock) or ``unfinished`` (stopped before the end: resume it).
     A run whose files cannot be read is skipped with a warning naming the file."""
     runs = []
-    for folder in sorted({p.parent for name in ("result.json", "config.json") for p in Path(root).rglob(name)}):
+    # os.walk passes over what cannot be listed or vanishes while it looks (a process's entry in /proc)
+    # and follows no link.
+    found = (Path(where) for where, _, files in os.walk(root) if {"result.json", "config.json"} & set(files))
+    for folder in sorted(found):
         path = folder / ("result.json" if (folder / "result.json").exists() else "config.json")
         try:
             saved = checkpoint.read_json(path)

@@ -9,7 +9,10 @@ equal), so the scaffold, the example and the tutorial in docs/plugins.md are one
 """
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import tempfile
 from importlib.resources import files
 from pathlib import Path
 from string import Template
@@ -29,28 +32,52 @@ FILES = {"pyproject.toml.tmpl": "pyproject.toml", "README.md.tmpl": "README.md",
          "${variant}.py.tmpl": "${module}.py", "test_${variant}.py.tmpl": "tests/test_${module}.py"}
 
 
+MAX_NAME = 64  # characters of a task name: its files' names must fit the file system's 255 bytes
+
+
 def names(task: str) -> dict[str, str]:
     if not re.fullmatch(r"[a-z][a-z0-9]*(-[a-z0-9]+)*", task):
         raise TaskformerError(f"task name {task!r}: use lower-case letters, digits and single hyphens, e.g. sort-digits")
+    if len(task) > MAX_NAME:
+        raise TaskformerError(f"task name {task[:20]}...: at most {MAX_NAME} characters, got {len(task)}")
     module = "taskformer_" + task.replace("-", "_")
     return {"task": task, "module": module, "package": "taskformer-" + task}
 
 
 def write(task: str, target: Path, variant: str = "encoder-decoder") -> list[Path]:
-    """Render the templates into ``target`` (which must not exist or be empty); returns the files written."""
+    """Render the templates into ``target`` (which must not exist or be empty); returns the files written.
+
+    The package is written into a temporary folder beside ``target`` and renamed into place, so a
+    failure leaves no half-written package."""
     if variant not in SPELLINGS:
         raise TaskformerError(f"unknown variant {variant!r}: choose {', '.join(VARIANTS)}")
     variant = SPELLINGS[variant]
     about, example = VARIANTS[variant]
     command = f"taskformer new-task {task}" + ("" if variant == "encoder-decoder" else f" --variant {variant}")
     values = {**names(task), "variant": variant, "about": about, "example": example, "command": command}
-    if target.exists() and any(target.iterdir()):
-        raise TaskformerError(f"{target} already exists and is not empty")
-    written = []
-    for template, name in FILES.items():
-        path = target / Template(name).substitute(values)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        source = files(__package__).joinpath(Template(template).substitute(values)).read_text(encoding="utf-8")
-        path.write_text(Template(source).substitute(values), encoding="utf-8")
-        written.append(path)
-    return written
+    try:
+        if target.exists() and any(target.iterdir()):
+            raise TaskformerError(f"{target} already exists and is not empty")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.new-"))
+    except OSError as e:  # /proc, a read-only disk, a denied folder
+        raise TaskformerError(f"{target}: cannot write a package there ({e.strerror or e})") from None
+    try:
+        for template, name in FILES.items():
+            path = staging / Template(name).substitute(values)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            source = files(__package__).joinpath(Template(template).substitute(values)).read_text(encoding="utf-8")
+            path.write_text(Template(source).substitute(values), encoding="utf-8")
+        staging.chmod(0o777 & ~umask())  # mkdtemp's folder is private; the package is not
+        os.replace(staging, target)  # an empty target folder is replaced
+    except OSError as e:
+        raise TaskformerError(f"{target}: cannot write a package there ({e.strerror or e})") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return [target / Template(name).substitute(values) for name in FILES.values()]
+
+
+def umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
