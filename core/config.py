@@ -97,6 +97,19 @@ def build(task, cfg: dict) -> RunConfig:
     """Turn a merged config dict into dataclasses and validate every section."""
     try:
         config = RunConfig(**{name: kind(**cfg[name]) for name, kind in section_types(task).items()})
+    except ValueError as e:
+        raise TaskformerError(f"config: {e}") from None
+    validate(config)
+    if config.model.variant != task.variant:
+        raise TaskformerError(f"config: model.variant is set by the task: {task.name!r} is {task.variant}, "
+                              f"not {config.model.variant}")
+    return config
+
+
+def validate(config: RunConfig) -> None:
+    """Refuse a value outside its range in any section, as built or as changed since by hand
+    (``model.config.decode.quantize = ...`` through the Python API)."""
+    try:
         for name in ("model", "train", "decode", "data"):
             section = getattr(config, name)
             check(name, section)  # each field's range, from its metadata
@@ -104,10 +117,6 @@ def build(task, cfg: dict) -> RunConfig:
                 section.validate()
     except ValueError as e:
         raise TaskformerError(f"config: {e}") from None
-    if config.model.variant != task.variant:
-        raise TaskformerError(f"config: model.variant is set by the task: {task.name!r} is {task.variant}, "
-                              f"not {config.model.variant}")
-    return config
 
 
 def _coerce(value, default, key: str):

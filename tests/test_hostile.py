@@ -164,3 +164,10 @@ def test_new_task_writes_the_whole_package_or_nothing(cli, tmp_path):
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
         "pkg", "pkg/README.md", "pkg/pyproject.toml", "pkg/taskformer_sort_digits.py", "pkg/tests",
         "pkg/tests/test_taskformer_sort_digits.py"]
+
+
+def test_the_api_refuses_a_setting_changed_by_hand_to_something_unknown(finished):
+    model = taskformer.load(finished)
+    model.config.decode.quantize = "int4"
+    with pytest.raises(taskformer.TaskformerError, match="decode.quantize must be none or int8, not 'int4'"):
+        model.predict(["1 2"])

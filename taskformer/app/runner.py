@@ -38,6 +38,7 @@ def predict(run: Run, lines: list[str], config: RunConfig | None = None, return_
     ``return_attention`` (encoder-decoder runs) each prediction comes as ``(prediction, Attention)``,
     the attention ``None`` for a blank line.
     """
+    C.validate(config or run.config)
     config = fit_search(config or run.config, run.model.cfg.vocab_size)
     if return_attention and not run.model.cfg.kind.shifted:
         raise TaskformerError(f"return_attention is for encoder-decoder models; task {run.task.name!r} is "
