@@ -58,6 +58,19 @@ def _as_live(saved, current):
     return saved
 
 
+def _impossible(key: str, tensor: torch.Tensor) -> str | None:
+    """Why a value of Adam's state cannot be one it wrote: its step count is a whole number of at least
+    0 and the moments are finite, the second (of squares) not negative. Anything else turns the
+    bias correction or the square root into NaN at the first update."""
+    if not torch.isfinite(tensor).all():
+        return "holds NaN or infinity"
+    if key == "step" and (tensor < 0 or tensor != tensor.round()):
+        return f"is {tensor.item():g}, not a count of updates"
+    if key == "exp_avg_sq" and (tensor < 0).any():
+        return "holds negative values, but it averages squares"
+    return None
+
+
 def load(path: Path, optimizer: torch.optim.Optimizer, scheduler) -> None:
     """Restore the optimizer, schedule and RNG state from ``path`` after checking all of it."""
     path = Path(path)
@@ -96,6 +109,8 @@ def load(path: Path, optimizer: torch.optim.Optimizer, scheduler) -> None:
         if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
             raise TaskformerError(f"{path}: {name} is {list(tensor.shape)} {tensor.dtype}, but its parameter needs "
                                   f"{list(shape)} {dtype}; the checkpoint is damaged")
+        if why := _impossible(key, tensor):
+            raise TaskformerError(f"{path}: {name} {why}; the checkpoint is damaged")
         state.setdefault(i, {})[key] = tensor
     incomplete = next((i for i, entry in state.items() if len(entry) != 1 + len(MOMENTS)), None)
     if incomplete is not None:

@@ -183,6 +183,13 @@ DAMAGED_OPTIMIZER = {  # each would reach fused AdamW's kernel (out-of-bounds wr
     "a learning rate as text": (None, lambda m: set_lr(m, "0.1"), "parameter groups do not match"),
     "a learning rate of NaN": (None, lambda m: set_lr(m, float("nan")), "parameter groups do not match"),
     "a damaged schedule": (None, lambda m: m.update(scheduler='{"last_epoch": "x"}'), "schedule state is damaged"),
+    # each of these ran to NaN and advised a lower learning rate
+    "negative step counts": (lambda t: t.update({k: -t[k] - 3 for k in t if k.endswith(".step")}), None,
+                             ".step is -"),
+    "a negative mean of squares": (lambda t: t.update({k: -t[k] - 1 for k in t if k.endswith(".exp_avg_sq")}), None,
+                                   "holds negative values, but it averages squares"),
+    "a moment of NaN": (lambda t: t.update({first_moment(t): t[first_moment(t)] * float("nan")}), None,
+                        "holds NaN or infinity"),
 }
 
 
