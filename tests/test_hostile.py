@@ -171,3 +171,28 @@ def test_the_api_refuses_a_setting_changed_by_hand_to_something_unknown(finished
     model.config.decode.quantize = "int4"
     with pytest.raises(taskformer.TaskformerError, match="decode.quantize must be none or int8, not 'int4'"):
         model.predict(["1 2"])
+
+
+@pytest.mark.parametrize("row, named", [
+    ({"source": "1 2", "output": 5, "reference": "1 2"}, "'output' is 5"),
+    ({"source": ["1 2"], "output": "1 2", "reference": "1 2"}, "'source' is"),
+    ({"source": "1 2", "output": "1 2", "reference": "1 2", "fields": 3}, "'fields' is 3"),
+])
+def test_a_damaged_outputs_file_is_named_not_blamed_on_a_plugin(finished, cli, tmp_path, row, named):
+    run = shutil.copytree(finished, tmp_path / "run")
+    (run / "outputs-test.jsonl").write_text(json.dumps(row) + "\n")
+    for command in (["report", str(run)], ["predict", str(run), "1 2"]):
+        said = one_error(cli(*command), str(run / "outputs-test.jsonl"), named)
+        assert "plugin" not in said
+
+
+def test_a_data_file_too_small_to_split_is_said_not_blamed_on_a_plugin(cli, tmp_path, data_dir):
+    import gzip
+
+    (tmp_path / "ag").mkdir()
+    with gzip.open(data_dir / "ag_news" / "train.csv.gz", "rt", encoding="utf-8") as f:
+        (tmp_path / "ag" / "train.csv").write_text(f.readline(), encoding="utf-8")
+    shutil.copy(data_dir / "ag_news" / "test.csv", tmp_path / "ag")
+    said = one_error(cli("run", "agnews", "--data-dir", str(tmp_path / "ag"), "--out", str(tmp_path / "run"),
+                         "--quiet"), str(tmp_path / "ag"), "no val split", "give more rows")
+    assert "plugin" not in said

@@ -185,9 +185,11 @@ def load_data(task: Task, config: RunConfig, data_dir: str | None, splits=SPLITS
     if not isinstance(data, TaskData):
         raise PluginError(f"{where} must return a TaskData, got {type(data).__name__}")
     missing = [s for s in splits if not data.splits.get(s)]
-    if missing:
-        raise PluginError(f"{where} returned no {', '.join(missing)} split (if a data option or file made it "
-                          "empty, e.g. a size of 0, change that)")
+    if missing:  # most often the data is too small to split (one row of train.csv leaves no val): said as such
+        rows = ", ".join(f"{s} {len(data.splits.get(s) or [])}" for s in SPLITS)
+        given = f"the data in {data_dir}" if data_dir else "its data options"
+        raise TaskformerError(f"task {task.name!r}: {given} gave no {', '.join(missing)} split (rows: {rows}); "
+                              "give more rows, or change the option that made it empty (a size of 0, say)")
     if tokenizer is not None:
         data.tokenizer = tokenizer
     for split in splits:

@@ -241,8 +241,15 @@ def row_from_json(row: dict, classify: bool) -> tuple[str, Prediction, str]:
     output = row["output"]
     if isinstance(output, dict):
         output = Label(output["label"], output["probability"])
-    elif classify:
+    elif classify and isinstance(output, str):
         output = compat.label_from_line(output)
+    wrong = next((key for key, ok in [  # what taskformer writes, so that no report section gets anything else
+        ("source", isinstance(row["source"], str)), ("reference", isinstance(row["reference"], str)),
+        ("output", isinstance(output, Label) and isinstance(output.label, str) and _number(output.probability)
+         or isinstance(output, str) and not classify),
+        ("fields", isinstance(row.get("fields", {}), dict))] if not ok), None)
+    if wrong:
+        raise ValueError(f"its {wrong!r} is {json.dumps(row[wrong])[:60]}")
     return Output(row["source"], output, row["reference"], row.get("fields"))
 
 
