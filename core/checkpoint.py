@@ -181,6 +181,10 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
                                           f"point ({', '.join(FLOAT_DTYPES)})")
         missing, unexpected = load_model(model, path, strict=False)
     except (SafetensorError, RuntimeError, OSError, ValueError) as e:
+        try:
+            path.open("rb").close()  # safetensors calls a file it may not read "No such file or directory"
+        except OSError as unreadable:
+            raise TaskformerError(f"{path}: cannot read the weights ({unreadable.strerror})") from None
         raise TaskformerError(f"{path}: corrupt or incompatible weights ({str(e).splitlines()[0]})") from None
     if missing or unexpected:
         raise TaskformerError(f"{path}: weights do not match the model "

@@ -119,8 +119,14 @@ def validate(config: RunConfig) -> None:
         raise TaskformerError(f"config: {e}") from None
 
 
+MAX_TEXT = 4096  # characters of a text setting (a path's limit on Linux)
+
+
 def _coerce(value, default, key: str):
     """Convert ``value`` (a string from --set, or a parsed TOML/JSON value) to the type of ``default``."""
+    if isinstance(value, str) and len(value) > MAX_TEXT:  # no setting is a text that long; nor is an error line
+        raise TaskformerError(f"config: {key} is a text of {len(value):,} characters; a setting has at most "
+                              f"{MAX_TEXT:,}")
     kind = type(default)
     if isinstance(value, str) and kind is not str:
         text = value.strip().lower()

@@ -196,3 +196,21 @@ def test_a_data_file_too_small_to_split_is_said_not_blamed_on_a_plugin(cli, tmp_
     said = one_error(cli("run", "agnews", "--data-dir", str(tmp_path / "ag"), "--out", str(tmp_path / "run"),
                          "--quiet"), str(tmp_path / "ag"), "no val split", "give more rows")
     assert "plugin" not in said
+
+
+def test_a_text_setting_of_20_mb_is_named_in_one_short_line(cli, tmp_path):
+    (tmp_path / "big.toml").write_text('[train]\nbf16 = "' + "a" * 20_000_000 + '"\n')
+    said = one_error(cli("run", "copy", "--config", str(tmp_path / "big.toml"), "--out", str(tmp_path / "run")),
+                     "train.bf16 is a text of 20,000,000 characters")
+    assert len(said) < 200
+
+
+def test_weights_that_cannot_be_read_are_named_as_such(finished, tmp_path):
+    from test_robustness import unprivileged
+
+    run = shutil.copytree(finished, tmp_path / "run")
+    (run / "model.safetensors").chmod(0)
+    refused = subprocess.run(unprivileged("predict", str(run), "1 2"), capture_output=True, text=True)
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.strip().splitlines() == [f"Error: {run / 'model.safetensors'}: cannot read the weights "
+                                                   "(Permission denied)"]
