@@ -61,6 +61,12 @@ def defaults(task) -> dict:
         raise TaskformerError(f"plugin {task.plugin!r}: the options of task {task.name!r} need a default "
                               f"for every field ({e})") from None
     cfg["model"]["variant"] = task.variant
+    if task.data_options is None and isinstance(task.defaults.get("data"), dict) and task.defaults["data"]:
+        raise TaskformerError(  # the plugin API before data_options took the data section as free-form defaults
+            f"plugin {task.plugin!r}: task {task.name!r} gives its data options as defaults={{'data': {{...}}}} "
+            f"({', '.join(map(str, task.defaults['data']))}), as the earlier plugin API did; a task now declares "
+            "them as a dataclass, Task(..., data_options=Options), each field made with option(default, help, "
+            "range) (docs/plugins.md, 'Declare the task')")
     return merge(cfg, task.defaults, f"task {task.name!r} defaults")
 
 

@@ -64,8 +64,9 @@ class Task:
     roughly): a size that cannot fit in the machine's memory is then refused before the data is made.
     ``decode_options``, a subclass of :class:`taskformer.DecodeConfig`, adds search options of the
     task's own to the ``decode`` section. ``defaults`` overlays the core's defaults for the sections
-    ``model``, ``train``, ``decode`` (and ``data``); a plugin without ``data_options`` declares its
-    data options there instead, as a dict of defaults. ``metric_groups`` orders the metrics in the
+    ``model``, ``train``, ``decode`` (and ``data``, changing defaults of ``data_options``); data options
+    given there without ``data_options``, as the earlier plugin API took them, are refused with a message
+    saying how to declare them. ``metric_groups`` orders the metrics in the
     report and in ``taskformer eval``: a title for each group and its metrics in order, e.g.
     ``{"entities": ["span_f1", "span_precision", "span_recall"]}``; the selecting ``metric`` comes
     first, metrics in no group last.

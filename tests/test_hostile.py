@@ -214,3 +214,19 @@ def test_weights_that_cannot_be_read_are_named_as_such(finished, tmp_path):
     assert refused.returncode == 2, refused.stderr
     assert refused.stderr.strip().splitlines() == [f"Error: {run / 'model.safetensors'}: cannot read the weights "
                                                    "(Permission denied)"]
+
+
+class EarlierApiPlugin:
+    """A plugin written for the plugin API before ``data_options``: its data options as free-form defaults."""
+
+    @taskformer.hookimpl
+    def taskformer_tasks(self):
+        return [taskformer.Task("earlier-api", "A task of the earlier plugin API", metric="exact_match",
+                                defaults={"data": {"train_size": 40, "length": 5}})]
+
+
+def test_a_plugin_of_the_earlier_api_is_told_how_to_declare_its_options(cli, register, tmp_path):
+    register(EarlierApiPlugin(), "earlier-api")
+    said = one_error(cli("run", "earlier-api", "--out", str(tmp_path / "run")), "earlier-api", "train_size, length",
+                     "data_options=", "option(default, help, range)")
+    assert "unknown config key" not in said
