@@ -11,6 +11,16 @@ bar to come close to, the same sentences decoded in one call of the function beh
 `taskformer predict`. Then a `--soak`-second run at the highest load with batching counts failed
 requests and compares the server's resident memory (RSS) at the end with RSS after the warm-up.
 
+`--hostile SECONDS` then measures the server under hostile traffic instead (docs/robustness.md): the
+highest load with batching runs clean for SECONDS, then as long again with one request in ten (drawn
+with a fixed seed) replaced by a bad one: malformed or deeply nested JSON, a body over the limit, wrong
+types, an unknown model, a client that sends its request and leaves, and a slow sender that trickles its
+body. It reports the good requests that failed, the p99 latency of the good ones against the clean
+run's (a ratio), the bad requests the server answered with a 5xx, RSS after the warm-up and at the
+end, and whether the server still answers `/health`.
+
+    python bench/serve.py runs/copy/bench --hostile 60      # about 3 minutes
+
 The clients are aiohttp's, all in this process, and share the machine with the server; each row
 says how much of a core they took (`client_cpu`). They are lean on purpose: httpx's client, used
 before, took about 3 ms of CPU per request, a core of a 2-core machine at 300 requests/s, so it
@@ -24,12 +34,14 @@ import asyncio
 import importlib.util
 import json
 import os
+import random
 import re
 import shlex
 import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -102,6 +114,113 @@ async def load(url: str, name: str, sentences: list[str], clients: int, seconds:
             "p99_ms": 1000 * q[98], "client_cpu": (time.process_time() - cpu) / elapsed}
 
 
+BAD_BODIES = {  # what each bad request sends as a JSON request body
+    "malformed": b'{"inputs": ["1 2"',
+    "deeply nested": b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    "oversized": b'{"inputs": ["' + b"1 " * (1 << 19) + b'"]}',
+    "wrong types": b'{"inputs": [5], "beam": true}',
+    "huge number": b'{"inputs": ["1"], "beam": ' + b"9" * 5000 + b"}",
+}
+BAD_KINDS = (*BAD_BODIES, "unknown model", "disconnecting", "slow sender")
+
+
+async def raw_request(url: str, path: str, body: bytes, trickle: float = 0.0, leave: bool = False) -> int | None:
+    """One POST over a socket of its own: ``trickle`` seconds between the body's bytes (a slow sender),
+    or ``leave`` at once after sending (a client that disconnects). The status, or None when it left."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                     b"Connection: close\r\n\r\n" % (path.encode(), host.encode(), len(body)))
+        for i in range(0, len(body), 1 if trickle else len(body)):
+            writer.write(body[i : i + (1 if trickle else len(body))])
+            await writer.drain()
+            if trickle:
+                await asyncio.sleep(trickle)
+        if leave:
+            return None
+        status = await reader.readline()
+        return int(status.split()[1])
+    finally:
+        writer.close()
+
+
+async def bad_request(kind: str, url: str, name: str, http: aiohttp.ClientSession) -> int | None:
+    """One hostile request of ``kind``; the status the server answered (None: the client left)."""
+    target = f"/v1/models/{name}/predict"
+    if kind == "disconnecting":
+        return await raw_request(url, target, b'{"inputs": ["1 2 3"]}', leave=True)
+    if kind == "slow sender":
+        return await raw_request(url, target, b'{"inputs": ["1 2 3"]}', trickle=0.02)
+    if kind == "unknown model":
+        target, body = "/v1/models/no-such-model/predict", b'{"inputs": ["1 2"]}'
+    else:
+        body = BAD_BODIES[kind]
+    async with http.post(url + target, data=body, headers={"Content-Type": "application/json"}) as response:
+        await response.read()
+        return response.status
+
+
+async def hostile_load(url: str, name: str, sentences: list[str], clients: int, seconds: float, share: float,
+                       seed: int = 0) -> dict:
+    """``clients`` clients as in :func:`load`, each replacing a ``share`` of its requests by a bad one."""
+    draw = random.Random(seed)
+    latencies, failed, bad, server_errors = [], 0, {k: 0 for k in BAD_KINDS}, 0
+    deadline = time.perf_counter() + seconds
+    target = f"{url}/v1/models/{name}/predict"
+
+    async def client(k: int, http: aiohttp.ClientSession) -> None:
+        nonlocal failed, server_errors
+        i = k
+        while time.perf_counter() < deadline:
+            if draw.random() < share:
+                kind = draw.choice(BAD_KINDS)
+                bad[kind] += 1
+                try:
+                    status = await bad_request(kind, url, name, http)
+                except (aiohttp.ClientError, OSError):
+                    status = None  # the server may close on a bad request; it must stay up for the rest
+                server_errors += status is not None and status >= 500
+                continue
+            started = time.perf_counter()
+            try:
+                async with http.post(target, json={"inputs": [sentences[i % len(sentences)]]}) as response:
+                    await response.read()
+                    ok = response.status == 200
+            except aiohttp.ClientError:
+                ok = False
+            if ok:
+                latencies.append(time.perf_counter() - started)
+            else:
+                failed += 1
+            i += clients
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients),
+                                     timeout=aiohttp.ClientTimeout(total=300)) as http:
+        await asyncio.gather(*(client(k, http) for k in range(clients)))
+    q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [float("nan")] * 99
+    return {"good_requests": len(latencies), "good_failed": failed, "p99_ms": 1000 * q[98], "bad_requests": bad,
+            "bad_answered_5xx": server_errors}
+
+
+def hostile(run_dir: Path, sentences: list[str], clients: int, seconds: float, serve_options: str) -> dict:
+    """The clean run and the hostile run on one server; the figures docs/robustness.md records."""
+    server = Server(run_dir, *shlex.split(serve_options))
+    try:
+        asyncio.run(load(server.url, server.name, sentences, clients, min(5.0, seconds)))  # warm-up
+        start_rss = rss_kib(server.process.pid)
+        clean = asyncio.run(load(server.url, server.name, sentences, clients, seconds))
+        rough = asyncio.run(hostile_load(server.url, server.name, sentences, clients, seconds, share=0.1))
+        end_rss = rss_kib(server.process.pid)
+        with urllib.request.urlopen(f"{server.url}/health", timeout=60) as answer:
+            up = server.process.poll() is None and answer.status == 200
+    finally:
+        server.stop()
+    return {"clients": clients, "seconds": seconds, "clean_p99_ms": clean["p99_ms"], "clean_failed": clean["failed"],
+            **rough, "p99_ratio": rough["p99_ms"] / clean["p99_ms"], "rss_start_mib": start_rss / 1024,
+            "rss_end_mib": end_rss / 1024, "server_up_at_end": up}
+
+
 def predict_bar(run_dir: Path, sentences: list[str]) -> float:
     """Sentences per second of the function behind `taskformer predict`, all sentences in one call."""
     import taskformer
@@ -121,10 +240,27 @@ def main() -> None:
     parser.add_argument("--soak", type=float, default=60, help="seconds of the soak run at the highest load")
     parser.add_argument("--sentences", type=int, default=1000, help="distinct test sentences to cycle through")
     parser.add_argument("--serve-options", default="", help="more options for both servers, e.g. '--threads 2'")
+    parser.add_argument("--hostile", type=float, default=0, metavar="SECONDS",
+                        help="measure the server under hostile traffic instead: SECONDS clean, then SECONDS with "
+                             "one request in ten a bad one")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
     clients = [int(c) for c in args.clients.split(",")]
     sentences = sentences_of(args.run_dir, args.sentences)
+    if args.hostile:
+        figures = {"cpu": os.cpu_count(), "cpu_name": cpu_name(), **hostile(args.run_dir, sentences, max(clients),
+                                                                             args.hostile, args.serve_options)}
+        print(f"hostile traffic, {max(clients)} clients, {args.hostile:.0f} s clean then {args.hostile:.0f} s with 10% "
+              f"bad requests ({', '.join(f'{k} {n}' for k, n in figures['bad_requests'].items())}): "
+              f"{figures['good_failed']} of {figures['good_requests'] + figures['good_failed']} good requests failed; "
+              f"p99 of the good {figures['p99_ms']:.0f} ms against {figures['clean_p99_ms']:.0f} ms clean "
+              f"({figures['p99_ratio']:.2f}x); bad requests answered 5xx: {figures['bad_answered_5xx']}; RSS "
+              f"{figures['rss_start_mib']:.0f} MiB after the warm-up, {figures['rss_end_mib']:.0f} MiB at the end "
+              f"({100 * (figures['rss_end_mib'] / figures['rss_start_mib'] - 1):+.1f}%); server up at the end: "
+              f"{figures['server_up_at_end']}", flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(figures, indent=2))
+        return
     stack = {m: importlib.util.find_spec(m) is not None for m in ("uvloop", "httptools")}  # uvicorn takes them if there
     figures = {"cpu": os.cpu_count(), "cpu_name": cpu_name(), "sentences": len(sentences), "serve_options":
                args.serve_options, "uvloop": stack["uvloop"], "httptools": stack["httptools"], "rows": []}
