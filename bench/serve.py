@@ -79,41 +79,6 @@ class Server:
         self.process.wait(timeout=120)
 
 
-async def load(url: str, name: str, sentences: list[str], clients: int, seconds: float) -> dict:
-    """``clients`` concurrent clients, each on its own connection, sending one sentence per request
-    until ``seconds`` pass."""
-    latencies, failures = [], 0
-    deadline = time.perf_counter() + seconds
-    target = f"{url}/v1/models/{name}/predict"
-
-    async def client(k: int, http: aiohttp.ClientSession) -> None:
-        nonlocal failures
-        i = k
-        while time.perf_counter() < deadline:
-            started = time.perf_counter()
-            try:
-                async with http.post(target, json={"inputs": [sentences[i % len(sentences)]]}) as response:
-                    await response.read()
-                    ok = response.status == 200
-            except aiohttp.ClientError:
-                ok = False
-            if ok:
-                latencies.append(time.perf_counter() - started)
-            else:
-                failures += 1
-            i += clients
-
-    started, cpu = time.perf_counter(), time.process_time()
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients),
-                                     timeout=aiohttp.ClientTimeout(total=300)) as http:
-        await asyncio.gather(*(client(k, http) for k in range(clients)))
-    elapsed = time.perf_counter() - started
-    q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [float("nan")] * 99
-    return {"clients": clients, "requests": len(latencies), "failed": failures,
-            "sentences_per_s": len(latencies) / elapsed, "p50_ms": 1000 * q[49], "p95_ms": 1000 * q[94],
-            "p99_ms": 1000 * q[98], "client_cpu": (time.process_time() - cpu) / elapsed}
-
-
 BAD_BODIES = {  # what each bad request sends as a JSON request body
     "malformed": b'{"inputs": ["1 2"',
     "deeply nested": b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
@@ -161,19 +126,21 @@ async def bad_request(kind: str, url: str, name: str, http: aiohttp.ClientSessio
         return response.status
 
 
-async def hostile_load(url: str, name: str, sentences: list[str], clients: int, seconds: float, share: float,
-                       seed: int = 0) -> dict:
-    """``clients`` clients as in :func:`load`, each replacing a ``share`` of its requests by a bad one."""
-    draw = random.Random(seed)
-    latencies, failed, bad, server_errors = [], 0, {k: 0 for k in BAD_KINDS}, 0
+async def load(url: str, name: str, sentences: list[str], clients: int, seconds: float, bad_share: float = 0.0,
+               seed: int = 0) -> dict:
+    """``clients`` concurrent clients, each on its own connection, sending one sentence per request
+    until ``seconds`` pass; a ``bad_share`` of the requests (drawn with ``seed``) is a bad one instead,
+    of a kind of :data:`BAD_KINDS`, and counted apart."""
+    latencies, failures, server_errors = [], 0, 0
+    bad, draw = {kind: 0 for kind in BAD_KINDS}, random.Random(seed)
     deadline = time.perf_counter() + seconds
     target = f"{url}/v1/models/{name}/predict"
 
     async def client(k: int, http: aiohttp.ClientSession) -> None:
-        nonlocal failed, server_errors
+        nonlocal failures, server_errors
         i = k
         while time.perf_counter() < deadline:
-            if draw.random() < share:
+            if bad_share and draw.random() < bad_share:
                 kind = draw.choice(BAD_KINDS)
                 bad[kind] += 1
                 try:
@@ -192,15 +159,19 @@ async def hostile_load(url: str, name: str, sentences: list[str], clients: int, 
             if ok:
                 latencies.append(time.perf_counter() - started)
             else:
-                failed += 1
+                failures += 1
             i += clients
 
+    started, cpu = time.perf_counter(), time.process_time()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients),
                                      timeout=aiohttp.ClientTimeout(total=300)) as http:
         await asyncio.gather(*(client(k, http) for k in range(clients)))
+    elapsed = time.perf_counter() - started
     q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [float("nan")] * 99
-    return {"good_requests": len(latencies), "good_failed": failed, "p99_ms": 1000 * q[98], "bad_requests": bad,
-            "bad_answered_5xx": server_errors}
+    return {"clients": clients, "requests": len(latencies), "failed": failures,
+            "sentences_per_s": len(latencies) / elapsed, "p50_ms": 1000 * q[49], "p95_ms": 1000 * q[94],
+            "p99_ms": 1000 * q[98], "client_cpu": (time.process_time() - cpu) / elapsed,
+            **({"bad_requests": bad, "bad_answered_5xx": server_errors} if bad_share else {})}
 
 
 def hostile(run_dir: Path, sentences: list[str], clients: int, seconds: float, serve_options: str) -> dict:
@@ -210,14 +181,16 @@ def hostile(run_dir: Path, sentences: list[str], clients: int, seconds: float, s
         asyncio.run(load(server.url, server.name, sentences, clients, min(5.0, seconds)))  # warm-up
         start_rss = rss_kib(server.process.pid)
         clean = asyncio.run(load(server.url, server.name, sentences, clients, seconds))
-        rough = asyncio.run(hostile_load(server.url, server.name, sentences, clients, seconds, share=0.1))
+        rough = asyncio.run(load(server.url, server.name, sentences, clients, seconds, bad_share=0.1))
         end_rss = rss_kib(server.process.pid)
         with urllib.request.urlopen(f"{server.url}/health", timeout=60) as answer:
             up = server.process.poll() is None and answer.status == 200
     finally:
         server.stop()
     return {"clients": clients, "seconds": seconds, "clean_p99_ms": clean["p99_ms"], "clean_failed": clean["failed"],
-            **rough, "p99_ratio": rough["p99_ms"] / clean["p99_ms"], "rss_start_mib": start_rss / 1024,
+            "good_requests": rough["requests"], "good_failed": rough["failed"], "p99_ms": rough["p99_ms"],
+            "bad_requests": rough["bad_requests"], "bad_answered_5xx": rough["bad_answered_5xx"],
+            "p99_ratio": rough["p99_ms"] / clean["p99_ms"], "rss_start_mib": start_rss / 1024,
             "rss_end_mib": end_rss / 1024, "server_up_at_end": up}
 
 

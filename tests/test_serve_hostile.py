@@ -34,17 +34,15 @@ def taken_port():
         yield str(sock.getsockname()[1])
 
 
-@pytest.mark.parametrize("options, named", [
-    (["--threads", "100000"], "--threads 100000: this process may use"),
-    (["--max-batch", "100000"], "--max-batch"),
-    (["--max-inputs", "100000000"], "--max-inputs"),
-    (["--max-chars", "100000000"], "--max-chars"),
-    (["--max-queue", "10000000000"], "--max-queue"),
-    (["--api-key", "   "], "--api-key: a key is printable ASCII"),
-    (["--api-key", "schlüssel"], "--api-key: a key is printable ASCII"),
+@pytest.mark.parametrize("option, value, named", [
+    ("--threads", "100000", "--threads 100000: this process may use"), ("--max-batch", "100000", "--max-batch"),
+    ("--max-inputs", "100000000", "--max-inputs"), ("--max-chars", "100000000", "--max-chars"),
+    ("--max-queue", "10000000000", "--max-queue"), ("--api-key", "   ", "--api-key: a key is printable ASCII"),
+    ("--api-key", "schlüssel", "--api-key: a key is printable ASCII"),
 ])
-def test_numeric_options_and_keys_no_client_can_send_are_refused_at_start(finished, cli, taken_port, options, named):
-    refused = cli("serve", str(finished), "--port", taken_port, *options)
+def test_numeric_options_and_keys_no_client_can_send_are_refused_at_start(finished, cli, taken_port, option, value,
+                                                                          named):
+    refused = cli("serve", str(finished), "--port", taken_port, option, value)
     assert refused.exit_code == 2 and "Traceback" not in refused.output
     errors = [line for line in refused.stderr.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and named in errors[0], refused.output
