@@ -111,9 +111,13 @@ class Prepared:
         return self.time_limit * 60 - (time.monotonic() - self.started) if self.time_limit else None
 
 
+MAX_TIME_LIMIT = 525_600  # minutes: a year, which keeps train.pace x the time limit a finite number
+
+
 def check_time_limit(minutes: float | None) -> None:
-    if minutes is not None and not (math.isfinite(minutes) and minutes > 0):
-        raise TaskformerError(f"--time-limit must be a positive, finite number of minutes, got {minutes}")
+    if minutes is not None and not (math.isfinite(minutes) and 0 < minutes <= MAX_TIME_LIMIT):
+        raise TaskformerError(f"--time-limit must be a positive, finite number of minutes up to {MAX_TIME_LIMIT:,} "
+                              f"(a year), got {minutes}")
 
 
 def check_budget(config: RunConfig, time_limit: float | None) -> None:
