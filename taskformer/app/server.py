@@ -481,11 +481,11 @@ def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None 
             body = TranslateRequest.model_validate(fields)
         except ValueError as e:
             raise RequestValidationError(e.errors()) from None
-        m = translation_model(served, body.source, body.target)
         texts = body.q if isinstance(body.q, list) else [body.q]
         if len(texts) > limits.max_inputs:
             raise ApiError(422, f"q: at most {limits.max_inputs} texts per request", "q")
         servable(texts, "q")
+        m = translation_model(served, body.source, body.target)
         results = [r["output"] for r in await answer(m, texts, (None, False), request)]
         return {"translatedText": results if isinstance(body.q, list) else results[0]}
 
