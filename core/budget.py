@@ -58,20 +58,24 @@ def check_table(recipes, owner: str) -> list[tuple[float, dict, str]]:
     return sorted(rows, key=lambda r: r[0])
 
 
-def choose(recipes, owner: str, pace: float, seconds: float, source: str, batching) -> dict:
-    """The recipe for ``pace`` target tokens/s over ``seconds`` of training, as the record a run keeps.
+def choose(recipes, owner: str, pace: float, seconds_for, source: str, batching) -> dict:
+    """The recipe for ``pace`` target tokens/s, as the record a run keeps.
 
-    ``source`` says where the pace came from (measured, or ``train.pace``); ``batching(overrides)``
-    gives the updates per target token of a row's config and its warm-up, from which the planned
-    updates follow. Below the smallest row the smallest recipe trains, and the record's ``short``
-    says so with the budget that would reach it. The record holds the pace, the budget, the
-    overrides picked (the warm-up cut to ``WARMUP_SHARE`` of the planned updates where it was
-    longer) and ``why``, one line a person reads.
+    ``seconds_for(overrides)`` is the training time a row leaves (what remains of the time limit
+    after the row's own final evaluation: an ensemble's takes longer); the largest row whose minimum
+    its budget reaches wins. ``source`` says where the pace came from (measured, or ``train.pace``);
+    ``batching(overrides)`` gives the updates per target token of a row's config and its warm-up,
+    from which the planned updates follow. Below the smallest row the smallest recipe trains, and
+    the record's ``short`` says so with the budget that would reach it. The record holds the pace,
+    the budget, the overrides picked (the warm-up cut to ``WARMUP_SHARE`` of the planned updates
+    where it was longer) and ``why``, one line a person reads.
     """
-    rows = check_table(recipes, owner)
+    rows = check_table(recipes, owner) or [(0.0, {}, "the task declares no recipes by budget")]
+    for minimum, overrides, reason in reversed(rows):  # else: the smallest row, short of its budget
+        seconds = seconds_for(overrides)
+        if minimum <= pace * seconds:
+            break
     budget = pace * seconds
-    picked = [r for r in rows if r[0] <= budget] or rows[:1]
-    minimum, overrides, reason = picked[-1] if picked else (0.0, {}, "the task declares no recipes by budget")
     per_token, warmup = batching(overrides)
     planned = max(round(budget * per_token), 1)
     if warmup > WARMUP_SHARE * planned:  # a warm-up the run would never finish: cut to a share of it

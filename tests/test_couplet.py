@@ -384,3 +384,12 @@ def test_tiny_run_then_predict_and_eval(cli, folder, tmp_path):
         for src, out in zip(lines, outs):
             assert len(out) == len(src) and punct(out) == punct(src), (src, out)
             assert keeps_tones(decoder_view(src, vocab), out), (strategy, src, out)
+
+
+def test_repeats_in_the_second_line_mirror_the_first_line_s(folder):
+    cfg = config("data.min_char_freq=1")
+    data = load_data(task(), cfg, str(folder))
+    model = untrained(data, cfg, bias=(data.tokenizer.get_vocab()["月"],))  # it wants 月 everywhere
+    outs, _ = decode_texts(task(), model, data.tokenizer, None, cfg, ["春风送暖", "年年有余"])
+    assert len(set(outs[0])) == 4  # no repeats where the first line has none, not 月月月月
+    assert outs[1][:2] == "月月" and "月" not in outs[1][2:]  # 年年: a repeat where the first line repeats

@@ -160,18 +160,24 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
         probed = layers.build(leave_out=set(table_keys(task)))
         train_enc = datacache.encoded(run.data, "train", probed.model.max_len, task.variant)
         pace, source, per_example, ratio = probe(run, probed, train_enc, shard[1])
-        # after training: a last validation (of the updates since the one before), the final evaluation
+        # after training: a last validation (of the updates since the one before), the final evaluation;
+        # each member of an ensemble decodes, so a row's members scale the probe's time
         val = len(run.data.splits["val"])
-        final = per_example * (val / ratio + val + len(run.data.splits["test"]))
-        reserve = final * (1 + budget.RESERVE_MARGIN)
-        seconds = run.seconds_left() - reserve
-        if seconds <= 0:
+        examples = val / ratio + val + len(run.data.splits["test"])
+
+        def final(overrides: dict) -> float:
+            return per_example * examples * layers.build(overrides).model.members / probed.model.members
+
+        record[0] = budget.choose(task.recipes, table_owner(task), pace,
+                                  lambda o: run.seconds_left() - final(o) * (1 + budget.RESERVE_MARGIN), source,
+                                  batching(layers, train_enc, probed))
+        chosen = final(record[0]["overrides"])
+        if record[0]["train_seconds"] <= 0:
             raise TaskformerError(f"--time-limit {run.time_limit:g} leaves no time to train: the start took "
                                   f"{time.monotonic() - run.started:.0f} s and the final evaluation needs about "
-                                  f"{final:.0f} s here; give more minutes")
-        record[0] = budget.choose(task.recipes, table_owner(task), pace, seconds, source,
-                                  batching(layers, train_enc, probed))
-        record[0].update(final_seconds=round(final, 1), reserve_seconds=round(reserve, 1), search_ratio=round(ratio, 3))
+                                  f"{chosen:.0f} s here; give more minutes")
+        record[0].update(final_seconds=round(chosen, 1), reserve_seconds=round(chosen * (1 + budget.RESERVE_MARGIN), 1),
+                         search_ratio=round(ratio, 3))
         if overridden := yours_over(task, layers, record[0]["overrides"]):
             record[0]["overridden"] = overridden
             record[0]["why"] += f"; overridden by your settings: {', '.join(overridden)}"
