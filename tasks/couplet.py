@@ -60,7 +60,8 @@ TONE_MODES = ("off", "soft", "hard")
 class Search(DecodeConfig):
     """The core's search settings plus the couplet's own: ``constrained`` enforces the form inside
     the search (``false`` turns the tone rules off too: they need the form's positions); ``no_repeat``
-    bans the first line's character at the same position, and repeats that the first line lacks. ``tone_final`` and ``tone_opposition`` set
+    bans the first line's character at the same position; ``mirror_repeats`` bans repeats that the
+    first line lacks. ``tone_final`` and ``tone_opposition`` set
     the two tone rules: ``off``, ``soft`` (``tone_penalty`` is subtracted from the log-probability of
     every character that breaks the rule) or ``hard`` (only characters that keep it are allowed).
 
@@ -71,8 +72,9 @@ class Search(DecodeConfig):
 
     constrained: bool = option(True, "Enforce the form (length, punctuation) inside the search; false turns the "
                                "tone rules off too.")
-    no_repeat: bool = option(True, "Ban the first line's character at the same position, and an earlier "
-                             "character of the output where the first line does not repeat its own.")
+    no_repeat: bool = option(True, "Ban the first line's character at the same position.")
+    mirror_repeats: bool = option(True, "A character of the second line comes again only where the first line "
+                                  "repeats its own (叠字).")
     tone_final: str = option("hard", "The rule on the last character's tone.", choices=TONE_MODES)
     tone_opposition: str = option("soft", "The rule that tones oppose the first line's.", choices=TONE_MODES)
     tone_penalty: float = option(1.0, "Subtracted from the log-probability of a character that breaks a soft rule.",
@@ -219,14 +221,14 @@ def tone_rules(src: torch.Tensor, tokens: list[str], decode: Search) -> list[tup
 
 
 def form_constraint(src: torch.Tensor, punct: torch.Tensor, no_repeat: bool, classes: torch.Tensor | None = None,
-                    rules=()):
+                    rules=(), mirror_repeats: bool = False):
     """The couplet's form, and its tone ``rules`` (see :func:`tone_rules`), as a ``constraint`` for
     :func:`taskformer.search`; ``classes`` (V,) is the tone class of every vocabulary entry.
 
     Position ``t`` of the output may hold: EOS when ``t`` is the input's length; the input's own
     punctuation token where the input has punctuation; elsewhere any ordinary character except
-    punctuation, specials and (``no_repeat``) the input's character at ``t`` and any earlier output
-    character at a position where the input's character differs from its own at ``t``. A hard tone rule keeps
+    punctuation, specials, (``no_repeat``) the input's character at ``t`` and (``mirror_repeats``)
+    any earlier output character at a position where the input's character differs from its own at ``t``. A hard tone rule keeps
     only the characters of the class it asks for; a soft one lowers the others' log-probability by
     its penalty. So that no row is ever left without a token, a hard rule gives way in a row it
     would empty, and a row whose choices are all banned (a tiny vocabulary) may take any ordinary
@@ -252,6 +254,7 @@ def form_constraint(src: torch.Tensor, punct: torch.Tensor, no_repeat: bool, cla
         allowed = ordinary.expand(logp.size(0), vocab).clone()
         if no_repeat:
             allowed[torch.arange(logp.size(0)), same] = False
+        if mirror_repeats:
             # repeats mirror the first line's (叠字): an earlier output character comes again only
             # where the input repeats its own, so 检点 gets no 行行
             differs = (src[:, :t] != src[:, t : t + 1]).repeat_interleave(beam, 0)  # (N, t)
@@ -283,7 +286,8 @@ def taskformer_decode(model, src, tokenizer, config):
 
     tokens, punct, classes = vocab_tables(tokenizer)
     rules = tone_rules(src, tokens, config.decode)
-    constraint = form_constraint(src, punct.to(src.device), config.decode.no_repeat, classes.to(src.device), rules)
+    constraint = form_constraint(src, punct.to(src.device), config.decode.no_repeat, classes.to(src.device), rules,
+                                 config.decode.mirror_repeats)
     limit = (src != PAD).sum(1)  # input length + 1: room for the forced EOS
     return [tokenizer.decode(x) for x in search(model, src, config.decode, constraint, max_len=limit)]
 

@@ -280,7 +280,7 @@ def test_rules_off_reproduce_the_form_only_outputs(folder):
            "beam": ["惊惊惊惊惊惊惊", "白白,歌歌", "惊惊惊惊惊惊惊", "白白白白白白白,白白白白白白白", "惊惊惊惊", "惊"]}
     lines = ["晚风摇树树还挺", "山高,月小", "春风送暖入屠苏", "一帆风顺年年好,万事如意步步高", "花开富贵", "天"]
     for strategy, outputs in old.items():
-        cfg = config(f"decode.strategy={strategy}", "decode.beam=3", *TONES_OFF)
+        cfg = config(f"decode.strategy={strategy}", "decode.beam=3", "decode.mirror_repeats=false", *TONES_OFF)
         data = load_data(task(), cfg, str(folder))
         model = untrained(data, cfg)
         with torch.no_grad():  # a spread of preferences, so that the search has choices to make

@@ -60,7 +60,7 @@ def test_a_bio_tagger_prints_word_tag_pairs_and_span_f1(tmp_path):
         rows = [line.strip("│ ").split() for line in trained.report.splitlines()]
         order = [row[0] for row in rows if row and (row[0] in test or row[0] in ("entities", "words", "other"))]
         assert order == ["span_f1", "entities", "span_precision", "span_recall", "words", "token_accuracy",
-                         "exact_match", "other", "span_f1_LOC", "span_f1_PER"], order
+                         "exact_match", "other", "loss", "span_f1_LOC", "span_f1_PER"], order
         assert "decode" in trained.report and "beam" not in trained.report  # a tagger has no search settings
 
         sentence = "Anna Schmidt visited Berlin."

@@ -489,8 +489,9 @@ DAMAGED_FOR_REPORT = {  # each was "plugin 'taskformer.plugins.builtin.report_se
     "a step beyond plotting": ("metrics.jsonl", lambda d: append_line(d / "metrics.jsonl",
                                                                       {**TRAIN_EVENT, "step": 1e308}),
                                "'step' of a train event"),
-    "an lr beyond plotting": ("metrics.jsonl", lambda d: append_line(d / "metrics.jsonl", {**TRAIN_EVENT, "lr": 1e308}),
-                              "cannot be plotted"),
+    "an lr beyond plotting": ("metrics.jsonl", lambda d: [append_line(d / "metrics.jsonl", {**TRAIN_EVENT, "step": s,
+                                                                                            "lr": 1e308}) for s in (1, 2)],
+                              "cannot be plotted"),  # two points: a run too short for a curve gets no plot
     "labels not a list": ("config.json", lambda d: set_in(d / "config.json", "labels", 5), "'labels'"),
     "a size as a list": ("config.json", lambda d: set_in(d / "config.json", "config", "model", "d_model", []),
                          "model.d_model expects int"),

@@ -102,7 +102,8 @@ def test_tiny_run_then_predict_chinese(cli, data_dir, tmp_path):
     result = cli("run", TASK, "--data-dir", str(data_dir / "en-cn"), "--out", str(out), "--quiet", *sets)
     assert result.exit_code == 0, result.output
     metrics = json.loads((out / "result.json").read_text(encoding="utf-8"))["metrics"]
-    assert {split: sorted(m) for split, m in metrics.items()} == {"val": ["bleu", "chrf"], "test": ["bleu", "chrf"]}
+    assert {split: sorted(m) for split, m in metrics.items()} == {"val": ["bleu", "chrf", "loss"],
+                                                                  "test": ["bleu", "chrf", "loss"]}
     assert all(0.0 <= m["bleu"] <= 100.0 and 0.0 <= m["chrf"] <= 100.0 for m in metrics.values())
     report = (out / "report.txt").read_text(encoding="utf-8")  # the shared heatmap section, English -> Chinese
     assert "Cross-attention" in report and (out / "attention.png").read_bytes().startswith(b"\x89PNG")
