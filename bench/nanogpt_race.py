@@ -96,6 +96,7 @@ def main() -> None:
     parser.add_argument("--nanogpt", type=Path, default=Path("../shared/bench/nanogpt"), help="nanoGPT's folder")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (runs and logs)")
     args = parser.parse_args()
+    args.data, args.nanogpt = args.data.resolve(), args.nanogpt.resolve()  # the runs work in another folder
     env = dict(os.environ)
     if args.threads:
         env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
