@@ -224,18 +224,20 @@ def batching(layers: Layers, train_enc: Encoded, probed: RunConfig):
 @torch.no_grad()
 def decode_seconds(run: Run, data: TaskData) -> tuple[float, float]:
     """Seconds per example of the final evaluation's search on one decoding batch of val examples,
-    and how many times slower it is than the validations' search (``decode.eval_strategy``), by
-    which the validations' own times are scaled once training has begun. An untrained model writes
-    up to the length limit, so the first figure errs long, on the safe side."""
-    sample = data.splits["val"][:run.config.decode.batch_size]
+    and how many times slower it is than the validations' search (``decode.eval_strategy``). An
+    untrained model writes up to the length limit, so the first figure errs long, on the safe side."""
     run.model.eval()
-    seconds = []
-    for strategy in dict.fromkeys((run.config.decode.strategy, run.config.decode.eval_strategy)):
-        config = replace(run.config, decode=replace(run.config.decode, strategy=strategy))
-        begun = time.perf_counter()
-        evaluate_split(run, sample, config, "timing the final evaluation")
-        seconds.append((time.perf_counter() - begun) / max(len(sample), 1))
+    seconds = [seconds_per_example(run, data, replace(run.config, decode=replace(run.config.decode, strategy=s)))
+               for s in dict.fromkeys((run.config.decode.strategy, run.config.decode.eval_strategy))]
     return seconds[0], seconds[0] / max(seconds[-1], 1e-9)
+
+
+def seconds_per_example(run: Run, data: TaskData, config: RunConfig) -> float:
+    """Seconds per example of decoding and scoring one decoding batch of val with ``config``'s search."""
+    sample = data.splits["val"][:config.decode.batch_size]
+    begun = time.perf_counter()
+    evaluate_split(run, sample, config, "timing the final evaluation")
+    return (time.perf_counter() - begun) / max(len(sample), 1)
 
 
 def table_keys(task: Task) -> list[tuple[str, str]]:

@@ -27,7 +27,7 @@ from taskformer.plugins.hookspecs import Task
 from taskformer.plugins.manager import plugins
 from taskformer.app import datacache
 from taskformer.app.hooks import build_model, evaluate_split, load_data
-from taskformer.app.prepare import Prepared, TrainRequest, prepare
+from taskformer.app.prepare import Prepared, TrainRequest, prepare, seconds_per_example
 from taskformer.app.resources import pick_device, use_threads
 from taskformer.plugins.run import SPLITS, Run
 from taskformer.app.rundir import (RunDirBusy, bound_files, locked, load_run_weights, model_digest, new_run_dir,
@@ -209,10 +209,7 @@ def search_ratio(run: Run, data: TaskData, per_example: float) -> float:
     decoding batch of val (1 where they are the same search)."""
     if run.config.decode.strategy == run.config.decode.eval_strategy:
         return 1.0
-    sample = data.splits["val"][:run.config.decode.batch_size]
-    begun_at = time.monotonic()
-    evaluate_split(run, sample, run.config, "timing the final search")
-    return (time.monotonic() - begun_at) / len(sample) / max(per_example, 1e-9)
+    return seconds_per_example(run, data, run.config) / max(per_example, 1e-9)
 
 
 def finish(begun: Begun, state: dict) -> Run:
