@@ -170,7 +170,7 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
 
         record[0] = budget.choose(task.recipes, table_owner(task), pace,
                                   lambda o: run.seconds_left() - final(o) * (1 + budget.RESERVE_MARGIN), source,
-                                  batching(layers, train_enc, probed))
+                                  batching(run, layers, train_enc, probed, pace, shard[1]))
         chosen = final(record[0]["overrides"])
         if record[0]["train_seconds"] <= 0:
             raise TaskformerError(f"--time-limit {run.time_limit:g} leaves no time to train: the start took "
@@ -210,14 +210,26 @@ def yours_over(task: Task, layers: Layers, overrides: dict) -> list[str]:
             if getattr(getattr(yours, s), k) != getattr(getattr(chosen, s), k)]
 
 
-def batching(layers: Layers, train_enc: Encoded, probed: RunConfig):
+def batching(run: Prepared, layers: Layers, train_enc: Encoded, probed: RunConfig, pace: float, ranks: int):
     """``overrides -> (updates per target token, warm-up)`` of the config with those overrides: what
     :func:`budget.choose` counts a budget's updates in. The budget is in tokens of the probed model;
-    an ensemble of fewer members trains on proportionally more of them."""
+    an ensemble of fewer members trains on proportionally more of them, and a row that changes the
+    network or its batches (a wider model, a longer context) has its own pace timed, once it is
+    picked, so the updates it plans are its own."""
     def of(overrides: dict) -> tuple[float, int]:
         cfg = layers.build(overrides)
-        per_token = len(epoch_updates(cfg.train, train_enc.lengths())) / max(train_enc.targets(), 1)
-        return per_token * probed.model.members / cfg.model.members, cfg.train.warmup
+        same = (replace(cfg.model, members=probed.model.members) == probed.model
+                and replace(cfg.train, warmup=probed.train.warmup) == probed.train)
+        encoded = train_enc if same else datacache.encoded(run.data, "train", cfg.model.max_len, run.task.variant)
+        per_token = len(epoch_updates(cfg.train, encoded.lengths())) / max(encoded.targets(), 1)
+        if same or probed.train.pace:
+            return per_token * probed.model.members / cfg.model.members, cfg.train.warmup
+        with progress.stage("timing the chosen recipe's network"):
+            with torch.random.fork_rng(devices=[]):
+                model = build_model(run.task, cfg, run.data.tokenizer.get_vocab_size(), run.data.labels,
+                                    training=True).to(run.device)
+            own = budget.measure_pace(model, cfg.train, encoded, run.device) * ranks
+        return per_token * own / pace, cfg.train.warmup
     return of
 
 
