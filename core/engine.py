@@ -395,8 +395,6 @@ class Trainer:
             self.validating = False
         self.state["stale"] = 0 if improved else self.state["stale"] + 1
         self.net.train()
-        if self.cfg.patience and self.state["stale"] >= self.cfg.patience:
-            raise Stop(f"no improvement in {self.cfg.patience} evaluations (patience)")
 
     def _keep_if_best(self, metrics: dict, averaged: list[int] | None = None) -> bool:
         """Log an evaluation of the model's current weights, which are the mean of those of the
@@ -475,6 +473,8 @@ class Trainer:
         reason = ""
         if self.stop_reason:
             reason = self.stop_reason
+        elif cfg.patience and st["stale"] >= cfg.patience:  # asked after each evaluation, never inside one
+            reason = f"no improvement in {cfg.patience} evaluations (patience)"
         elif cfg.max_steps and st["step"] >= cfg.max_steps:
             reason = f"reached train.max_steps={cfg.max_steps}"
         elif st["cooldown"] and st["step"] >= sum(st["cooldown"]):

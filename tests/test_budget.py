@@ -332,3 +332,19 @@ def test_a_short_translation_budget_ends_its_schedule_and_validates_less_often(c
     [line] = [line for line in out.splitlines() if line.startswith("recipe: ")]
     assert line.startswith("recipe: train.cooldown=0.3, train.average_last=0, train.eval_every=200")
     assert "(from 0: a short budget" in line
+
+
+def test_a_run_stopped_by_its_budget_finishes_when_its_last_evaluation_exhausts_the_patience(cli, tmp_path):
+    """The stop's own last evaluation (of the updates since the one before) may be the one without
+    improvement that reaches ``train.patience``: the run still finishes and writes its result. This
+    ended an hour of training with an internal error. A rate of 1e-30 never improves the score."""
+    out = tmp_path / "run"
+    result = cli("run", "copy", "--out", str(out), "--quiet", "--set", "data.train_size=40", "--set",
+                 "data.val_size=4", "--set", "data.test_size=4", "--set", "train.lr=1e-30", "--set",
+                 "train.eval_every=2", "--set", "train.max_steps=5", "--set", "train.epochs=10", "--set",
+                 "train.patience=2")
+    assert result.exit_code == 0, result.output
+    evaluated = [e["step"] for e in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+                 if e["event"] == "eval" and e.get("split") == "val"]
+    assert evaluated[:3] == [2, 4, 5]  # the stop's own evaluation at step 5 is the second without improvement
+    assert saved(out, "result.json")["info"]["stopped"] == "reached train.max_steps=5"
