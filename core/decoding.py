@@ -141,14 +141,16 @@ class Reader:
         self.model, self.room = model, model.cfg.max_len
         self.cache = model.new_cache(min(steps, self.room))
         self.read = self.first = 0  # columns of the prefix in the cache; the column at position 0
+        self.static = getattr(model, "static", False)  # a compiled step: positions as tensors (core/compiled.py)
 
     def next_states(self, ys: torch.Tensor, memory: Memory) -> torch.Tensor:
         """The decoder's state (N, 1, D) at the last token of every row of ``ys``."""
         if ys.size(1) - self.first > self.room:
             self.first = ys.size(1) - self.room * 3 // 4
             self.read, self.cache = self.first, self.model.new_cache(self.room)
+        start = self.read - self.first
         h = self.model.decode(ys[:, self.read :], memory.states, memory.cross_mask, cache=self.cache,
-                              start=self.read - self.first)
+                              start=torch.tensor(start, device=ys.device) if self.static else start)
         self.read = ys.size(1)
         return h[:, -1:]
 

@@ -124,16 +124,25 @@ def forget(model: nn.Module) -> None:
             _copies.pop(module, None)
 
 
-def for_decoding(model: nn.Module, quantize: str) -> nn.Module:
-    """The model to decode with: (``"int8"``) its int8 copy, or (``"none"``) on CPU its packed copy and
-    elsewhere ``model`` itself; a copy is made anew when the model's weights changed."""
+def compiled(model: nn.Module) -> nn.Module:
+    """An inference copy of ``model`` (sharing its parameters, in eval mode) whose one-token decoding
+    step is compiled (:mod:`taskformer.core.compiled`); Inductor packs the weights itself."""
+    from taskformer.core.compiled import Compiled  # imports the compiler's machinery only when asked for
+    return Compiled(copy.deepcopy(model, memo={id(p): p for p in model.parameters()}).eval())
+
+
+def for_decoding(model: nn.Module, quantize: str, compile: bool = False) -> nn.Module:
+    """The model to decode with: with ``compile`` its copy with a compiled step; else (``"int8"``) its
+    int8 copy, or (``"none"``) on CPU its packed copy and elsewhere ``model`` itself. A copy is made
+    anew when the model's weights changed."""
     if quantize not in QUANTIZE:
         raise ValueError(f"decode.quantize must be one of {', '.join(QUANTIZE)}, not {quantize!r}")
-    if quantize == "none" and (next(model.parameters()).device.type != "cpu" or not _packs_here()):
+    if not compile and quantize == "none" and (next(model.parameters()).device.type != "cpu" or not _packs_here()):
         return model
     versions = tuple(p._version for p in model.parameters())
+    make = compiled if compile else int8 if quantize == "int8" else packed
     with _lock:
         kept = _copies.get(model)
-        if kept is None or kept[0] != (quantize, versions):
-            kept = _copies[model] = ((quantize, versions), int8(model) if quantize == "int8" else packed(model))
+        if kept is None or kept[0] != (quantize, compile, versions):
+            kept = _copies[model] = ((quantize, compile, versions), make(model))
     return kept[1]

@@ -109,7 +109,9 @@ class SinusoidalPositions(nn.Module):
         pe[:, 1::2] = torch.cos(pos * freq)
         self.register_buffer("pe", pe, persistent=False)
 
-    def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int | torch.Tensor = 0) -> torch.Tensor:
+        if isinstance(start, torch.Tensor):  # a compiled step's position, a tensor so that it is not a constant
+            return x + self.pe.index_select(0, start + torch.arange(x.size(1), device=x.device)).to(x.dtype)
         if start + x.size(1) > self.pe.size(0):
             raise ValueError(f"sequence of {start + x.size(1)} positions exceeds model.max_len={self.pe.size(0)}")
         return x + self.pe[start : start + x.size(1)].to(x.dtype)
@@ -138,12 +140,25 @@ class MultiHeadAttention(nn.Module):
         return x.unflatten(-1, (self.h, self.d // self.h)).transpose(1, 2)
 
     @staticmethod
-    def _append(cache: dict, k: torch.Tensor, v: torch.Tensor):
-        """Add the new positions to the cached keys/values; return all of them so far.
+    def _append(cache: dict, k: torch.Tensor, v: torch.Tensor, start: torch.Tensor | None = None):
+        """Add the new positions to the cached keys/values; return all of them so far, and the mask of
+        the keys each new query sees (``None``: all of them, or the causal mask).
 
         The cache keeps buffers with room to spare (doubled when full), so a decoding step writes
-        one position instead of copying the whole history the way ``torch.cat`` would.
+        one position instead of copying the whole history the way ``torch.cat`` would. With a
+        ``start`` position tensor the cache is static, as a compiled step needs: buffers of ``room``
+        zeroed slots made once, the new keys/values written from ``start``, and every slot returned
+        with the mask of those each query may see (itself and the ones before), so that every step
+        has the same shapes.
         """
+        if start is not None:
+            if "k" not in cache:
+                cache["k"], cache["v"] = (x.new_zeros(x.size(0), x.size(1), cache["room"], x.size(3)) for x in (k, v))
+            at = start + torch.arange(k.size(2), device=k.device)
+            cache["k"].index_copy_(2, at, k)
+            cache["v"].index_copy_(2, at, v)
+            slots = torch.arange(cache["k"].size(2), device=k.device)
+            return cache["k"], cache["v"], slots <= at.unsqueeze(1)
         n, new = cache.get("length", 0), k.size(2)
         if "k" not in cache or n + new > cache["k"].size(2):
             for name, x in (("k", k), ("v", v)):
@@ -153,7 +168,7 @@ class MultiHeadAttention(nn.Module):
                 cache[name] = grown
         cache["k"][:, :, n : n + new], cache["v"][:, :, n : n + new] = k, v
         cache["length"] = n + new
-        return cache["k"][:, :, : n + new], cache["v"][:, :, : n + new]
+        return cache["k"][:, :, : n + new], cache["v"][:, :, : n + new], None
 
     def split_cross(self) -> None:
         """Give cross-attention's query rows and key/value rows of ``in_proj`` their own ``nn.Linear``
@@ -172,11 +187,13 @@ class MultiHeadAttention(nn.Module):
         (w_q, w_kv), (b_q, b_kv) = (t.split([self.d, 2 * self.d]) for t in (self.in_proj.weight, self.in_proj.bias))
         return (lambda x: F.linear(x, w_q, b_q)), (lambda m: F.linear(m, w_kv, b_kv))
 
-    def forward(self, x, memory=None, mask=None, causal=False, cache=None):
+    def forward(self, x, memory=None, mask=None, causal=False, cache=None, start=None):
         if memory is None:  # self-attention: q, k, v all from x
             q, k, v = map(self._heads, self.in_proj(x).chunk(3, dim=-1))
             if cache is not None:
-                k, v = self._append(cache, k, v)
+                k, v, seen = self._append(cache, k, v, start)
+                if seen is not None:  # a static cache: its mask replaces the causal one
+                    mask, causal = seen, False
         else:  # cross-attention: keys/values of the memory never change while decoding
             q_proj, kv_proj = self._cross_projections()
             q = self._heads(q_proj(x))
@@ -246,8 +263,8 @@ class Block(nn.Module):
             return x + self.drop(fn(self.norms[i](x)))
         return self.norms[i](x + self.drop(fn(x)))
 
-    def forward(self, x, mask=None, memory=None, memory_mask=None, causal=False, cache=None):
-        x = self._sublayer(x, 0, lambda y: self.self_attn(y, mask=mask, causal=causal,
+    def forward(self, x, mask=None, memory=None, memory_mask=None, causal=False, cache=None, start=None):
+        x = self._sublayer(x, 0, lambda y: self.self_attn(y, mask=mask, causal=causal, start=start,
                                                           cache=None if cache is None else cache["self"]))
         if self.cross_attn is not None:
             x = self._sublayer(x, 1, lambda y: self.cross_attn(y, memory, mask=memory_mask,
@@ -348,7 +365,7 @@ class Transformer(nn.Module):
                 with torch.no_grad():
                     emb.weight[PAD].zero_()
 
-    def _embed(self, tokens: torch.Tensor, table: nn.Embedding, start: int = 0) -> torch.Tensor:
+    def _embed(self, tokens: torch.Tensor, table: nn.Embedding, start: int | torch.Tensor = 0) -> torch.Tensor:
         x = table(tokens) * math.sqrt(self.cfg.d_model)
         return self.drop(self.positions(x, start))
 
@@ -364,16 +381,18 @@ class Transformer(nn.Module):
             x = block(x, mask=mask)
         return self.enc_norm(x), mask
 
-    def decode(self, tgt: torch.Tensor, memory, memory_mask, cache=None, start: int = 0) -> torch.Tensor:
-        """Decoder states for ``tgt`` (B, T). With a cache, ``tgt`` holds only the new positions from ``start``.
+    def decode(self, tgt: torch.Tensor, memory, memory_mask, cache=None, start: int | torch.Tensor = 0) -> torch.Tensor:
+        """Decoder states for ``tgt`` (B, T). With a cache, ``tgt`` holds only the new positions from ``start``;
+        a tensor ``start`` keeps the cache static (see ``MultiHeadAttention._append``).
 
         ``memory`` is ``None`` for a decoder-only model (its blocks have no cross-attention)."""
         x = self._embed(tgt, self.embed if self.tgt_embed is None else self.tgt_embed, start)
         # Right padding means a real query never sees a pad key under the causal mask; a single new
         # position attends to everything cached, so it needs no mask at all.
         causal = tgt.size(1) > 1
+        static = start if isinstance(start, torch.Tensor) and cache is not None else None
         for i, block in enumerate(self.decoder):
-            x = block(x, memory=memory, memory_mask=memory_mask, causal=causal,
+            x = block(x, memory=memory, memory_mask=memory_mask, causal=causal, start=static,
                       cache=None if cache is None else cache[i])
         return self.dec_norm(x)
 
@@ -456,7 +475,7 @@ class Ensemble(nn.Module):
             return None, encoded[0][1]
         return torch.stack([states for states, _ in encoded], dim=1), encoded[0][1]
 
-    def decode(self, tgt: torch.Tensor, memory, memory_mask, cache=None, start: int = 0) -> torch.Tensor:
+    def decode(self, tgt: torch.Tensor, memory, memory_mask, cache=None, start: int | torch.Tensor = 0) -> torch.Tensor:
         """Each member's decoder states on its own memory and cache, stacked as (B, T, K, D)."""
         return torch.stack([m.decode(tgt, None if memory is None else memory[:, i], memory_mask,
                                      None if cache is None else cache[i], start)

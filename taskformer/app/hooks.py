@@ -94,8 +94,8 @@ def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, c
     Returns the predictions in input order and how many inputs were truncated to ``model.max_len``.
     A tagging task's decoder also receives where each word starts (``words``; ``None`` otherwise).
     """
-    model = inference.for_decoding(model.eval(), config.decode.quantize)  # a CPU copy: packed, or int8 (fp32 inputs)
-    kind = model.cfg.kind
+    kind = model.cfg.kind  # a CPU copy: packed, or int8 (fp32 inputs); compiled where the outputs are searched
+    model = inference.for_decoding(model.eval(), config.decode.quantize, config.decode.compile and kind.decoder)
     blank = Label("", 0.0) if kind.labelled and not kind.per_word else ""  # one type of answer per task
     outputs: list[Prediction] = [blank] * len(texts)
     todo = [i for i, t in enumerate(texts) if t.strip()]

@@ -62,7 +62,7 @@ def continue_prompt(run: Run, text: str, config: RunConfig, on_text) -> str:
         out = predict(run, [text], config)[0][0]
         on_text(out)
         return out
-    model = inference.for_decoding(run.model.eval(), config.decode.quantize)
+    model = inference.for_decoding(run.model.eval(), config.decode.quantize, config.decode.compile)
     ids, _ = encode_sources(run.tokenizer, normalize(run.task, [text]), model.cfg.max_len, prompt=True)
     shown, width = "", len(ids[0])
 

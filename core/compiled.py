@@ -1,0 +1,89 @@
+"""A decoding step with static shapes, compiled (``decode.compile``).
+
+One sentence at a time, a decoding step is some 150 small operations, each dispatched from Python
+at about 10 µs, while its arithmetic takes less: the step's time is the interpreter's, not the
+CPU's. TorchInductor compiles the step into one graph of generated C++ loops and oneDNN products
+with no per-operation dispatch. A compiled graph holds for the shapes it was compiled for, so the
+step keeps a static key/value cache (``MultiHeadAttention._append`` given a position tensor):
+buffers of a fixed number of slots, written at the step's position and read through a mask.
+The slots are rounded up to a power of two, so that sentences of other lengths reuse the graph.
+Only the one-token step is compiled; the prefix (BOS, or a prompt) is read by the model as it is.
+
+Inductor keeps what it compiled in its cache folder (``TORCHINDUCTOR_CACHE_DIR``; by default the
+user's ``taskformer/compiled`` cache, keyed there by the torch version and the CPU), never in a run
+directory: a run directory may come from someone else, and compiled code from it would run as is.
+Where compilation is unavailable (no C++ compiler) or fails, decoding goes on with the model as
+it is and says so once.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+MIN_SLOTS = 16
+
+
+def slots(steps: int, room: int) -> int:
+    """The static cache's slots for a search of ``steps`` positions: the next power of two (at least
+    ``MIN_SLOTS``), within the model's ``room`` of positions."""
+    return min(max(MIN_SLOTS, 1 << max(steps - 1, 0).bit_length()), room)
+
+
+def cache_folder() -> Path:
+    """Where Inductor keeps compiled steps: ``TORCHINDUCTOR_CACHE_DIR`` if set, else a folder of the
+    user's cache (``XDG_CACHE_HOME`` or ``~/.cache``) per torch version and CPU capability, since
+    code compiled for one CPU's instructions may not run on another."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    cpu = torch.backends.cpu.get_cpu_capability()
+    return base / "taskformer" / "compiled" / f"torch-{torch.__version__}-{cpu}".replace("+", "-")
+
+
+class Compiled(nn.Module):
+    """``model``'s decoding interface (``encode``, ``decode``, ``head``, ``new_cache``,
+    ``reorder_cache``) whose one-token ``decode`` runs compiled over a static cache.
+
+    ``static`` tells the search to give positions as tensors (see ``Reader``). The first step of a
+    new shape compiles (tens of seconds on two cores, or what Inductor's cache gives); if compiling
+    fails, every later step runs the model as it is. ``backend`` is ``torch.compile``'s (``"eager"``
+    traces the step without generating code: the static cache's logic alone).
+    """
+
+    static = True
+
+    def __init__(self, model: nn.Module, backend="inductor"):
+        super().__init__()
+        self.model, self.cfg = model, model.cfg
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_folder()))
+        # Inductor's C++ wrapper calls the kernels without Python; freezing folds the weights into the
+        # graph as constants, packed once for oneDNN (bench/compiled.py measured both).
+        options = {"cpp_wrapper": True, "freezing": True} if backend == "inductor" else None
+        self._step = torch.compile(model.decode, fullgraph=True, backend=backend, options=options)
+
+    def encode(self, src: torch.Tensor):
+        return self.model.encode(src)
+
+    def head(self, hidden: torch.Tensor, src_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.model.head(hidden, src_mask)
+
+    def decode(self, tgt: torch.Tensor, memory, memory_mask, cache=None, start: int | torch.Tensor = 0):
+        # the first position (BOS) and a prompt are read as they are: they make the cache the step then reads
+        if self._step is not None and tgt.size(1) == 1 and isinstance(start, torch.Tensor) and int(start) > 0:
+            try:  # the new tokens are a column of the search's table: copied, so their strides are always alike
+                return self._step(tgt.clone(memory_format=torch.contiguous_format), memory, memory_mask, cache, start)
+            except Exception as error:  # noqa: BLE001 -- any failure of the compiler: decode as before
+                self._step = None
+                warnings.warn(f"decode.compile: compiling the decoding step failed ({type(error).__name__}: "
+                              f"{str(error).splitlines()[0] if str(error) else ''}); decoding without it", stacklevel=2)
+        return self.model.decode(tgt, memory, memory_mask, cache, start)
+
+    def new_cache(self, steps: int = 0):
+        return self.model.new_cache(slots(steps, self.cfg.max_len))
+
+    def reorder_cache(self, cache, index: torch.Tensor, sentences: torch.Tensor | None = None) -> None:
+        self.model.reorder_cache(cache, index, sentences)
