@@ -262,6 +262,12 @@ def test_a_step_budget_cut_by_the_epochs_says_which_limit_ended_it(tmp_path, ech
     squash = lambda text: re.sub(r"[^\w=.,]+", "", text)  # noqa: E731 -- the report's table wraps its cells
     assert squash("train.epochs=2 ended it before train.max_steps=2500") in squash(ran.stdout)  # the report
 
+    still = {**TINY, "train.lr": 1e-30, "train.patience": 1, "train.eval_every": 1, "train.epochs": 0}  # no improvement
+    stale = run_task("echo", tmp_path / "stale", data_dir=echo_data, steps=2500, settings=still)
+    assert json.loads((stale.dir / "result.json").read_text())["info"]["stopped"] == (
+        "stopped at 2 updates: train.patience=1 (no improvement) ended it before train.max_steps=2500; "
+        "set train.patience=0 to train to train.max_steps")
+
 
 def test_read_tsv_reads_any_number_of_columns(tmp_path):
     (tmp_path / "three.tsv").write_text("a man sleeps\ta person rests\tentailment\nit rains\tit is dry\tcontradiction\n")

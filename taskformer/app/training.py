@@ -212,7 +212,7 @@ def stopped_because(cfg: TrainConfig, state: dict) -> str:
         return why
     if not state["stopped"]:
         ended, lift = f"train.epochs={cfg.epochs}", "set train.epochs=0 to train by steps"
-    elif cfg.patience and state["stale"] >= cfg.patience:
+    elif state["stopped"] == f"no improvement in {cfg.patience} evaluations (patience)":  # the engine's reason
         ended, lift = f"train.patience={cfg.patience} (no improvement)", "set train.patience=0 to train to train.max_steps"
     else:  # the time limit or a cool-down the user asked for: the reason says it
         return why
