@@ -99,18 +99,21 @@ def read_parallel(src_path: Path, tgt_path: Path) -> list[tuple[str, str]]:
     return list(zip(src, tgt))
 
 
-def read_tsv(path: str | Path) -> list[tuple[str, str]]:
-    """``source<TAB>target`` pairs, one per line, plain or gzip; a line without exactly one TAB or
-    with an empty side is an error naming the file and line."""
-    pairs = []
+def read_tsv(path: str | Path, columns: int = 2) -> list[tuple[str, ...]]:
+    """Rows of ``columns`` TAB-separated texts, one per line, plain or gzip: by default
+    ``source<TAB>target`` pairs; ``columns=3`` reads ``premise<TAB>hypothesis<TAB>label``, say. A
+    line with another number of columns, or an empty one, is an error naming the file and line."""
+    names = ("source", "target") if columns == 2 else [f"column {n}" for n in range(1, columns + 1)]
+    between = "one TAB between source and target" if columns == 2 else f"{columns - 1} TABs between {columns} columns"
+    rows = []
     for i, line in enumerate(read_lines(path), 1):
-        sides = line.split("\t")
-        if len(sides) != 2:
-            raise DataError(f"{path}:{i}: expected one TAB between source and target, found {len(sides) - 1}")
-        if not (sides[0].strip() and sides[1].strip()):
-            raise DataError(f"{path}:{i}: empty {'source' if not sides[0].strip() else 'target'}")
-        pairs.append((sides[0], sides[1]))
-    return pairs
+        cells = line.split("\t")
+        if len(cells) != columns:
+            raise DataError(f"{path}:{i}: expected {between}, found {len(cells) - 1}")
+        if empty := next((name for name, cell in zip(names, cells) if not cell.strip()), None):
+            raise DataError(f"{path}:{i}: empty {empty}")
+        rows.append(tuple(cells))
+    return rows
 
 
 @dataclass

@@ -62,6 +62,7 @@ class Constraint(Protocol):
 
 
 Item, Result = TypeVar("Item"), TypeVar("Result")
+NEVER_WRITTEN = [PAD, BOS, UNK]  # special tokens no search writes: they decode to nothing (a row past its budget pads)
 
 
 def max_lengths(src: torch.Tensor, a: float, b: int, cap: int) -> torch.Tensor:
@@ -169,8 +170,7 @@ def _next_logprobs(model, ys, memory: Memory, reader: Reader, step, limit, ignor
         logp = torch.log_softmax(logp, dim=-1)
     if ignore_eos:
         logp[:, EOS] = float("-inf")
-    if not model.cfg.kind.encoder:  # a continuation is text: it never writes a special token but EOS
-        logp[:, [PAD, BOS, UNK]] = float("-inf")
+    logp[:, NEVER_WRITTEN] = float("-inf")  # an output is text: of the special tokens it writes EOS only
     at_limit = limit <= step  # rows that used up their budget are cut: they may only pad, at no cost
     if at_limit.any():
         logp[at_limit] = float("-inf")

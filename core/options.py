@@ -32,8 +32,16 @@ def option(default: Any, help: str, *, at_least: float | None = None, above: flo
 def applies(kind: type, name: str, variant: str) -> bool:
     """Whether option ``name`` of the dataclass ``kind`` applies to models of ``variant`` (a tagger
     has no beam size); options that do not name their variants apply to all."""
+    return unused(kind, name, variant) is None
+
+
+def unused(kind: type, name: str, variant: str) -> str | None:
+    """Why option ``name`` of the dataclass ``kind``, if set, would change nothing for a model of
+    ``variant`` (a classifier's beam size); ``None`` where it applies, or ``kind`` has no such option."""
     meta = next((f.metadata for f in fields(kind) if f.name == name), {})
-    return variant in meta.get("variants", (variant,))
+    if variant in meta.get("variants", (variant,)):
+        return None
+    return f"{variant} models do not use it (it applies to {' and '.join(meta['variants'])} models)"
 
 
 def _either(values) -> str:

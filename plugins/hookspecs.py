@@ -213,7 +213,7 @@ def taskformer_normalize(task: Task, text: str) -> str | None:
 @hookspec(firstresult=True)
 def taskformer_decode(task: Task, model: Transformer, src: torch.Tensor, tokenizer: Tokenizer,
                       labels: list[str] | None, words: list[list[int]] | None,
-                      config: RunConfig) -> list[str] | list[Label] | None:
+                      config: RunConfig, purpose: str) -> list[str] | list[Label] | None:
     """The task's decoder: turn a batch of encoded sources into predictions.
 
     ``src`` is a ``(B, S)`` tensor of source ids, right-padded with ``PAD`` (0) and framed by the
@@ -222,7 +222,12 @@ def taskformer_decode(task: Task, model: Transformer, src: torch.Tensor, tokeniz
     is the position in row ``i`` of word ``w``'s first token, where its tag is read (``-1``: the
     word was cut off by ``max_len``); ``words`` is ``None`` for the other variants.
     ``config.decode`` holds the search settings (strategy, beam size, length limits, and the task's
-    own ``decode_options``). Return one prediction per row: a string (what ``predict`` prints and
+    own ``decode_options``; a request to ``taskformer serve`` may set any of them that the model
+    lists). ``purpose`` says why it is called: ``"evaluate"`` for a val or test evaluation (training's
+    validations, the final evaluation, ``taskformer eval``), ``"predict"`` for a user's inputs
+    (``predict``, :meth:`taskformer.Model.predict`, ``serve``): a task may sample for its users and stay
+    deterministic on val, e.g. ``replace(config.decode, temperature=0.0) if purpose == "evaluate"``.
+    Return one prediction per row: a string (what ``predict`` prints and
     the metrics hook scores; for tagging, one tag per word, joined by spaces) or, for a classifier,
     a :class:`taskformer.Label`. Return ``None`` to use the core default: ``search`` for sequences,
     the arg-max ``Label`` for classification, ``best_tags`` (the arg-max tag of each word's first

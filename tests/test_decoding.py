@@ -23,7 +23,9 @@ def greedy_without_cache(model, src, steps):
     """Greedy search that re-runs the whole prefix through the model at every step: the reference."""
     ys = torch.full((src.size(0), 1), BOS)
     for _ in range(steps):
-        ys = torch.cat([ys, model(src, ys)[:, -1].argmax(-1, keepdim=True)], 1)
+        logits = model(src, ys)[:, -1]
+        logits[:, decoding.NEVER_WRITTEN] = float("-inf")  # a search writes no special token but EOS
+        ys = torch.cat([ys, logits.argmax(-1, keepdim=True)], 1)
     return [row[1 : row.index(EOS)] if EOS in row else row[1:] for row in ys.tolist()]
 
 
@@ -78,9 +80,9 @@ def test_rows_that_finish_leave_the_batch_without_changing_any_output():
     def keep_all(step, prefix, logp):
         return logp
 
-    for seed in range(3):
+    for seed, eos in ((0, 1.0), (1, -1.0), (2, 0.0)):  # rows end (EOS or budget) at different steps
         model, src = model_and_src(seed)
-        model.head.proj.bias[EOS] += 1.0  # rows end at different steps
+        model.head.proj.bias[EOS] += eos
         limit = torch.tensor([4, 7, 3, 6, 9, 8])
         greedy = decoding.greedy(model, src, limit)
         assert greedy == decoding.greedy(model, src, limit, constraint=keep_all)
@@ -170,7 +172,7 @@ def textbook_beam(model, src_row, beam, limit, length_penalty=1.0):
                 continue
             h = model.decode(torch.tensor([toks]), memory, mask)
             logp = torch.log_softmax(model.head(h, mask)[:, -1].float(), -1)[0].tolist()
-            cands += [(toks + [t], score + lp) for t, lp in enumerate(logp)]
+            cands += [(toks + [t], score + lp) for t, lp in enumerate(logp) if t not in decoding.NEVER_WRITTEN]
         hyps = sorted(cands, key=lambda c: -c[1])[:beam]
     best = max(hyps, key=lambda c: c[1] / ((5 + len(c[0]) - 1) / 6) ** length_penalty)[0]
     return [t for t in best[1:] if t != EOS]

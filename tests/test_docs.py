@@ -94,3 +94,12 @@ def test_the_constraint_example_restricts_outputs_to_its_alphabet():
 def test_the_testing_section_shows_the_example_plugins_test():
     shown = DOC.split("## 11. Test it")[1].split("```\n")[1]
     assert shown == (ROOT / "examples" / "taskformer-reverse" / "tests" / "test_taskformer_reverse.py").read_text()
+
+
+def test_the_reference_gives_the_signature_of_every_public_helper_the_tutorial_names():
+    for name in ("read_lines", "read_parallel", "read_tsv", "find_file", "option", "TaskData", "Run", "track", "stage",
+                 "translation_metrics", "span_scores", "cross_attention", "save_figure", "greedy", "search", "sample",
+                 "beam_search"):
+        assert f"#### `{name}(" in DOC.split(MARKER)[1], name
+    assert "#### `read_tsv(path: str | Path, columns: int = 2) -> list[tuple[str, ...]]`" in DOC
+    assert "#### `option(default: Any, help: str, *, at_least: float | None = None, " in DOC  # keyword-only marked

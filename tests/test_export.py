@@ -54,7 +54,8 @@ def ct2_greedy(model_dir: Path, texts: list[str], compute_type: str) -> list[str
     torch.set_num_threads(threads)  # the Translator sets the OpenMP threads it shares with torch to 1
     results = translator.translate_batch([tok.encode(t).tokens for t in texts], beam_size=1,
                                          max_decoding_length=info["decode"]["max_len_b"],
-                                         max_input_length=info["max_input_length"])
+                                         max_input_length=info["max_input_length"],
+                                         disable_unk=True, suppress_sequences=[["[PAD]"], ["[BOS]"]])
     return [tok.decode([tok.token_to_id(t) for t in r.hypotheses[0]]) for r in results]
 
 

@@ -1,6 +1,7 @@
 """`taskformer new-task` writes a package that installs with pip, runs by name, and passes its own test."""
 import filecmp
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -8,7 +9,7 @@ from pathlib import Path
 from conftest import run_cli
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "taskformer-reverse"
-VARIANTS = ("encoder-decoder", "classification", "tagging", "decoder-only")
+VARIANTS = ("encoder-decoder", "encoder-only", "tagging", "decoder-only")
 
 
 def _build_output(path):
@@ -38,7 +39,7 @@ def test_every_variant_installs_runs_and_passes_its_own_test(tmp_path, cli):
     env = {"PYTHONPATH": str(site)}
     listed = run_cli("tasks", env=env)
     rows = {line.split()[1]: line.split()[3] for line in listed.stdout.splitlines() if "demo-" in line}
-    assert rows == {"demo-encoder-decoder": "encoder-decoder", "demo-classification": "encoder-only",
+    assert rows == {"demo-encoder-decoder": "encoder-decoder", "demo-encoder-only": "encoder-only",
                     "demo-tagging": "tagging", "demo-decoder-only": "decoder-only"}, listed.stdout
     assert "taskformer_demo" not in listed.stderr
     own_tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
@@ -58,3 +59,12 @@ def test_scaffold_refuses_bad_names_and_existing_folders(tmp_path, cli):
     taken = cli("new-task", "ok", "--dir", str(tmp_path / "full"))
     assert taken.exit_code == 2 and "not empty" in taken.stderr
     assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
+
+
+def test_new_task_takes_exactly_the_variants_readme_lists(tmp_path, cli):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    listed = re.search(r"`taskformer new-task NAME \[--variant ([\w/-]+)\]", readme).group(1).split("/")
+    offered = re.search(r"--variant \[([\w|-]+)\]", cli("new-task", "--help").output).group(1).split("|")
+    assert offered == listed
+    alias = cli("new-task", "ok", "--variant", "classification", "--dir", str(tmp_path / "x"))
+    assert alias.exit_code == 2 and "'classification' is not one of" in alias.stderr

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import taskformer
-from taskformer.core.decoding import DecodeConfig, search
+from taskformer.core.decoding import NEVER_WRITTEN, DecodeConfig, search
 from taskformer.core.engine import batch_loss
 from taskformer.core.model import BOS, EOS, PAD, Ensemble, ModelConfig, Transformer
 from taskformer.core.inference import for_decoding
@@ -29,6 +29,7 @@ def members(n: int, seed: int = 0) -> list[Transformer]:
         for net in nets:
             for p in net.parameters():
                 p.add_(torch.randn_like(p) * 0.3)
+            net.head.proj.bias[EOS] -= 0.5  # some outputs end early, others run to the budget
     return nets
 
 
@@ -51,6 +52,7 @@ def mean_logprobs(nets, src, prefix, constraint=None, step=0) -> torch.Tensor:
     """The reference: each member's full forward on the prefix (no cache), renormalised mean of log-softmax."""
     logp = torch.stack([F.log_softmax(m(src, prefix)[:, -1].float(), -1) for m in nets]).mean(0)
     logp = F.log_softmax(logp, -1)
+    logp[:, NEVER_WRITTEN] = float("-inf")  # a search writes no special token but EOS
     return logp if constraint is None else constraint(step, prefix, logp)
 
 

@@ -43,8 +43,8 @@ CASING = ["anna met tom in paris", "the bbc saw a train near rome"]
 class Server:
     """``taskformer serve ... --port 0`` in a subprocess; ``url`` once it listens."""
 
-    def __init__(self, *args: str):
-        self.process = subprocess.Popen([sys.executable, "-c", LAUNCH, "serve", *args, "--port", "0"],
+    def __init__(self, *args: str, launch: str = LAUNCH):
+        self.process = subprocess.Popen([sys.executable, "-c", launch, "serve", *args, "--port", "0"],
                                         stderr=subprocess.PIPE, text=True, cwd=HERE,
                                         env={**os.environ, "PYTHONPATH": str(HERE)})
         self.banner = self.process.stderr.readline()  # the first line names the address, or is an Error line

@@ -219,7 +219,9 @@ def eval_cmd(run_dir, split, data_dir, overrides, average, as_json) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON value per input line: the output string, "
               "{label, probability} for a classifier, [[word, tag], ...] for a tagger, {prompt, continuation, "
               "settings} for a language model.")
-def predict_cmd(run_dir, text, beam, overrides, as_json) -> None:
+@click.option("--threads", type=click.IntRange(min=1), help="torch threads for decoding, at most the cores this "
+              "process may use  [default: the run's train.threads, or torch's choice]")
+def predict_cmd(run_dir, text, beam, overrides, as_json, threads) -> None:
     """Run a trained model on TEXT, or on each line of stdin (one output line per input line).
 
     A tagger prints WORD<TAB>TAG per word, the words as given, and a blank line after each input.
@@ -229,6 +231,10 @@ def predict_cmd(run_dir, text, beam, overrides, as_json) -> None:
     if sys.stdin is None and not text:  # started with stdin closed (`<&-`): no lines will ever come
         raise TaskformerError("standard input is closed; give the inputs as TEXT arguments or pipe them in")
     run = runner.load(run_dir)
+    if threads:  # after loading, which sets the run's train.threads
+        import torch
+
+        torch.set_num_threads(resources.checked_threads(threads))
     runner.set_decoding(run, overrides, "predict")
     config = runner.with_search(run.config, beam)
     tagger, cut = run.model.cfg.kind.per_word, 0
@@ -347,7 +353,7 @@ def report_cmd(run_dir) -> None:
 @main.command("new-task")
 @click.argument("name")
 @click.option("--dir", "target", type=click.Path(file_okay=False), help="Where to write the package (default ./taskformer-NAME).")
-@click.option("--variant", type=click.Choice(list(scaffold.SPELLINGS)), default="encoder-decoder", show_default=True,
+@click.option("--variant", type=click.Choice(list(scaffold.VARIANTS)), default="encoder-decoder", show_default=True,
               help="The kind of task: text to text, one class per input, one tag per input word, or a language "
                    "model that continues a prompt.")
 def new_task_cmd(name, target, variant) -> None:

@@ -88,11 +88,12 @@ def normalize(task: Task, texts: list[str]) -> list[str]:
 
 
 def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, config: RunConfig,
-                 texts: list[str], name: str = "decoding"):
+                 texts: list[str], name: str = "decoding", purpose: str = "evaluate"):
     """Decode raw source lines through the task's decoder, batched by source length; blank lines give blank outputs.
 
     Returns the predictions in input order and how many inputs were truncated to ``model.max_len``.
     A tagging task's decoder also receives where each word starts (``words``; ``None`` otherwise).
+    ``purpose`` tells the decoder why: ``"evaluate"`` (a val or test evaluation) or ``"predict"`` (a user's inputs).
     """
     kind = model.cfg.kind  # a CPU copy: packed, or int8 (fp32 inputs); compiled where the outputs are searched
     model = inference.for_decoding(model.eval(), config.decode.quantize, config.decode.compile and kind.decoder)
@@ -120,7 +121,7 @@ def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, c
         starts = None if words is None else [words[j] for j in chunk]
         with autocast(config.train.bf16 if dc.quantize == "none" else False, device):
             plugin, outs = plugins().first("taskformer_decode", task, model=model, src=batch, tokenizer=tokenizer,
-                                           labels=labels, words=starts, config=config)
+                                           labels=labels, words=starts, config=config, purpose=purpose)
         wrong = "not a list" if not isinstance(outs, list) else (
             f"{len(outs)} for {len(chunk)} rows" if len(outs) != len(chunk) else
             next((f"{type(o).__name__} at row {i}" for i, o in enumerate(outs) if not isinstance(o, (str, Label))), ""))

@@ -27,6 +27,7 @@ from taskformer.core.config import RunConfig
 from taskformer.core.data import Encoded, TaskData
 from taskformer.core.engine import epoch_updates
 from taskformer.core.errors import TaskformerError
+from taskformer.core.options import unused
 from taskformer.plugins.hookspecs import Task
 from taskformer.app import datacache, rundir
 from taskformer.app.hooks import build_model, evaluate_split, load_data
@@ -76,7 +77,11 @@ class Layers:
             C.merge(cfg, budget.time_limit_layer(cfg["train"]), "--time-limit")
         if recipe:
             C.merge(cfg, recipe, f"task {self.task.name!r} recipe")
+        decode = C.section_types(self.task)["decode"]
         for source, layer in self.yours:
+            for key in layer["decode"] if isinstance(layer.get("decode"), dict) else ():
+                if why := unused(decode, key, self.task.variant):  # set to no effect: say so instead
+                    raise TaskformerError(f"{source} decode.{key}: {why}")
             C.merge(cfg, {section: {k: v for k, v in values.items() if (section, k) not in leave_out}
                           if isinstance(values, dict) else values for section, values in layer.items()}, source)
         return C.build(self.task, cfg)

@@ -30,6 +30,15 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def checked_threads(threads: int) -> int:
+    """A command's ``--threads``, refused beyond the cores this process may use (OpenMP crashes far
+    beyond the machine's cores)."""
+    if threads > usable_cores():
+        raise TaskformerError(f"--threads {threads}: this process may use {usable_cores()} core(s); "
+                              "give at most that many")
+    return threads
+
+
 def use_threads(config: RunConfig) -> None:
     """``train.threads``: torch's intra-op threads for training and decoding (0 keeps torch's choice);
     and freed memory kept for reuse (see ``keep_freed_memory``)."""

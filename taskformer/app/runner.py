@@ -6,7 +6,7 @@ directory :mod:`taskformer.app.rundir`'s, the machine :mod:`taskformer.app.resou
 from __future__ import annotations
 
 import warnings
-from dataclasses import replace
+from dataclasses import Field, fields, replace
 from pathlib import Path
 
 import torch
@@ -19,7 +19,8 @@ from taskformer.core import inference
 from taskformer.core.config import RunConfig
 from taskformer.core.data import encode_sources
 from taskformer.core.engine import autocast
-from taskformer.core.errors import TaskformerError
+from taskformer.core.errors import DataError, TaskformerError
+from taskformer.core.options import applies, unused
 from taskformer.plugins.manager import plugins
 from taskformer.app import hooks, training
 from taskformer.app.hooks import build_model, decode_texts, evaluate_split, load_data, normalize
@@ -44,7 +45,7 @@ def predict(run: Run, lines: list[str], config: RunConfig | None = None, return_
         raise TaskformerError(f"return_attention is for encoder-decoder models; task {run.task.name!r} is "
                               f"{run.task.variant}")
     sources = normalize(run.task, lines)
-    outputs, cut = decode_texts(run.task, run.model, run.tokenizer, run.labels, config, sources)
+    outputs, cut = decode_texts(run.task, run.model, run.tokenizer, run.labels, config, sources, purpose="predict")
     if return_attention:
         with autocast(config.train.bf16, run.device):
             outputs = [(out, decoding.cross_attention_map(run.model, run.tokenizer, src, str(out)) if src.strip()
@@ -86,6 +87,7 @@ def with_search(config: RunConfig, beam: int | None = None, batch_size: int | No
     size, as predict's options ask."""
     decode = config.decode
     if whole_number("beam", beam) is not None:
+        refuse_unused(type(decode), "beam", config.model.variant, "beam")
         decode = replace(decode, strategy="beam" if beam > 1 else "greedy", beam=beam, temperature=0.0)
     if whole_number("batch_size", batch_size) is not None:
         decode = replace(decode, batch_size=batch_size)
@@ -131,9 +133,66 @@ def set_decoding(run: Run, overrides: list[str], command: str) -> None:
 
 def with_decoding(run: Run, decode: dict, source: str) -> RunConfig:
     """The run's configuration with the ``decode`` settings changed, checked like any setting (an
-    unknown key or a value out of range is an error naming ``source``)."""
+    unknown key, an option its variant does not use or a value out of range is an error naming ``source``)."""
+    for key in decode:
+        refuse_unused(type(run.config.decode), key, run.task.variant, f"{source} decode.{key}")
     config = C.build(run.task, C.merge(run.config.to_dict(), {"decode": decode}, source))
     return fit_search(config, run.model.cfg.vocab_size)
+
+
+def refuse_unused(kind: type, name: str, variant: str, given: str) -> None:
+    """Refuse option ``name`` of the decode dataclass ``kind`` where a model of ``variant`` has no use
+    for it (a classifier's beam), instead of accepting it to no effect."""
+    if why := unused(kind, name, variant):
+        raise TaskformerError(f"{given}: {why}")
+
+
+# Decode options that only the whole process sets (`serve --set`, `predict --set`): the decoding batch, its
+# threads and its weights (an int8 copy), and the search of validations, which a request never runs.
+PROCESS_WIDE = ("batch_size", "workers", "quantize", "eval_strategy")
+
+
+def request_options(run: Run) -> dict[str, Field]:
+    """The decode options one request (an HTTP request, a Python call) may set, by name: those the
+    run's variant uses, the task's own ``decode_options`` included, but none of :data:`PROCESS_WIDE`."""
+    kind = type(run.config.decode)
+    return {f.name: f for f in fields(kind) if f.name not in PROCESS_WIDE and applies(kind, f.name, run.task.variant)}
+
+
+class OptionError(TaskformerError):
+    """A request's decode option that is refused; ``field`` names it."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+def request_config(run: Run, settings: dict) -> RunConfig:
+    """The run's configuration with one request's decode ``settings`` (JSON values) applied, each checked
+    as ``--set decode.KEY=VALUE`` is; :class:`OptionError` names the first refused one. A whole number
+    ``beam`` picks the search as ``predict --beam`` does (1: greedy)."""
+    if not settings:  # most requests: the run's own settings, as they were checked when it loaded
+        return run.config
+    offered = request_options(run)
+    for key, value in settings.items():
+        if key not in offered:
+            raise OptionError(key, f"{key}: not a decode option of task {run.task.name!r} ({run.task.variant}); "
+                                   f"it takes {', '.join(offered) or 'none'}")
+        default = getattr(run.config.decode, key)
+        if isinstance(value, str) != isinstance(default, str):  # JSON has types: "3" is no beam size
+            raise OptionError(key, f"{key}: expects {type(default).__name__}, got {value!r:.40}")
+        try:
+            if key == "beam":  # a search's width, as predict --beam gives it (1: greedy)
+                with_search(run.config, value)
+            else:
+                with_decoding(run, {key: value}, "request")
+        except TaskformerError as e:
+            raise OptionError(key, str(e).removeprefix("config: ").removeprefix("request: ")) from None
+    try:  # each is allowed; a task's validate() may still refuse them together
+        config = with_decoding(run, {k: v for k, v in settings.items() if k != "beam"}, "request")
+    except TaskformerError as e:
+        raise OptionError(next(iter(settings)), str(e).removeprefix("config: ")) from None
+    return with_search(config, settings.get("beam"))
 
 
 def evaluate_saved(run: Run, splits, data_dir: str | Path | None = None) -> dict[str, dict]:
@@ -141,9 +200,16 @@ def evaluate_saved(run: Run, splits, data_dir: str | Path | None = None) -> dict
     unknown = [s for s in splits if s not in ("val", "test")]
     if unknown:
         raise TaskformerError(f"unknown split {unknown[0]!r}: evaluate val or test")
-    if data_dir is None:
+    given = data_dir is not None
+    if not given:
         data_dir = ckpt.read_json(run.dir / "config.json").get("data_dir")
-    data = load_data(run.task, run.config, data_dir, splits, run.tokenizer)  # the splits scored, nothing more
+    try:
+        data = load_data(run.task, run.config, data_dir, splits, run.tokenizer)  # the splits scored, nothing more
+    except DataError as e:  # most often the data moved since the run trained: say where to give it
+        if given:
+            raise
+        where = f"the run's data folder {data_dir}" if data_dir else "the run's data (it had no --data-dir)"
+        raise DataError(f"{e} ({where}; give the data with taskformer eval {run.dir} --data-dir DIR)") from None
     return {s: evaluate_split(run, data.splits[s], name=f"decoding {s}")[0] for s in splits}
 
 

@@ -93,7 +93,10 @@ def decode_threads() -> int:
               "process may use  [default: one core fewer, at least 1]")
 @click.option("--api-key", envvar=API_KEY_ENV, help=f"Bearer token every API request must carry (or ${API_KEY_ENV}, "
               "which other users cannot read from the process list).")
-def command(run_dirs, host, port, max_batch, max_wait_ms, max_inputs, max_chars, max_queue, threads, api_key) -> None:
+@click.option("--set", "overrides", multiple=True, metavar="decode.KEY=VALUE",
+              help="A decoding setting for every served run (a request may change the ones its model lists).")
+def command(run_dirs, host, port, max_batch, max_wait_ms, max_inputs, max_chars, max_queue, threads, api_key,
+            overrides) -> None:
     """Serve trained runs over HTTP: a JSON API, a web page at /, metrics at /metrics.
 
     Each RUN_DIR is served under its task's name, or as NAME=RUN_DIR. SIGTERM or Ctrl-C finishes
@@ -110,9 +113,8 @@ def command(run_dirs, host, port, max_batch, max_wait_ms, max_inputs, max_chars,
                               "pip install 'taskformer[serve]'") from None
     if not math.isfinite(max_wait_ms):
         raise TaskformerError(f"--max-wait-ms must be a number of milliseconds, got {max_wait_ms}")
-    if threads and threads > resources.usable_cores():  # OpenMP crashes far beyond the machine's cores
-        raise TaskformerError(f"--threads {threads}: this process may use {resources.usable_cores()} core(s); "
-                              "give at most that many")
+    if threads:
+        resources.checked_threads(threads)
     if api_key is not None and not API_KEY_CHARS.fullmatch(api_key):
         raise TaskformerError("--api-key: a key is printable ASCII without spaces (what a client can send in an "
                               "'Authorization: Bearer KEY' header)")
@@ -120,6 +122,11 @@ def command(run_dirs, host, port, max_batch, max_wait_ms, max_inputs, max_chars,
         raise TaskformerError(f"--host {host} is reachable from other machines: give --api-key (or set "
                               f"${API_KEY_ENV}); without one, serve on 127.0.0.1")
     runs = named_runs(run_dirs)
+    for name, run in runs.items():  # every run takes the settings: one its model does not use is refused
+        try:
+            runner.set_decoding(run, overrides, "serve")
+        except TaskformerError as e:
+            raise TaskformerError(f"{name}: {e}") from None
     limits = Limits(max_batch=max_batch, max_wait_ms=max_wait_ms, max_inputs=max_inputs, max_chars=max_chars,
                     max_queue=max_queue)
     app = create_app(runs, limits, api_key or None)

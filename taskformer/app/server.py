@@ -6,6 +6,7 @@ the same run and options. Errors are JSON ``{"error": ..., "field": ...}`` namin
 docs/serve.md describes the API, the limits and the security model.
 """
 import asyncio
+import dataclasses
 import json
 import math
 import secrets
@@ -27,13 +28,14 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.sse import EventSourceResponse, format_sse_event
 from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from taskformer.core import decoding, precision
 from taskformer.core.data import encode_sources, pad
 from taskformer.core.decoding import Label, word_tags
 from taskformer.core.engine import autocast
 from taskformer.core.errors import TaskformerError
+from taskformer.core.options import allowed
 from taskformer.plugins.manager import plugins
 from taskformer.app import hooks, runner
 from taskformer.app.batching import Batcher, QueueFull
@@ -99,8 +101,10 @@ class Served:
     def describe(self) -> dict:
         run, task = self.run, self.run.task
         bf16, why = precision.choose(run.config.train.bf16, run.device)
-        options = {"beam": {"default": run.config.decode.beam if run.config.decode.strategy == "beam" else 1,
-                            "min": 1, "max": MAX_BEAM}}
+        options = {name: described(run, f) for name, f in runner.request_options(run).items()}
+        if "beam" in options:  # the beam a request gets without one: the run's, or 1 where its search is greedy
+            options["beam"].update(default=run.config.decode.beam if run.config.decode.strategy == "beam" else 1,
+                                   max=MAX_BEAM, allowed=f"[1, {MAX_BEAM}]")
         if run.model.cfg.kind.shifted:
             options["return_attention"] = {"default": False}
         return {"name": self.name, "task": task.name, "variant": task.variant, "metric": task.metric,
@@ -111,20 +115,22 @@ class Served:
                 "description": task.description,
                 "examples": list(task.examples), "languages": list(task.languages or ())}
 
-    def decode(self, texts: list[str], options: tuple[int | None, bool]) -> list[dict]:
-        """One JSON result per text (runs in the batcher's thread)."""
-        beam, attention = options
-        outputs, _ = runner.predict(self.run, texts, runner.with_search(self.run.config, beam), attention)
+    def decode(self, texts: list[str], options: tuple[tuple, bool]) -> list[dict]:
+        """One JSON result per text (runs in the batcher's thread); ``options`` are the request's decode
+        settings, as ``(name, value)`` pairs, and whether it asks for attention."""
+        settings, attention = options
+        config = runner.request_config(self.run, dict(settings))
+        outputs, _ = runner.predict(self.run, texts, config, attention)
         pairs = outputs if attention else [(out, None) for out in outputs]
         distributions = self.distributions(texts) if self.run.model.cfg.kind.classifies else None
-        return [self.result_or_error(text, out, att, distributions[i] if distributions else None)
+        return [self.result_or_error(config, text, out, att, distributions[i] if distributions else None)
                 for i, (text, (out, att)) in enumerate(zip(texts, pairs))]
 
-    async def continuations(self, texts: list[str], beam: int | None):
+    async def continuations(self, texts: list[str], settings: tuple):
         """Server-sent events of a language model: ``{"index", "text"}`` with the text each new token
         adds, then the input's result as ``/predict`` gives it; one input after another. A client that
         goes away stops the generation at its next token."""
-        loop, config = asyncio.get_running_loop(), runner.with_search(self.run.config, beam)
+        loop, config = asyncio.get_running_loop(), runner.request_config(self.run, dict(settings))
         for i, text in enumerate(texts):
             pieces: asyncio.Queue = asyncio.Queue()
             gone = False
@@ -140,7 +146,7 @@ class Served:
                 while (piece := await pieces.get()) is not None:
                     yield format_sse_event(data_str=json.dumps({"index": i, "text": piece}, ensure_ascii=False))
                 try:
-                    data = {"index": i, **self.result_or_error(text, await work, None, None)}
+                    data = {"index": i, **self.result_or_error(config, text, await work, None, None)}
                 except Exception as e:
                     data = {"index": i, "error": f"{type(e).__name__}: {e}"}
                 yield format_sse_event(data_str=json.dumps(data, ensure_ascii=False))
@@ -155,14 +161,15 @@ class Served:
         except TaskformerError as e:
             return {"error": str(e)}
 
-    def result(self, text: str, prediction, attention, distribution) -> dict:
-        """``output`` is the value ``taskformer predict --json`` prints for the same input."""
+    def result(self, config, text: str, prediction, attention, distribution) -> dict:
+        """``output`` is the value ``taskformer predict --json`` prints for the same input and ``config``
+        (the run's, with the request's decode settings)."""
         if isinstance(prediction, Label):
             out = {"output": prediction._asdict(), "probabilities": distribution}
         elif self.run.model.cfg.kind.per_word:
             out = {"output": [list(pair) for pair in word_tags(text, prediction)]}
         elif not self.run.model.cfg.kind.encoder:  # a language model: its continuation, as predict --json gives it
-            out = {"output": prediction, "prompt": text, "settings": runner.generation_settings(self.run.config)}
+            out = {"output": prediction, "prompt": text, "settings": runner.generation_settings(config)}
         else:
             out = {"output": prediction}
             marks = [self.marks(text), self.marks(prediction)]
@@ -305,14 +312,6 @@ def unparseable(e: Exception) -> ApiError:
     return ApiError(422, f"body: {why}", "body")
 
 
-def whole_beam(value):
-    """A request's ``beam``, checked as the Python API checks it (``true`` is not a beam of 1)."""
-    try:
-        return runner.whole_number("beam", value)
-    except TaskformerError as e:
-        raise ValueError(str(e)) from None  # pydantic names the field
-
-
 def field_name(loc) -> str:
     """``("body", "inputs", 3)`` -> ``inputs[3]``."""
     name = ""
@@ -330,9 +329,10 @@ def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None 
     Text = Annotated[str, StringConstraints(max_length=limits.max_chars)]
 
     class PredictRequest(BaseModel):
-        model_config = ConfigDict(extra="forbid")
+        """The inputs, and any decode option the model lists in ``GET /v1/models`` (checked by :func:`options`)."""
+
+        model_config = ConfigDict(extra="allow")
         inputs: list[Text] = Field(max_length=limits.max_inputs)
-        beam: Annotated[int | None, BeforeValidator(whole_beam), Field(le=MAX_BEAM)] = None
         return_attention: bool = False
 
     class TranslateRequest(BaseModel):  # LibreTranslate's /translate
@@ -390,11 +390,20 @@ def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None 
                                 "wait per model (--max-queue); send fewer per request", field)
         return texts
 
-    def options(m: Served, body: PredictRequest) -> tuple[int | None, bool]:
+    def options(m: Served, body: PredictRequest) -> tuple[tuple, bool]:
+        """The request's decode settings, checked as ``--set`` checks them (422 naming the first refused
+        one), and whether it asks for attention: the batcher's key, as requests with equal ones share a decode."""
         if body.return_attention and not m.run.model.cfg.kind.shifted:
             raise ApiError(422, f"return_attention: only encoder-decoder models have cross-attention; "
                                 f"{m.name!r} is {m.run.task.variant}", "return_attention")
-        return body.beam, body.return_attention
+        settings = dict(body.model_extra or {})
+        try:
+            runner.request_config(m.run, settings)
+        except runner.OptionError as e:
+            raise ApiError(422, str(e), e.field) from None
+        if settings.get("beam", 0) > MAX_BEAM:  # each hypothesis costs the search's memory: a server bounds it
+            raise ApiError(422, f"beam: at most {MAX_BEAM} on this server, got {settings['beam']}", "beam")
+        return tuple(sorted(settings.items())), body.return_attention
 
     async def answer(m: Served, texts: list[str], opts, request: Request) -> list[dict]:
         """The batcher's results, or ApiError; a client that goes away cancels its queued work."""
@@ -486,10 +495,19 @@ def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None 
             raise ApiError(422, f"q: at most {limits.max_inputs} texts per request", "q")
         servable(texts, "q")
         m = translation_model(served, body.source, body.target)
-        results = [r["output"] for r in await answer(m, texts, (None, False), request)]
+        results = [r["output"] for r in await answer(m, texts, ((), False), request)]
         return {"translatedText": results if isinstance(body.q, list) else results[0]}
 
     return app
+
+
+def described(run: runner.Run, f: dataclasses.Field) -> dict:
+    """A decode option as ``GET /v1/models`` lists it: the run's value, what it accepts (``min`` and
+    ``max`` inclusive, ``above`` and ``below`` not, ``choices``; ``allowed`` in words) and its help."""
+    m = f.metadata
+    bounds = {name: m[key] for key, name in (("at_least", "min"), ("above", "above"), ("at_most", "max"),
+                                             ("below", "below"), ("choices", "choices")) if key in m}
+    return {"default": getattr(run.config.decode, f.name), **bounds, "allowed": allowed(f), "help": m.get("help", "")}
 
 
 def precision_words(setting, bf16: bool, device_type: str) -> str:

@@ -21,7 +21,7 @@ from taskformer.core import precision
 from taskformer.core import progress
 from taskformer.core.config import RunConfig
 from taskformer.core.data import Encoded, TaskData
-from taskformer.core.engine import Trainer
+from taskformer.core.engine import TrainConfig, Trainer
 from taskformer.core.errors import TaskformerError
 from taskformer.plugins.hookspecs import Task
 from taskformer.plugins.manager import plugins
@@ -204,6 +204,21 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
     return state
 
 
+def stopped_because(cfg: TrainConfig, state: dict) -> str:
+    """Why training ended, in words. Where it ended before ``train.max_steps``, the limit that ended it
+    and how to lift it: a step budget that the epochs or the patience cut short would otherwise look spent."""
+    why = state["stopped"] or "completed all epochs"
+    if not cfg.max_steps or state["step"] >= cfg.max_steps:
+        return why
+    if not state["stopped"]:
+        ended, lift = f"train.epochs={cfg.epochs}", "set train.epochs=0 to train by steps"
+    elif state["stopped"] == f"no improvement in {cfg.patience} evaluations (patience)":  # the engine's reason
+        ended, lift = f"train.patience={cfg.patience} (no improvement)", "set train.patience=0 to train to train.max_steps"
+    else:  # the time limit or a cool-down the user asked for: the reason says it
+        return why
+    return f"stopped at {state['step']:,} updates: {ended} ended it before train.max_steps={cfg.max_steps}; {lift}"
+
+
 def search_ratio(run: Run, data: TaskData, per_example: float) -> float:
     """How many times the validations' ``per_example`` seconds the final search takes, timed on one
     decoding batch of val (1 where they are the same search)."""
@@ -239,7 +254,7 @@ def finish(begun: Begun, state: dict) -> Run:
         "tokens_per_s": round(state["tokens"] / max(state["elapsed"], 1e-9)),
         "best_step": state["best_step"],
         "kept_weights": ckpt.weights_name(state["best_weights"] or [state["best_step"]]),
-        "stopped": state["stopped"] or "completed all epochs",
+        "stopped": stopped_because(config.train, state),
         **({"recipe": begun.recipe} if begun.recipe else {}),
     }
     with writes_named(run_dir, 3 * sum(p.numel() * p.element_size() for p in model.parameters())):

@@ -27,7 +27,6 @@ VARIANTS = {  # variant: (what the package's task is, for its README; an input t
     "decoder-only": ("a language model learns to count on from a prompt of digits in its steps (`1 3 5` goes on "
                      "`7 9 1 3 5 7`)", "1 3 5"),
 }
-SPELLINGS = {**{v: v for v in VARIANTS}, "classification": "encoder-only"}  # what --variant accepts
 FILES = {"pyproject.toml.tmpl": "pyproject.toml", "README.md.tmpl": "README.md",
          "${variant}.py.tmpl": "${module}.py", "test_${variant}.py.tmpl": "tests/test_${module}.py"}
 
@@ -49,9 +48,8 @@ def write(task: str, target: Path, variant: str = "encoder-decoder") -> list[Pat
 
     The package is written into a temporary folder beside ``target`` and renamed into place, so a
     failure leaves no half-written package."""
-    if variant not in SPELLINGS:
+    if variant not in VARIANTS:
         raise TaskformerError(f"unknown variant {variant!r}: choose {', '.join(VARIANTS)}")
-    variant = SPELLINGS[variant]
     about, example = VARIANTS[variant]
     command = f"taskformer new-task {task}" + ("" if variant == "encoder-decoder" else f" --variant {variant}")
     values = {**names(task), "variant": variant, "about": about, "example": example, "command": command}
