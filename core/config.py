@@ -60,7 +60,7 @@ def defaults(task) -> dict:
     except TypeError as e:  # a field without a default
         raise TaskformerError(f"plugin {task.plugin!r}: the options of task {task.name!r} need a default "
                               f"for every field ({e})") from None
-    cfg["model"]["variant"] = task.variant
+    cfg["model"]["variant"], cfg["model"]["pairs"] = task.variant, task.pairs
     if task.data_options is None and isinstance(task.defaults.get("data"), dict) and task.defaults["data"]:
         raise TaskformerError(  # the plugin API before data_options took the data section as free-form defaults
             f"plugin {task.plugin!r}: task {task.name!r} gives its data options as defaults={{'data': {{...}}}} "
@@ -109,6 +109,9 @@ def build(task, cfg: dict) -> RunConfig:
     if config.model.variant != task.variant:
         raise TaskformerError(f"config: model.variant is set by the task: {task.name!r} is {task.variant}, "
                               f"not {config.model.variant}")
+    if config.model.pairs != task.pairs:
+        raise TaskformerError(f"config: model.pairs is set by the task: {task.name!r} reads "
+                              f"{'pairs of texts' if task.pairs else 'one text per input'}")
     return config
 
 

@@ -32,7 +32,9 @@ class TaskData:
     target, fields)`` with a dict of per-example fields that the metrics and report hooks receive. The target is text for
     an encoder-decoder; for classification it is one name from ``labels``; for tagging it is one name
     from ``labels`` per whitespace-separated word of the source, separated by spaces
-    (``("Anna lives in Paris", "B-PER O O B-LOC")``). For a decoder-only model the source is a
+    (``("Anna lives in Paris", "B-PER O O B-LOC")``). A classifier of pairs (``Task(pairs=True)``)
+    has a tuple of two texts as its source: ``(("A man sleeps.", "A person rests."), "entailment")``.
+    For a decoder-only model the source is a
     prompt, read but never scored (a loss mask), and the target the text that follows it: rows
     with a prompt end in EOS, while the rows without one are running text, joined into one stream
     (``("", whole_text)`` is a corpus; see :func:`encode_text`). ``notes`` are extra facts for the
@@ -175,11 +177,24 @@ def encode_as_text(tokenizer: Tokenizer, texts: list, is_pretokenized: bool = Fa
             for e in tokenizer.encode_batch(texts, is_pretokenized=is_pretokenized)]
 
 
-def encode_sources(tokenizer: Tokenizer, texts: list[str], max_len: int, classify: bool = False,
+def is_pair(source) -> bool:
+    """Whether a source is a pair of texts (a task with ``Task(pairs=True)``) rather than one text."""
+    return isinstance(source, tuple)
+
+
+def is_blank(source) -> bool:
+    """An input with nothing to read: a blank text, or a pair of blank texts (its prediction is blank)."""
+    return not "".join(source if is_pair(source) else [source]).strip()
+
+
+def encode_sources(tokenizer: Tokenizer, texts: list, max_len: int, classify: bool = False,
                    prompt: bool = False) -> tuple[list[list[int]], int]:
     """Source ids with their frame: ``[BOS] + ids`` for classifiers (the "first token" to pool),
     ``ids + [EOS]`` for encoder-decoders, the bare ids of a decoder-only model's ``prompt``. Truncates
-    to ``max_len`` and counts how many were cut; a prompt keeps its end, the context of what follows."""
+    to ``max_len`` and counts how many were cut; a prompt keeps its end, the context of what follows.
+    A classifier's sources may be pairs of texts instead: see :func:`encode_pairs`."""
+    if classify and texts and is_pair(texts[0]):
+        return encode_pairs(tokenizer, texts, max_len)
     ids = [x for x, _ in encode_as_text(tokenizer, texts)]
     if prompt:
         return [x[-max_len:] for x in ids], sum(len(x) > max_len for x in ids)
@@ -188,6 +203,25 @@ def encode_sources(tokenizer: Tokenizer, texts: list[str], max_len: int, classif
     if classify:
         return [[BOS] + x[:room] for x in ids], cut
     return [x[:room] + [EOS] for x in ids], cut
+
+
+def encode_pairs(tokenizer: Tokenizer, pairs: list[tuple[str, str]], max_len: int) -> tuple[list[list[int]], int]:
+    """Pairs of texts framed as BERT frames them, ``[BOS] + first + [EOS] + second + [EOS]``.
+
+    The end token separates the texts: every tokenizer has it, and no typed text gives it (see
+    :func:`encode_as_text`), so the model's segment of each position follows from the frame
+    (:func:`taskformer.core.model.segment_ids`). A pair longer than ``max_len`` loses tokens from the
+    end of its longer text first (Hugging Face's ``longest_first``), so both texts keep their start.
+    Returns the ids and how many pairs were cut.
+    """
+    firsts = encode_as_text(tokenizer, [first for first, _ in pairs])
+    seconds = encode_as_text(tokenizer, [second for _, second in pairs])
+    room, src, cut = max_len - 3, [], 0
+    for (first, _), (second, _) in zip(firsts, seconds):
+        keep = min(len(first), max(room // 2, room - len(second)))  # of the first text; the second gets the rest
+        src.append([BOS] + first[:keep] + [EOS] + second[: room - keep] + [EOS])
+        cut += len(first) + len(second) > room
+    return src, cut
 
 
 def encode_text(tokenizer: Tokenizer, rows: list[tuple], block: int, training: bool = False) -> Encoded:

@@ -5,6 +5,8 @@ Four variants (:mod:`taskformer.core.variants`) share every building block:
 * ``encoder-decoder`` -- source tokens are encoded once; the decoder attends to its own prefix
   (causal self-attention) and to the encoder memory (cross-attention). Used for sequence tasks.
 * ``encoder-only`` -- just the encoder stack; a head pools it into class logits (classification).
+  With ``pairs`` its input is two texts read as one sequence, each token told its text by a
+  learned segment embedding (sentence-pair classification, as BERT; Devlin et al., 2019).
 * ``tagging`` -- the same encoder stack; a head gives label logits at every source position.
 * ``decoder-only`` -- just the decoder stack, without cross-attention: each position attends to
   itself and the positions before it, and the tied output projection predicts the next token (a
@@ -12,7 +14,7 @@ Four variants (:mod:`taskformer.core.variants`) share every building block:
 
 Shapes: ``B`` batch, ``S`` source length, ``T`` target length, ``D`` model width, ``H`` heads.
 Token id conventions are fixed for every task (see :mod:`taskformer.core.tokenize`):
-0 = padding, 1 = begin-of-sequence, 2 = end-of-sequence, 3 = unknown.
+0 = padding, 1 = begin-of-sequence, 2 = end-of-sequence (also the separator of a pair's texts), 3 = unknown.
 """
 from __future__ import annotations
 
@@ -51,6 +53,9 @@ class ModelConfig:
                                   "a decoder-only model's input embedding and output projection.")
     pooling: str = option("mean", "How an encoder-only head pools the encoder states: over real tokens, the "
                           "first token, or the maximum.", choices=("mean", "first", "max"), variants=("encoder-only",))
+    pairs: bool = option(False, "Each input is a pair of texts, read as [BOS] first [EOS] second [EOS] with a "
+                         "learned embedding per text; set by the task (Task.pairs), not by --set.",
+                         variants=("encoder-only",))
     members: int = option(1, "Networks trained as one ensemble whose log-probabilities are averaged (at every "
                           "search step for an encoder-decoder).", at_least=1)
 
@@ -63,6 +68,8 @@ class ModelConfig:
             raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
         if self.d_model % 2:
             raise ValueError(f"model.d_model must be even for sinusoidal positions, got {self.d_model}")
+        if self.pairs and self.variant != "encoder-only":
+            raise ValueError(f"model.pairs is for encoder-only models (a class per pair of texts), not {self.variant}")
 
     @property
     def kind(self) -> variants.Variant:
@@ -317,6 +324,14 @@ class TaggingHead(nn.Module):
         return self.proj(h)
 
 
+def segment_ids(src: torch.Tensor) -> torch.Tensor:
+    """Which text of a pair each position of ``src`` (B, S) belongs to: 0 up to and with the first EOS,
+    the separator; 1 after it (the second text and its own EOS). The frame says it, so no batch
+    carries segment ids beside the tokens."""
+    ends = (src == EOS).long()
+    return (ends.cumsum(1) - ends).clamp(max=1)
+
+
 DEFAULT_HEADS = {"encoder-decoder": Generator, "encoder-only": ClassificationHead, "tagging": TaggingHead,
                  "decoder-only": Generator}
 
@@ -339,6 +354,11 @@ class Transformer(nn.Module):
         self.tgt_embed = None
         if kind.shifted and not cfg.tie_embeddings:
             self.tgt_embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=PAD)
+        # Sentence pairs (BERT's segment embeddings): a pair is read as one sequence, [BOS] first [EOS]
+        # second [EOS], and each token's embedding gains a learned vector for its text, so that every
+        # layer can tell the two texts apart, not only by where the separator is. Only a model of pairs
+        # has the table: every other model's parameters are as they were.
+        self.segments = nn.Embedding(2, cfg.d_model) if cfg.pairs else None
         self.positions = SinusoidalPositions(cfg.d_model, cfg.max_len)
         self.drop = Dropout(cfg.dropout)
         self.encoder = self.decoder = None
@@ -364,10 +384,15 @@ class Transformer(nn.Module):
                 nn.init.normal_(emb.weight, std=self.cfg.d_model ** -0.5)
                 with torch.no_grad():
                     emb.weight[PAD].zero_()
+        if self.segments is not None:  # the scale of a token's embedding; no row is padding here
+            nn.init.normal_(self.segments.weight, std=self.cfg.d_model ** -0.5)
 
-    def _embed(self, tokens: torch.Tensor, table: nn.Embedding, start: int | torch.Tensor = 0) -> torch.Tensor:
-        x = table(tokens) * math.sqrt(self.cfg.d_model)
-        return self.drop(self.positions(x, start))
+    def _embed(self, tokens: torch.Tensor, table: nn.Embedding, start: int | torch.Tensor = 0,
+               segment: torch.Tensor | None = None) -> torch.Tensor:
+        """Token embeddings (plus, for a pair, the embedding of each token's ``segment``) scaled by sqrt(D),
+        with positions."""
+        x = table(tokens) if segment is None else table(tokens) + self.segments(segment)
+        return self.drop(self.positions(x * math.sqrt(self.cfg.d_model), start))
 
     def encode(self, src: torch.Tensor):
         """Encode ``src`` (B, S). Returns the memory (B, S, D) and the key mask (B, 1, 1, S), True = real token.
@@ -376,7 +401,7 @@ class Transformer(nn.Module):
         mask = (src != PAD).view(src.size(0), 1, 1, -1)
         if self.encoder is None:
             return None, mask
-        x = self._embed(src, self.embed)
+        x = self._embed(src, self.embed, segment=None if self.segments is None else segment_ids(src))
         for block in self.encoder:
             x = block(x, mask=mask)
         return self.enc_norm(x), mask

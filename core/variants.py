@@ -20,6 +20,9 @@ default decoding    search                 arg-max label       arg-max tag      
                     (``decode.strategy``)                      per word            prompt
 CTranslate2 export  yes                    no                  no                  yes (a generator)
 ==================  =====================  ==================  ==================  =========================
+
+An encoder-only task may read pairs of texts (``Task(pairs=True)``, ``model.pairs``): its row is
+``((first, second), label)``, its source frame ``[BOS] + first + [EOS] + second + [EOS]``.
 """
 from __future__ import annotations
 

@@ -54,6 +54,11 @@ class Task:
     ``"decoder-only"`` (a language model: it continues a prompt). ``metric``
     names the key of the metrics dict that selects the best checkpoint (``higher_is_better`` tells
     which way); a tagging task may pick the core's ``token_accuracy``.
+    ``pairs=True`` makes an encoder-only task read a pair of texts per input (premise and hypothesis,
+    question and answer): each source in ``TaskData`` is a tuple ``(first, second)``, the model reads
+    ``[BOS] first [EOS] second [EOS]`` with a learned embedding per text (``model.pairs``), ``predict``
+    reads ``FIRST<TAB>SECOND`` lines, the Python API takes ``(first, second)`` tuples, and
+    ``taskformer serve`` takes ``{"text": ..., "text_pair": ...}`` and offers two text boxes.
     ``data_options`` is a dataclass of the task's ``data`` section: one field per option, each made
     by :func:`taskformer.option` with its default, help and allowed range (``--set data.KEY=VALUE``
     changes it; unknown keys, wrong types and values out of range are refused before any work
@@ -80,7 +85,8 @@ class Task:
     evidence with the task's results; without a time limit, or with no rows, nothing is measured
     and the ``defaults`` are the recipe.
     ``examples`` are a few inputs that show what the task does (``taskformer serve``'s page offers
-    them to try, and ``GET /v1/models`` lists them), written as a user would type them.
+    them to try, and ``GET /v1/models`` lists them), written as a user would type them (a pair task's
+    as ``(first, second)`` tuples).
     ``languages`` is a translation task's ``(source, target)`` pair of language codes, as
     LibreTranslate spells them (``("de", "en")``): ``taskformer serve`` answers a ``/translate``
     request for that pair with this task's model, under whatever name it is served.
@@ -96,9 +102,15 @@ class Task:
     decode_options: type | None = None
     metric_groups: dict[str, list[str]] = field(default_factory=dict)
     recipes: tuple[tuple[float, dict[str, dict[str, Any]], str], ...] = ()
-    examples: tuple[str, ...] = ()
+    examples: tuple[str | tuple[str, str], ...] = ()
     languages: tuple[str, str] | None = None
+    pairs: bool = False
     plugin: str = ""  # filled in by the plugin manager: who provides the task
+
+    def __post_init__(self):
+        if self.pairs and self.variant != "encoder-only":  # said when the plugin loads, not when a run starts
+            raise ValueError(f"task {self.name!r}: pairs=True is for encoder-only tasks (one class per pair of "
+                             f"texts), not {self.variant}")
 
 
 class Output(tuple):
@@ -148,7 +160,9 @@ def taskformer_data(task: Task, config: RunConfig, data_dir: Path | None, splits
     return it instead of training one; a hook that also reads only ``splits`` lets ``eval`` work
     without the train files. Returning more splits than asked is fine (a synthetic task may
     generate all of them, as the same seed must give the same rows); hooks that do not name these
-    two arguments keep working. A classifier's target is one of ``labels``; a tagger's is one of ``labels`` per
+    two arguments keep working. A classifier's target is one of ``labels`` (a task of pairs,
+    ``Task(pairs=True)``, has a tuple of two texts as each source: ``(("A man sleeps.", "A person
+    rests."), "entailment")``); a tagger's is one of ``labels`` per
     whitespace-separated word of the source, joined by spaces (``("anna lives in paris", "title
     lower lower title")``). Put the most common tag first: it is what a word beyond ``max_len``
     gets. ``subword``, ``characters`` and ``symbols`` build tokenizers that reserve the special ids
@@ -201,6 +215,7 @@ def taskformer_normalize(task: Task, text: str) -> str | None:
     ``predict`` calls it on every input line: that text, unlike the splits, never passes through
     the data hook. Call the same function in your data hook, so that the model sees the same kind
     of text in training and in prediction. Return the cleaned string (``None``: keep the line).
+    A task of pairs has each of its two texts cleaned by a call of its own.
 
     Example::
 
@@ -218,9 +233,10 @@ def taskformer_decode(task: Task, model: Transformer, src: torch.Tensor, tokeniz
 
     ``src`` is a ``(B, S)`` tensor of source ids, right-padded with ``PAD`` (0) and framed by the
     core: ``ids + [EOS]`` for encoder-decoders, ``[BOS] + ids`` for encoder-only and tagging
-    models. For tagging, each whitespace-separated word is tokenized on its own and ``words[i][w]``
-    is the position in row ``i`` of word ``w``'s first token, where its tag is read (``-1``: the
-    word was cut off by ``max_len``); ``words`` is ``None`` for the other variants.
+    models, ``[BOS] + first + [EOS] + second + [EOS]`` for a task of pairs. For tagging, each
+    whitespace-separated word is tokenized on its own and ``words[i][w]`` is the position in row
+    ``i`` of word ``w``'s first token, where its tag is read (``-1``: the word was cut off by
+    ``max_len``); ``words`` is ``None`` for the other variants.
     ``config.decode`` holds the search settings (strategy, beam size, length limits, and the task's
     own ``decode_options``; a request to ``taskformer serve`` may set any of them that the model
     lists). ``purpose`` says why it is called: ``"evaluate"`` for a val or test evaluation (training's
@@ -271,6 +287,7 @@ def taskformer_metrics(task: Task, sources: list[str], hypotheses: list[str] | l
     hook returned (strings, or ``Label`` values for classifiers), ``references`` the target strings,
     ``fields`` the per-example dicts the data hook attached (a row ``(source, target, {"domain":
     "news"})``; ``{}`` for plain pairs): name it to score by group, e.g. accuracy per domain.
+    ``sources`` are the data hook's sources: a task of pairs gets its ``(first, second)`` tuples.
     ``logprobs`` are the model's log-probabilities (nats) of each reference, computed once per
     evaluation: one per scored token (with EOS) of a text, one for a class, one per tagged word; their
     sum is a row's log-likelihood (calibration, perplexity). The core adds ``loss``, the mean negative

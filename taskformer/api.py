@@ -7,7 +7,8 @@
 
 ``predict`` goes through the same task decoder as ``taskformer predict`` (constraints included) and
 returns one result per input, in order: a string for sequence tasks, a :class:`taskformer.Label`
-``(label, probability)`` for classifiers (``Label("", 0.0)`` for a blank input), and for taggers
+``(label, probability)`` for classifiers (``Label("", 0.0)`` for a blank input; a task of sentence
+pairs takes each input as a tuple ``(first, second)``), and for taggers
 a list of ``(word, tag)`` pairs, the words as given (punctuation kept), ``[]`` for a blank input.
 Loading refuses what the command line refuses (pickles beside the weights, corrupt or mismatched
 weights) with the same :class:`taskformer.TaskformerError`, and nothing is printed.
@@ -56,7 +57,8 @@ class Model:
     def predict(self, texts: Iterable[str], *, beam: int | None = None, batch_size: int | None = None,
                 return_attention: bool = False, **decode) -> list:
         """One prediction per text, in order; a blank text gives an empty prediction (a language
-        model: the continuation of each prompt).
+        model: the continuation of each prompt). A task of sentence pairs takes each input as a tuple
+        ``(first, second)``: ``model.predict([("A man sleeps.", "A person rests.")])``.
 
         ``beam`` overrides the run's search (1 = greedy), ``batch_size`` the sentences decoded at once.
         ``return_attention`` (encoder-decoder runs) gives ``(prediction, taskformer.Attention)`` pairs:
@@ -64,21 +66,29 @@ class Model:
         is a ``decode`` setting for this call, checked as ``--set decode.KEY=VALUE`` is, e.g.
         ``model.predict(["ROMEO:"], temperature=0.8, top_k=200, seed=1, max_new_tokens=500)``.
         """
+        pairs = self._run.model.cfg.pairs
         if isinstance(texts, str):
             raise TaskformerError("predict takes a list of texts, not one string: model.predict([text])")
         try:
             texts = list(texts)
         except TypeError:
             raise TaskformerError(f"predict: texts must be a list of strings, got {type(texts).__name__}") from None
-        wrong = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
-        if wrong is not None:
+        if pairs:  # each input a (first, second) tuple; a list of two strings is taken as one too
+            wrong = next((i for i, t in enumerate(texts) if not (
+                isinstance(t, (tuple, list)) and len(t) == 2 and all(isinstance(x, str) for x in t))), None)
+            if wrong is not None:
+                raise TaskformerError(f"predict: texts[{wrong}] must be a pair (first, second) of strings: task "
+                                      f"{self.task.name!r} reads pairs of texts, got {texts[wrong]!r:.60}")
+            texts = [tuple(t) for t in texts]
+        elif (wrong := next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)) is not None:
             raise TaskformerError(f"predict: texts[{wrong}] must be a string, got {type(texts[wrong]).__name__}")
         for i, text in enumerate(texts):
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError as e:  # a lone surrogate such as "\udcff": no tokenizer can take it
-                raise TaskformerError(f"predict: texts[{i}] is not valid unicode ({e.reason} at position {e.start}); "
-                                      "decode bytes with errors='replace'") from None
+            for part in text if pairs else [text]:
+                try:
+                    part.encode("utf-8")
+                except UnicodeEncodeError as e:  # a lone surrogate such as "\udcff": no tokenizer can take it
+                    raise TaskformerError(f"predict: texts[{i}] is not valid unicode ({e.reason} at position "
+                                          f"{e.start}); decode bytes with errors='replace'") from None
         config = runner.with_decoding(self._run, decode, "predict") if decode else self.config
         outputs, _ = runner.predict(self._run, texts, runner.with_search(config, beam, batch_size),
                                     return_attention=bool(return_attention))

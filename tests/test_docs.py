@@ -26,6 +26,7 @@ def test_hook_reference_matches_the_hook_docstrings():
 
 
 ENCODER_ONLY = "## Encoder-only tasks"
+PAIRS = "## Sentence pairs"
 DECODER_ONLY = "## Language models: the decoder-only variant"
 
 
@@ -44,9 +45,17 @@ def test_tutorial_code_is_the_example_plugin():
 
 
 def test_encoder_only_tutorial_code_is_the_tagging_scaffold(tmp_path):
-    section = ENCODER_ONLY + DOC.split(MARKER)[0].split(ENCODER_ONLY)[1].split(DECODER_ONLY)[0]
+    section = ENCODER_ONLY + DOC.split(MARKER)[0].split(ENCODER_ONLY)[1].split(PAIRS)[0]
     written = scaffold.write("repeats", tmp_path / "pkg", "tagging")
     module = next(p for p in written if p.name == "taskformer_repeats.py").read_text(encoding="utf-8")
+    assert code_lines(python_blocks(section)) == code_lines(module)
+
+
+def test_sentence_pairs_section_code_is_the_pairs_scaffold(tmp_path):
+    """The scaffold's own test runs this module (tests/test_scaffold.py), and tests/test_pairs.py trains it."""
+    section = DOC.split(MARKER)[0].split(PAIRS)[1].split(DECODER_ONLY)[0]
+    written = scaffold.write("entails", tmp_path / "pkg", "encoder-only", pairs=True)
+    module = next(p for p in written if p.name == "taskformer_entails.py").read_text(encoding="utf-8")
     assert code_lines(python_blocks(section)) == code_lines(module)
 
 

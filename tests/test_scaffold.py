@@ -9,7 +9,7 @@ from pathlib import Path
 from conftest import run_cli
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "taskformer-reverse"
-VARIANTS = ("encoder-decoder", "encoder-only", "tagging", "decoder-only")
+VARIANTS = ("encoder-decoder", "encoder-only", "tagging", "decoder-only", "encoder-only --pairs")
 
 
 def _build_output(path):
@@ -30,9 +30,10 @@ def test_scaffold_for_reverse_is_the_example_package(tmp_path, cli):
 def test_every_variant_installs_runs_and_passes_its_own_test(tmp_path, cli):
     """One package per variant, installed by one pip call; their own tests run in one pytest."""
     site = tmp_path / "site"
-    packages = {f"demo-{variant}": tmp_path / variant for variant in VARIANTS}
+    names = [f"demo-{variant.replace(' --', '-')}" for variant in VARIANTS]  # demo-encoder-only-pairs
+    packages = {name: tmp_path / name for name in names}
     for (name, pkg), variant in zip(packages.items(), VARIANTS):
-        assert cli("new-task", name, "--variant", variant, "--dir", str(pkg)).exit_code == 0
+        assert cli("new-task", name, "--variant", *variant.split(), "--dir", str(pkg)).exit_code == 0
     install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                               "--target", str(site), *map(str, packages.values())], capture_output=True, text=True)
     assert install.returncode == 0, install.stderr
@@ -40,13 +41,14 @@ def test_every_variant_installs_runs_and_passes_its_own_test(tmp_path, cli):
     listed = run_cli("tasks", env=env)
     rows = {line.split()[1]: line.split()[3] for line in listed.stdout.splitlines() if "demo-" in line}
     assert rows == {"demo-encoder-decoder": "encoder-decoder", "demo-encoder-only": "encoder-only",
-                    "demo-tagging": "tagging", "demo-decoder-only": "decoder-only"}, listed.stdout
+                    "demo-tagging": "tagging", "demo-decoder-only": "decoder-only",
+                    "demo-encoder-only-pairs": "encoder-only"}, listed.stdout
     assert "taskformer_demo" not in listed.stderr
     own_tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                 *(str(pkg / "tests") for pkg in packages.values())],
                                capture_output=True, text=True, env={**os.environ, **env}, cwd=tmp_path)
     assert own_tests.returncode == 0, own_tests.stdout[-2000:]
-    assert "8 passed" in own_tests.stdout
+    assert "10 passed" in own_tests.stdout
 
 
 def test_scaffold_refuses_bad_names_and_existing_folders(tmp_path, cli):

@@ -41,12 +41,13 @@ CASING = ["anna met tom in paris", "the bbc saw a train near rome"]
 
 
 class Server:
-    """``taskformer serve ... --port 0`` in a subprocess; ``url`` once it listens."""
+    """``taskformer serve ... --port 0`` in a subprocess (started by ``launch``, which imports its plugins
+    from ``path``); ``url`` once it listens."""
 
-    def __init__(self, *args: str, launch: str = LAUNCH):
+    def __init__(self, *args: str, launch: str = LAUNCH, path: str = str(HERE)):
         self.process = subprocess.Popen([sys.executable, "-c", launch, "serve", *args, "--port", "0"],
                                         stderr=subprocess.PIPE, text=True, cwd=HERE,
-                                        env={**os.environ, "PYTHONPATH": str(HERE)})
+                                        env={**os.environ, "PYTHONPATH": path})
         self.banner = self.process.stderr.readline()  # the first line names the address, or is an Error line
         found = re.search(r"http://[\d.]+:\d+", self.banner)
         assert found, self.banner + self.process.stderr.read()

@@ -10,6 +10,7 @@ from dataclasses import asdict
 from rich.text import Text
 
 from taskformer import hookimpl
+from taskformer.core.data import is_blank, is_pair
 from taskformer.core.options import applies
 from taskformer.plugins.sections import fmt, metric_list, simple_table
 
@@ -50,8 +51,10 @@ def taskformer_report_sections(run):
     samples = simple_table("source", "output", "reference", show_lines=True)
     for src, prediction, ref in run.samples.get("test", []):
         right = (prediction.label if isinstance(prediction, Label) else prediction) == ref
-        samples.add_row(src, Text(str(prediction), style="green" if right else "yellow"), ref)
+        samples.add_row("\n".join(src) if is_pair(src) else src,  # a pair's texts one above the other
+                        Text(str(prediction), style="green" if right else "yellow"), ref)
 
-    decoded = any(src.strip() for src, _, _ in run.samples.get("test", []))  # a language model's text has no source
+    # a language model's text has no source
+    decoded = any(not is_blank(src) for src, _, _ in run.samples.get("test", []))
     return [("Configuration", cfg), ("Data and training", facts),
             (f"Metrics (selected by {run.task.metric})", metrics), *([("Test samples", samples)] if decoded else [])]

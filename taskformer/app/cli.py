@@ -23,6 +23,7 @@ from taskformer.plugins.sections import metric_list
 
 # Loaded by the first command that uses them: they load torch, which `taskformer tasks` and --help do without.
 C, decoding, export = lazy("taskformer.core.config"), lazy("taskformer.core.decoding"), lazy("taskformer.core.export")
+data = lazy("taskformer.core.data")
 console, distributed, plan = lazy("taskformer.app.console"), lazy("taskformer.app.distributed"), lazy("taskformer.app.plan")
 prepare, report, resources = lazy("taskformer.app.prepare"), lazy("taskformer.app.report"), lazy("taskformer.app.resources")
 rundir, runner, training = lazy("taskformer.app.rundir"), lazy("taskformer.app.runner"), lazy("taskformer.app.training")
@@ -217,14 +218,15 @@ def eval_cmd(run_dir, split, data_dir, overrides, average, as_json) -> None:
 @click.option("--set", "overrides", multiple=True, metavar="decode.KEY=VALUE",
               help="Override a decoding setting (e.g. decode.quantize=int8).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON value per input line: the output string, "
-              "{label, probability} for a classifier, [[word, tag], ...] for a tagger, {prompt, continuation, "
-              "settings} for a language model.")
+              "{label, probability} for a classifier ({text, text_pair, label, probability} for pairs), "
+              "[[word, tag], ...] for a tagger, {prompt, continuation, settings} for a language model.")
 @click.option("--threads", type=click.IntRange(min=1), help="torch threads for decoding, at most the cores this "
               "process may use  [default: the run's train.threads, or torch's choice]")
 def predict_cmd(run_dir, text, beam, overrides, as_json, threads) -> None:
     """Run a trained model on TEXT, or on each line of stdin (one output line per input line).
 
     A tagger prints WORD<TAB>TAG per word, the words as given, and a blank line after each input.
+    A task of sentence pairs reads FIRST<TAB>SECOND per input.
     """
     if sys.stdout is None:  # started with stdout closed (`>&-`): every output would be lost without a word
         raise TaskformerError("standard output is closed; predict has nowhere to write its outputs")
@@ -237,7 +239,7 @@ def predict_cmd(run_dir, text, beam, overrides, as_json, threads) -> None:
         torch.set_num_threads(resources.checked_threads(threads))
     runner.set_decoding(run, overrides, "predict")
     config = runner.with_search(run.config, beam)
-    tagger, cut = run.model.cfg.kind.per_word, 0
+    tagger, pairs, cut, done = run.model.cfg.kind.per_word, run.model.cfg.pairs, 0, 0
     settings = None if run.model.cfg.kind.encoder else runner.generation_settings(config)
     texts = [t.encode("utf-8", "surrogateescape").decode("utf-8", "replace") for t in text]  # as stdin's lines
     for i in (i for i, (t, clean) in enumerate(zip(text, texts), 1) if t != clean):
@@ -245,10 +247,15 @@ def predict_cmd(run_dir, text, beam, overrides, as_json, threads) -> None:
                    err=True)
     try:
         for lines in [texts] if text else stdin_batches(config.decode.batch_size):
-            outputs, n = runner.predict(run, lines, config)
+            inputs, refused = pair_inputs(lines, done, "TEXT argument" if text else "stdin line") if pairs \
+                else (lines, None)
+            done += len(lines)
+            outputs, n = runner.predict(run, inputs, config)
             cut += n
-            for line, out in zip(lines, outputs):
+            for line, out in zip(inputs, outputs):
                 click.echo(shown(line, out, tagger, as_json, settings))  # click.echo flushes: each reaches the pipe at once
+            if refused:
+                raise refused
     except BrokenPipeError:  # the reader went away (`| head -1`): stop quietly, like any pipe filter
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python exits
         sys.exit(141)  # what a shell reports for a filter ended by SIGPIPE
@@ -259,9 +266,25 @@ def predict_cmd(run_dir, text, beam, overrides, as_json, threads) -> None:
                    err=True)
 
 
-def shown(line: str, out, tagger: bool, as_json: bool, settings: dict | None = None) -> str:
+def pair_inputs(lines: list[str], before: int, what: str) -> tuple[list[tuple[str, str]], TaskformerError | None]:
+    """A pair task's input lines as pairs, up to the first line that is not ``FIRST<TAB>SECOND``, and
+    that line's error (``None`` if every line is a pair): the lines before it are still predicted, so
+    a filter that stops there has given the output of every line it read. ``before`` lines came earlier."""
+    inputs = []
+    for number, line in enumerate(lines, before + 1):
+        try:
+            inputs.append(runner.pair_from_line(line, f"{what} {number}"))
+        except TaskformerError as e:
+            return inputs, e
+    return inputs, None
+
+
+def shown(line, out, tagger: bool, as_json: bool, settings: dict | None = None) -> str:
     """What predict prints for one input: one line, or a tagger's WORD<TAB>TAG lines and a blank line;
-    for a language model (which has generation ``settings``), its continuation."""
+    for a language model (which has generation ``settings``), its continuation; for a pair of texts
+    (``line`` a tuple), its label, and with ``as_json`` both texts beside it."""
+    if as_json and data.is_pair(line):
+        return json.dumps({"text": line[0], "text_pair": line[1], **out._asdict()}, ensure_ascii=False)
     if tagger:
         out = decoding.word_tags(line, out)
     if as_json and settings is not None:
@@ -356,14 +379,16 @@ def report_cmd(run_dir) -> None:
 @click.option("--variant", type=click.Choice(list(scaffold.VARIANTS)), default="encoder-decoder", show_default=True,
               help="The kind of task: text to text, one class per input, one tag per input word, or a language "
                    "model that continues a prompt.")
-def new_task_cmd(name, target, variant) -> None:
+@click.option("--pairs", is_flag=True, help="Each input is a pair of texts (with --variant encoder-only): a "
+                                            "classifier of sentence pairs.")
+def new_task_cmd(name, target, variant, pairs) -> None:
     """Write a complete, installable plugin package for a new task called NAME."""
     installed = plugins().tasks.get(name)
     if installed and installed.plugin != name:  # the scaffold's own package (entry point NAME) is no conflict
         raise TaskformerError(f"task {name!r} is already installed (plugin {installed.plugin}); a second plugin "
                               "for it would replace it, so choose another name")
     path = Path(target) if target else Path(scaffold.names(name)["package"])
-    for written in scaffold.write(name, path, variant):
+    for written in scaffold.write(name, path, variant, pairs):
         click.echo(f"wrote {written}")
     click.echo(f"next: pip install -e {path} && taskformer run {name}")
 

@@ -111,7 +111,8 @@ def encoded(data: TaskData, split: str, max_len: int, variant: str) -> Encoded:
 
 def read_entry(entry: Path) -> TaskData:
     saved = ckpt.read_json(entry / "data.json")
-    splits = {split: [tuple(row) for row in rows] for split, rows in saved["splits"].items()}
+    splits = {split: [(tuple(row[0]) if isinstance(row[0], list) else row[0], *row[1:]) for row in rows]
+              for split, rows in saved["splits"].items()}  # JSON keeps a pair of texts as a list
     tokenizer = Tokenizer.from_str(ckpt.read_bytes(entry / "tokenizer.json").decode("utf-8"))
     return TaskData(tokenizer=tokenizer, splits=splits, labels=saved["labels"], notes=saved["notes"])
 

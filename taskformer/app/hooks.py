@@ -20,7 +20,7 @@ from taskformer.core import progress
 from taskformer.core import inference
 from taskformer.core import variants
 from taskformer.core.config import RunConfig
-from taskformer.core.data import Encoded, TaskData, encode, encode_sources, encode_words, pad
+from taskformer.core.data import Encoded, TaskData, encode, encode_sources, encode_words, is_blank, is_pair, pad
 from taskformer.core.decoding import Label
 from taskformer.core.engine import autocast, reference_logprobs
 from taskformer.core.errors import TaskformerError
@@ -75,21 +75,23 @@ def check_head(model: Transformer, where: str) -> None:
                           f"test batch, but gave {shape}")
 
 
-def normalize(task: Task, texts: list[str]) -> list[str]:
-    """Raw input lines through the task's ``taskformer_normalize`` (lines it leaves alone stay as they are)."""
-    out = []
-    for text in texts:
+def normalize(task: Task, texts: list) -> list:
+    """Raw inputs through the task's ``taskformer_normalize`` (texts it leaves alone stay as they are);
+    each text of a pair on its own."""
+    def one(text: str) -> str:
         plugin, clean = plugins().first("taskformer_normalize", task, text=text)
         if clean is not None and not isinstance(clean, str):
             raise PluginError(f"plugin {plugin!r}: taskformer_normalize for task {task.name!r} must return a "
                               f"string, got {type(clean).__name__}")
-        out.append(text if clean is None else clean)
-    return out
+        return text if clean is None else clean
+
+    return [tuple(map(one, text)) if is_pair(text) else one(text) for text in texts]
 
 
 def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, config: RunConfig,
-                 texts: list[str], name: str = "decoding", purpose: str = "evaluate"):
-    """Decode raw source lines through the task's decoder, batched by source length; blank lines give blank outputs.
+                 texts: list, name: str = "decoding", purpose: str = "evaluate"):
+    """Decode raw sources (texts, or a pair task's pairs of texts) through the task's decoder, batched
+    by source length; blank inputs give blank outputs.
 
     Returns the predictions in input order and how many inputs were truncated to ``model.max_len``.
     A tagging task's decoder also receives where each word starts (``words``; ``None`` otherwise).
@@ -99,7 +101,7 @@ def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, c
     model = inference.for_decoding(model.eval(), config.decode.quantize, config.decode.compile and kind.decoder)
     blank = Label("", 0.0) if kind.labelled and not kind.per_word else ""  # one type of answer per task
     outputs: list[Prediction] = [blank] * len(texts)
-    todo = [i for i, t in enumerate(texts) if t.strip()]
+    todo = [i for i, t in enumerate(texts) if not is_blank(t)]
     inputs = [texts[i] for i in todo]
     if kind.per_word:
         src, words, cut = encode_words(tokenizer, inputs, model.cfg.max_len)
@@ -193,13 +195,19 @@ def load_data(task: Task, config: RunConfig, data_dir: str | None, splits=SPLITS
                               "give more rows, or change the option that made it empty (a size of 0, say)")
     if tokenizer is not None:
         data.tokenizer = tokenizer
+
+    def source(x) -> bool:  # a text, or for a task of pairs a tuple of two texts
+        return is_pair(x) and len(x) == 2 and all(isinstance(t, str) for t in x) if task.pairs else isinstance(x, str)
+
     for split in splits:
         bad = next((i for i, row in enumerate(data.splits[split]) if not (
-            isinstance(row, (tuple, list)) and len(row) in (2, 3) and all(isinstance(x, str) for x in row[:2])
+            isinstance(row, (tuple, list)) and len(row) in (2, 3) and source(row[0]) and isinstance(row[1], str)
             and (len(row) == 2 or isinstance(row[2], dict)))), None)
         if bad is not None:
-            raise PluginError(f"{where}: {split} row {bad} must be a (source, target) pair of strings or a "
-                              f"(source, target, fields) triple with a dict, got {data.splits[split][bad]!r:.80}")
+            shape = "a tuple (first, second) of two strings (the task declares pairs)" if task.pairs else "a string"
+            raise PluginError(f"{where}: {split} row {bad} must be a (source, target) pair or a (source, target, "
+                              f"fields) triple with a dict, its source {shape} and its target a string, got "
+                              f"{data.splits[split][bad]!r:.80}")
     try:
         check_specials(data.tokenizer)
     except ValueError as e:

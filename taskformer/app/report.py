@@ -23,6 +23,7 @@ from rich.text import Text
 
 from taskformer.core import checkpoint
 from taskformer.core.checkpoint import WriteFailed
+from taskformer.core.data import is_pair
 from taskformer.core.decoding import Label
 from taskformer.core.errors import TaskformerError
 from taskformer.plugins.hookspecs import Output
@@ -114,7 +115,8 @@ def shown(run):
         source, prediction, reference = r
         prediction = (Label(visible(prediction.label), prediction.probability) if isinstance(prediction, Label)
                       else visible(prediction))
-        return Output(visible(source), prediction, visible(reference), getattr(r, "fields", None))
+        source = tuple(map(visible, source)) if is_pair(source) else visible(source)
+        return Output(source, prediction, visible(reference), getattr(r, "fields", None))
 
     notes = {visible(k): visible(v) if isinstance(v, str) else v for k, v in run.info.get("notes", {}).items()}
     return replace(run, outputs={split: [row(r) for r in rows] for split, rows in run.outputs.items()},

@@ -237,20 +237,23 @@ def row_json(row: tuple[str, Prediction, str]) -> dict:
 
 
 def row_from_json(row: dict, classify: bool) -> tuple[str, Prediction, str]:
-    """Back from outputs-*.jsonl (a classifier's prediction as a line: see core/compat.py)."""
-    output = row["output"]
+    """Back from outputs-*.jsonl (a classifier's prediction as a line: see core/compat.py); a pair task's
+    source, stored as a list of its two texts, as the tuple the data hook gave."""
+    output, source = row["output"], row["source"]
+    if isinstance(source, list) and len(source) == 2 and all(isinstance(text, str) for text in source):
+        source = tuple(source)
     if isinstance(output, dict):
         output = Label(output["label"], output["probability"])
     elif classify and isinstance(output, str):
         output = compat.label_from_line(output)
     wrong = next((key for key, ok in [  # what taskformer writes, so that no report section gets anything else
-        ("source", isinstance(row["source"], str)), ("reference", isinstance(row["reference"], str)),
+        ("source", isinstance(source, (str, tuple))), ("reference", isinstance(row["reference"], str)),
         ("output", isinstance(output, Label) and isinstance(output.label, str) and _number(output.probability)
          or isinstance(output, str) and not classify),
         ("fields", isinstance(row.get("fields", {}), dict))] if not ok), None)
     if wrong:
         raise ValueError(f"its {wrong!r} is {json.dumps(row[wrong])[:60]}")
-    return Output(row["source"], output, row["reference"], row.get("fields"))
+    return Output(source, output, row["reference"], row.get("fields"))
 
 
 def read_run_config(run_dir: Path) -> dict:

@@ -53,6 +53,19 @@ def predict(run: Run, lines: list[str], config: RunConfig | None = None, return_
     return outputs, cut
 
 
+def pair_from_line(line: str, where: str) -> tuple[str, str]:
+    """A pair task's input line, ``FIRST<TAB>SECOND``, as its two texts; a blank line is a blank pair
+    (its prediction is blank, as a blank line's is for any task). ``where`` names the line in an error."""
+    if not line.strip():
+        return "", ""
+    texts = line.split("\t")
+    if len(texts) != 2:
+        found = "no TAB" if len(texts) == 1 else f"{len(texts) - 1} TABs"
+        raise TaskformerError(f"{where}: this task reads a pair of texts per line, separated by one TAB "
+                              f"(FIRST<TAB>SECOND); the line has {found}")
+    return texts[0], texts[1]
+
+
 def continue_prompt(run: Run, text: str, config: RunConfig, on_text) -> str:
     """A language model's continuation of ``text``, as :func:`predict` gives it, calling ``on_text(piece)``
     with the text each new token adds as soon as it is chosen (the server streams them); returns the

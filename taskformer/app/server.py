@@ -28,10 +28,10 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.sse import EventSourceResponse, format_sse_event
 from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, StringConstraints, Tag
 
 from taskformer.core import decoding, precision
-from taskformer.core.data import encode_sources, pad
+from taskformer.core.data import encode_sources, is_blank, is_pair, pad
 from taskformer.core.decoding import Label, word_tags
 from taskformer.core.engine import autocast
 from taskformer.core.errors import TaskformerError
@@ -112,12 +112,12 @@ class Served:
                             if not isinstance(v, float) or math.isfinite(v)},  # JSON has no NaN
                 "precision": f"{'bf16' if bf16 else 'fp32'} ({why})", "labels": run.labels, "options": options,
                 "precision_words": precision_words(run.config.train.bf16, bf16, run.device.type),
-                "description": task.description,
+                "description": task.description, "pairs": run.model.cfg.pairs,
                 "examples": list(task.examples), "languages": list(task.languages or ())}
 
-    def decode(self, texts: list[str], options: tuple[tuple, bool]) -> list[dict]:
-        """One JSON result per text (runs in the batcher's thread); ``options`` are the request's decode
-        settings, as ``(name, value)`` pairs, and whether it asks for attention."""
+    def decode(self, texts: list, options: tuple[tuple, bool]) -> list[dict]:
+        """One JSON result per text, or per pair of texts (runs in the batcher's thread); ``options`` are
+        the request's decode settings, as ``(name, value)`` pairs, and whether it asks for attention."""
         settings, attention = options
         config = runner.request_config(self.run, dict(settings))
         outputs, _ = runner.predict(self.run, texts, config, attention)
@@ -161,11 +161,14 @@ class Served:
         except TaskformerError as e:
             return {"error": str(e)}
 
-    def result(self, config, text: str, prediction, attention, distribution) -> dict:
+    def result(self, config, text, prediction, attention, distribution) -> dict:
         """``output`` is the value ``taskformer predict --json`` prints for the same input and ``config``
-        (the run's, with the request's decode settings)."""
+        (the run's, with the request's decode settings); for a pair of texts, its label: the texts come
+        beside it, as ``text`` and ``text_pair``."""
         if isinstance(prediction, Label):
             out = {"output": prediction._asdict(), "probabilities": distribution}
+            if is_pair(text):
+                out["text"], out["text_pair"] = text
         elif self.run.model.cfg.kind.per_word:
             out = {"output": [list(pair) for pair in word_tags(text, prediction)]}
         elif not self.run.model.cfg.kind.encoder:  # a language model: its continuation, as predict --json gives it
@@ -183,11 +186,11 @@ class Served:
         return plugins().first("taskformer_annotate", self.run.task, text=text)[1]
 
     @torch.no_grad()
-    def distributions(self, texts: list[str]) -> list[dict[str, float] | None]:
-        """Every label's probability for each text (the page's bars), each text on its own."""
+    def distributions(self, texts: list) -> list[dict[str, float] | None]:
+        """Every label's probability for each text or pair (the page's bars), each on its own."""
         run, found = self.run, []
         for text in hooks.normalize(run.task, texts):
-            if not text.strip():
+            if is_blank(text):
                 found.append(None)
                 continue
             src, _ = encode_sources(run.tokenizer, [text], run.model.cfg.max_len, classify=True)
@@ -328,11 +331,21 @@ def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None 
 
     Text = Annotated[str, StringConstraints(max_length=limits.max_chars)]
 
+    class Pair(BaseModel):  # an input of a task of sentence pairs, in the keys of Hugging Face's pipelines
+        model_config = ConfigDict(extra="forbid")
+        text: Text
+        text_pair: Text | None = None  # required, but said by inputs_for(), which knows the model
+
+    # An input is a text, or an object for a pair: an object is checked as a pair only, so its error
+    # names its own field (the tags have spaces: field_name() leaves them out of the field's name).
+    Input = Annotated[Annotated[Text, Tag("one text")] | Annotated[Pair, Tag("text pair")],
+                      Discriminator(lambda given: "text pair" if isinstance(given, (dict, Pair)) else "one text")]
+
     class PredictRequest(BaseModel):
         """The inputs, and any decode option the model lists in ``GET /v1/models`` (checked by :func:`options`)."""
 
         model_config = ConfigDict(extra="allow")
-        inputs: list[Text] = Field(max_length=limits.max_inputs)
+        inputs: list[Input] = Field(max_length=limits.max_inputs)
         return_attention: bool = False
 
     class TranslateRequest(BaseModel):  # LibreTranslate's /translate
@@ -389,6 +402,20 @@ def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None 
             raise ApiError(422, f"{field}: {len(texts)} texts can never be served here: at most {limits.max_queue} "
                                 "wait per model (--max-queue); send fewer per request", field)
         return texts
+
+    def inputs_for(m: Served, inputs: list) -> list:
+        """The request's inputs as the model reads them: texts, or for a task of pairs ``(text, text_pair)``
+        tuples. An input of the other shape is refused, naming the field that is missing or too much."""
+        pairs, out = m.run.model.cfg.pairs, []
+        for i, given in enumerate(inputs):
+            if pairs and (not isinstance(given, Pair) or given.text_pair is None):
+                raise ApiError(422, f"inputs[{i}].text_pair: model {m.name!r} reads pairs of texts; send each input "
+                                    'as {"text": FIRST, "text_pair": SECOND}', f"inputs[{i}].text_pair")
+            if not pairs and isinstance(given, Pair):
+                raise ApiError(422, f"inputs[{i}]: model {m.name!r} reads one text per input; send it as a string",
+                               f"inputs[{i}]")
+            out.append((given.text, given.text_pair) if pairs else given)
+        return out
 
     def options(m: Served, body: PredictRequest) -> tuple[tuple, bool]:
         """The request's decode settings, checked as ``--set`` checks them (422 naming the first refused
@@ -452,23 +479,23 @@ def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None 
     @app.post("/v1/models/{name}/predict")
     async def predict(name: str, body: PredictRequest, request: Request):
         m = model(name)
-        return {"results": await answer(m, servable(body.inputs, "inputs"), options(m, body), request)}
+        return {"results": await answer(m, servable(inputs_for(m, body.inputs), "inputs"), options(m, body), request)}
 
     @app.post("/v1/models/{name}/predict/stream")
     async def predict_stream(name: str, body: PredictRequest):
         m = model(name)
-        opts = options(m, body)
-        if m.batcher.queued + len(servable(body.inputs, "inputs")) > limits.max_queue:
+        opts, texts = options(m, body), inputs_for(m, body.inputs)
+        if m.batcher.queued + len(servable(texts, "inputs")) > limits.max_queue:
             raise ApiError(503, "server busy: the queue is full; retry shortly", None, {"Retry-After": "1"})
 
         async def one(i: int, text: str):
             return i, (await m.batcher.predict([text], opts))[0]
 
         if not m.run.model.cfg.kind.encoder:  # a language model: its text as it is written
-            return EventSourceResponse(m.continuations(body.inputs, opts[0]))
+            return EventSourceResponse(m.continuations(texts, opts[0]))
 
         async def events():
-            tasks = [asyncio.ensure_future(one(i, t)) for i, t in enumerate(body.inputs)]
+            tasks = [asyncio.ensure_future(one(i, t)) for i, t in enumerate(texts)]
             try:
                 for done in asyncio.as_completed(tasks):
                     try:

@@ -2,7 +2,8 @@
 
 One package per model variant, each a small synthetic task that trains in seconds: reverse digits
 (encoder-decoder), low or high digits (encoder-only: a classifier), digits seen once or repeated (tagging),
-counting on from a prompt (decoder-only: a language model).
+counting on from a prompt (decoder-only: a language model); with ``--pairs``, whether the digits of one
+text are in another (encoder-only, a classifier of pairs of texts).
 ``pyproject.toml`` and the README are shared; the module and its test are the variant's own.
 The encoder-decoder package for ``reverse`` is ``examples/taskformer-reverse`` (a test keeps them
 equal), so the scaffold, the example and the tutorial in docs/plugins.md are one piece of code.
@@ -27,8 +28,10 @@ VARIANTS = {  # variant: (what the package's task is, for its README; an input t
     "decoder-only": ("a language model learns to count on from a prompt of digits in its steps (`1 3 5` goes on "
                      "`7 9 1 3 5 7`)", "1 3 5"),
 }
+PAIRS = ("the model learns whether each digit of a short sequence is in a longer one, given the two as a pair "
+         "of texts", r"3 1 4 1 5 9 2\t9 1")  # an encoder-only package with --pairs; printf's \t is the TAB
 FILES = {"pyproject.toml.tmpl": "pyproject.toml", "README.md.tmpl": "README.md",
-         "${variant}.py.tmpl": "${module}.py", "test_${variant}.py.tmpl": "tests/test_${module}.py"}
+         "${template}.py.tmpl": "${module}.py", "test_${template}.py.tmpl": "tests/test_${module}.py"}
 
 
 MAX_NAME = 64  # characters of a task name: its files' names must fit the file system's 255 bytes
@@ -43,16 +46,24 @@ def names(task: str) -> dict[str, str]:
     return {"task": task, "module": module, "package": "taskformer-" + task}
 
 
-def write(task: str, target: Path, variant: str = "encoder-decoder") -> list[Path]:
+def write(task: str, target: Path, variant: str = "encoder-decoder", pairs: bool = False) -> list[Path]:
     """Render the templates into ``target`` (which must not exist or be empty); returns the files written.
+    ``pairs``: an encoder-only task whose inputs are pairs of texts.
 
     The package is written into a temporary folder beside ``target`` and renamed into place, so a
     failure leaves no half-written package."""
     if variant not in VARIANTS:
         raise TaskformerError(f"unknown variant {variant!r}: choose {', '.join(VARIANTS)}")
-    about, example = VARIANTS[variant]
-    command = f"taskformer new-task {task}" + ("" if variant == "encoder-decoder" else f" --variant {variant}")
-    values = {**names(task), "variant": variant, "about": about, "example": example, "command": command}
+    if pairs and variant != "encoder-only":
+        raise TaskformerError(f"--pairs is for encoder-only tasks (a class per pair of texts), not {variant}")
+    about, example = PAIRS if pairs else VARIANTS[variant]
+    command = (f"taskformer new-task {task}" + ("" if variant == "encoder-decoder" else f" --variant {variant}")
+               + (" --pairs" if pairs else ""))
+    # how the README tries the model: a pair of texts is one line with a TAB between them
+    predict = (f"printf '{example}\\n' | taskformer predict runs/{task}" if pairs
+               else f'taskformer predict runs/{task} "{example}"')
+    values = {**names(task), "template": variant + ("-pairs" if pairs else ""),
+              "about": about, "predict": predict, "command": command}
     try:
         if target.exists() and any(target.iterdir()):
             raise TaskformerError(f"{target} already exists and is not empty")
