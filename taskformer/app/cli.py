@@ -193,17 +193,17 @@ def train_and_report(request: prepare.TrainRequest, quiet: bool, shard: tuple[in
 
 @main.command("distill")
 @click.argument("teacher", required=False)
-@click.option("--data-dir", type=click.Path(file_okay=False), help="The task's data folder (default: the teacher's).")
+@click.option("--teacher-set", "teacher_set", multiple=True, metavar="decode.KEY=VALUE",
+              help="Change the teacher's search over the train sources (e.g. decode.beam=5, "
+                   "decode.length_penalty=0.6; default its own).")
 @click.option("--out", type=click.Path(), help="The student's run directory to create (default runs/TASK/<time>).")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True),
               help="The student's training budget in minutes, as `run --time-limit`, counted from the end of "
                    "the teacher's decode.")
-@click.option("--seed", type=int, help="The student's random seed (default: the teacher's train.seed).")
 @click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
               help="distill.mix=true, or one of the student's settings (its size and recipe; default the task's).")
-@click.option("--teacher-set", "teacher_set", multiple=True, metavar="decode.KEY=VALUE",
-              help="Change the teacher's search over the train sources (e.g. decode.beam=5, "
-                   "decode.length_penalty=0.6; default its own).")
+@click.option("--seed", type=int, help="The student's random seed (default: the teacher's train.seed).")
+@click.option("--data-dir", type=click.Path(file_okay=False), help="The task's data folder (default: the teacher's).")
 @click.option("--resume", type=click.Path(file_okay=False),
               help="Continue an interrupted distillation: the decode where it stopped, then the student.")
 @click.option("--quiet", is_flag=True, help="No progress display.")
