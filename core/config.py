@@ -23,7 +23,7 @@ from taskformer.core.decode_config import DecodeConfig
 from taskformer.core.engine import TrainConfig
 from taskformer.core.errors import TaskformerError
 from taskformer.core.model import ModelConfig
-from taskformer.core.options import check, describe
+from taskformer.core.options import check, describe, option
 
 
 @dataclass
@@ -45,6 +45,18 @@ class RunConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass
+class DistillConfig:
+    """What a student of ``taskformer distill`` learns from: the teacher's outputs for the train
+    sources (sequence-level knowledge distillation, Kim & Rush 2016), alone or beside the
+    references. Given as ``--set distill.KEY=VALUE`` to that command only, and recorded in the
+    student's config.json; the teacher's search is its own ``decode`` section, changed with
+    ``--teacher-set decode.KEY=VALUE`` (e.g. its beam and length penalty)."""
+
+    mix: bool = option(False, "Train on the references too: every train source twice, once with the teacher's "
+                       "output and once with its reference; false: on the teacher's outputs alone.")
 
 
 def section_types(task) -> dict[str, type]:

@@ -88,6 +88,8 @@ A run's configuration has four sections: `model` (the network), `train` (optimis
 winning: the defaults below, the task's defaults (listed under each task), a `--config` file (TOML
 or JSON, with the same sections) and `--set section.key=value`. Unknown keys, wrong types and
 values outside the allowed range are refused with one `Error:` line before any work starts.
+`taskformer distill` takes one section more, `distill`, its own (`--set distill.KEY=VALUE` there;
+a run has no such section), listed after `decode`.
 
 `taskformer config TASK [--set ...] [--config FILE] [--json]` prints one task's merged config with
 the same facts, as a TOML file that `--config` reads back; `taskformer run TASK --dry-run` checks
@@ -134,7 +136,8 @@ def _section(name: str, kind: type, values: dict, keep: list | None = None) -> l
 def config_reference() -> str:
     """docs/config.md: the core sections, then what each built-in task changes and adds."""
     parts = [CONFIG_INTRO]
-    core = {"model": config.ModelConfig, "train": config.TrainConfig, "decode": config.DecodeConfig}
+    core = {"model": config.ModelConfig, "train": config.TrainConfig, "decode": config.DecodeConfig,
+            "distill": config.DistillConfig}
     for name, kind in core.items():
         parts += [f"## `{name}`", "", inspect.cleandoc(kind.__doc__), "",
                   *_section(name, kind, asdict(kind())), ""]

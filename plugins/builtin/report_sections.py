@@ -33,6 +33,7 @@ def taskformer_report_sections(run):
             *((f"{s} inputs truncated", n) for s, n in info.get("truncated", {}).items() if n),
             *info.get("notes", {}).items(),
             ("device", info.get("device")), ("precision", info.get("precision")), ("threads", info.get("threads")),
+            ("distilled from", distilled_from(info.get("distill"))),
             ("recipe", info["recipe"].get("why") if isinstance(info.get("recipe"), dict) else None),
             ("budget warning", info["recipe"].get("short") if isinstance(info.get("recipe"), dict) else None),
             ("training and validation", f"{info.get('train_seconds', 0):,.1f} s"),
@@ -58,3 +59,16 @@ def taskformer_report_sections(run):
     decoded = any(not is_blank(src) for src, _, _ in run.samples.get("test", []))
     return [("Configuration", cfg), ("Data and training", facts),
             (f"Metrics (selected by {run.task.metric})", metrics), *([("Test samples", samples)] if decoded else [])]
+
+
+def distilled_from(record) -> str | None:
+    """A distilled student's teacher and training data in words (None for any other run)."""
+    if not isinstance(record, dict):
+        return None
+    search, members = record.get("teacher_search"), record.get("teacher_members")
+    beam = search.get("beam") if isinstance(search, dict) else None
+    how = [f"{members} members" if isinstance(members, int) and members > 1 else "one network",
+           *([f"beam {beam}" if beam != 1 else "greedy"] if beam is not None else [])]
+    mixed = ", with the references" if record.get("mix") is True else ""
+    return (f"{record.get('teacher')} ({', '.join(how)}): its outputs for the "
+            f"{fmt(record.get('count'))} train sources, in {record.get('file')}{mixed}")

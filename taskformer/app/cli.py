@@ -25,6 +25,7 @@ from taskformer.plugins.sections import metric_list
 C, decoding, export = lazy("taskformer.core.config"), lazy("taskformer.core.decoding"), lazy("taskformer.core.export")
 data = lazy("taskformer.core.data")
 console, distributed, plan = lazy("taskformer.app.console"), lazy("taskformer.app.distributed"), lazy("taskformer.app.plan")
+distill = lazy("taskformer.app.distill")
 prepare, report, resources = lazy("taskformer.app.prepare"), lazy("taskformer.app.report"), lazy("taskformer.app.resources")
 rundir, runner, training = lazy("taskformer.app.rundir"), lazy("taskformer.app.runner"), lazy("taskformer.app.training")
 
@@ -162,12 +163,9 @@ def run_cmd(task, data_dir, out, time_limit, seed, config_file, overrides, resum
         click.echo(plan.describe(checked))
         return
     if resume:
-        given = [name for name, value in (("TASK", task), ("--data-dir", data_dir), ("--out", out),
-                                          ("--time-limit", time_limit), ("--seed", seed), ("--config", config_file),
-                                          ("--set", overrides)) if value]
-        if given:
-            raise TaskformerError(f"--resume continues a run with the settings saved in its config.json; "
-                                  f"{', '.join(given)} cannot be given with it")
+        alone_with_resume("a run", "config.json", {"TASK": task, "--data-dir": data_dir, "--out": out,
+                                                 "--time-limit": time_limit, "--seed": seed,
+                                                 "--config": config_file, "--set": overrides})
     request = prepare.TrainRequest(plugins().task(task) if task else None,  # an unknown name fails here, once
                            data_dir, out, time_limit, seed, config_file, overrides, resume,
                            started=resources.command_started())
@@ -179,12 +177,55 @@ def run_cmd(task, data_dir, out, time_limit, seed, config_file, overrides, resum
         train_and_report(request, quiet, shard=distributed.from_environment() or (0, 1))
 
 
+def alone_with_resume(what: str, record: str, options: dict) -> None:
+    """Refuse any of ``options`` given beside --resume, which continues ``what`` as its ``record`` file says."""
+    if given := [name for name, value in options.items() if value not in (None, ())]:
+        raise TaskformerError(f"--resume continues {what} with the settings saved in its {record}; "
+                              f"{', '.join(given)} cannot be given with it")
+
+
 def train_and_report(request: prepare.TrainRequest, quiet: bool, shard: tuple[int, int] = (0, 1)) -> None:
     """One rank's work: train with a progress display; rank 0 prints and saves the report."""
     with console.ProgressDisplay(quiet or shard[0] != 0) as display:
         run = training.train(request, on_event=display, shard=shard)
     if shard[0] == 0:
         report.render(run)
+
+
+@main.command("distill")
+@click.argument("teacher", required=False)
+@click.option("--teacher-set", "teacher_set", multiple=True, metavar="decode.KEY=VALUE",
+              help="Change the teacher's search over the train sources (e.g. decode.beam=5, "
+                   "decode.length_penalty=0.6; default its own).")
+@click.option("--out", type=click.Path(), help="The student's run directory to create (default runs/TASK/<time>).")
+@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True),
+              help="The student's training budget in minutes, as `run --time-limit`, counted from the end of "
+                   "the teacher's decode.")
+@click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
+              help="distill.mix=true, or one of the student's settings (its size and recipe; default the task's).")
+@click.option("--seed", type=int, help="The student's random seed (default: the teacher's train.seed).")
+@click.option("--data-dir", type=click.Path(file_okay=False), help="The task's data folder (default: the teacher's).")
+@click.option("--resume", type=click.Path(file_okay=False),
+              help="Continue an interrupted distillation: the decode where it stopped, then the student.")
+@click.option("--quiet", is_flag=True, help="No progress display.")
+def distill_cmd(teacher, data_dir, out, time_limit, seed, overrides, teacher_set, resume, quiet) -> None:
+    """Train one network on TEACHER's outputs (sequence-level knowledge distillation).
+
+    TEACHER, a finished run (an ensemble, say), decodes its task's train sources with its own
+    search; a student run of the same task then trains on those outputs instead of the references
+    (with them: --set distill.mix=true). The student is a normal run, which predict, eval, serve and
+    export take; its result names the teacher and the distillation data.
+    """
+    if not teacher and not resume:
+        raise click.UsageError("give a TEACHER run directory, or --resume RUN_DIR")
+    if resume:
+        alone_with_resume("a distillation", "distill.json", {"TEACHER": teacher, "--data-dir": data_dir, "--out": out,
+                                                             "--time-limit": time_limit, "--seed": seed,
+                                                             "--set": overrides, "--teacher-set": teacher_set})
+    request = distill.DistillRequest(teacher, data_dir, out, time_limit, seed, overrides, teacher_set, resume)
+    with console.ProgressDisplay(quiet) as display:
+        run = distill.train(request, on_event=display)
+    report.render(run)
 
 
 @main.command("eval")
@@ -198,7 +239,7 @@ def train_and_report(request: prepare.TrainRequest, quiet: bool, shard: tuple[in
 def eval_cmd(run_dir, split, data_dir, overrides, average, as_json) -> None:
     """Re-evaluate a saved run's best checkpoint, or the average of its last checkpoints."""
     run = runner.load(run_dir)
-    runner.set_decoding(run, overrides, "eval")
+    runner.set_decoding(run, overrides, "eval --set")
     weights = runner.use_average(run, average) if average else run.info.get("kept_weights", "best")
     with console.ProgressDisplay() as display, progress.listening(display):
         results = runner.evaluate_saved(run, split or ("val", "test"), data_dir)
@@ -237,7 +278,7 @@ def predict_cmd(run_dir, text, beam, overrides, as_json, threads) -> None:
         import torch
 
         torch.set_num_threads(resources.checked_threads(threads))
-    runner.set_decoding(run, overrides, "predict")
+    runner.set_decoding(run, overrides, "predict --set")
     config = runner.with_search(run.config, beam)
     tagger, pairs, cut, done = run.model.cfg.kind.per_word, run.model.cfg.pairs, 0, 0
     settings = None if run.model.cfg.kind.encoder else runner.generation_settings(config)

@@ -17,10 +17,12 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
 
 from taskformer.core import budget
+from taskformer.core import checkpoint as ckpt
 from taskformer.core import config as C
 from taskformer.core import progress
 from taskformer.core.config import RunConfig
@@ -50,6 +52,12 @@ class TrainRequest:
     overrides: tuple[str, ...] = ()  # --set SECTION.KEY=VALUE
     resume: str | None = None
     started: float | None = None  # time.monotonic() when the command began (the time limit counts from it); None: now
+    # A distillation's student (app/distill.py): the run directory it decoded its targets into, already
+    # made, marked and locked by this process; the teacher's settings under yours, each (where from,
+    # {section: {key: value}}); and the record of its targets (see :func:`distilled`).
+    claimed: Path | None = None
+    settings: tuple[tuple[str, dict], ...] = ()
+    distill: dict | None = None
 
 
 @dataclass
@@ -64,8 +72,9 @@ class Layers:
 
     @classmethod
     def of(cls, task: Task, config_file: str | None, overrides, seed: int | None,
-           time_limit: float | None = None) -> Layers:
-        yours = [(str(config_file), C.read_config_file(config_file))] if config_file else []
+           time_limit: float | None = None, settings: tuple[tuple[str, dict], ...] = ()) -> Layers:
+        yours = list(settings)  # given for you: a distillation's teacher's data options, under your own
+        yours += [(str(config_file), C.read_config_file(config_file))] if config_file else []
         yours += [("--set", C.parse_overrides(list(overrides)))] if overrides else []
         yours += [("--seed", {"train": {"seed": seed}})] if seed is not None else []
         return cls(task, time_limit, yours)
@@ -110,6 +119,7 @@ class Prepared:
     time_limit: float | None  # minutes of wall time for the whole command
     started: float  # time.monotonic() when the command began: the time limit counts from here
     recipe: dict | None = None  # what the budget bought, the record config.json and result.json keep
+    distill: dict | None = None  # where the train targets came from (a teacher), the same files' record
 
     def seconds_left(self) -> float | None:
         """The time limit's seconds not yet spent, or None without one."""
@@ -136,7 +146,7 @@ def prepare(request: TrainRequest, shard: tuple[int, int] = (0, 1)) -> Prepared:
     started = request.started or time.monotonic()
     task, time_limit = request.task, request.time_limit
     check_time_limit(time_limit)
-    layers = Layers.of(task, request.config_file, request.overrides, request.seed, time_limit)
+    layers = Layers.of(task, request.config_file, request.overrides, request.seed, time_limit, request.settings)
     config = layers.build()
     check_budget(config, time_limit)
     footprint = getattr(config.data, "footprint", None)  # data made from options: can it be made here?
@@ -147,11 +157,38 @@ def prepare(request: TrainRequest, shard: tuple[int, int] = (0, 1)) -> Prepared:
     use_threads(config)
     with progress.stage("loading data and training the tokenizer"):
         data = datacache.load(task, config, request.data_dir, lambda: load_data(task, config, request.data_dir))
-    run = Prepared(task, config, data, request.data_dir, pick_device(), time_limit, started)
+    if request.distill:
+        data = distilled(data, request.distill, request.claimed)
+    run = Prepared(task, config, data, request.data_dir, pick_device(), time_limit, started, distill=request.distill)
     if time_limit:
         run.recipe = plan_time(run, layers, shard)
         run.config = layers.build(run.recipe["overrides"])
     return run
+
+
+def distilled(data: TaskData, record: dict, run_dir: Path) -> TaskData:
+    """``data`` whose train targets are a teacher's outputs, read from the file ``record`` names in
+    the run directory (app/distill.py writes it), or, where ``record["mix"]``, the train split with
+    those rows beside it. The file has a row per train row; each source must be the task's own, so
+    a student whose data differs from what its teacher read (another folder or data option) is
+    refused instead of learning outputs for other sentences."""
+    name, mix = record.get("file"), record.get("mix")
+    if not (isinstance(name, str) and name == Path(name).name and name not in ("", ".", "..")
+            and isinstance(mix, bool)):
+        raise TaskformerError(f"{run_dir / 'config.json'}: damaged 'distill' record (expected the file of the "
+                              "teacher's outputs in the run directory and mix, true or false)")
+    path, train = run_dir / name, data.splits["train"]
+    rows = ckpt.read_jsonl(path)
+    if len(rows) != len(train):
+        raise TaskformerError(f"{path}: {len(rows):,} teacher outputs for the {len(train):,} rows of the task's train "
+                              "split; the data is not what the teacher decoded (another --data-dir or data option?)")
+    taught = []
+    for number, (row, (source, _, *fields)) in enumerate(zip(rows, train), 1):
+        if row.get("source") != source or not isinstance(row.get("output"), str):
+            raise TaskformerError(f"{path}:{number}: not the teacher's output for train row {number} of this data "
+                                  f"(its source is {str(row.get('source'))[:60]!r}, the data's {source[:60]!r})")
+        taught.append((source, row["output"], *fields))
+    return replace(data, splits={**data.splits, "train": [*train, *taught] if mix else taught})
 
 
 def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:

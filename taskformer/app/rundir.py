@@ -123,14 +123,16 @@ def make_dir(path: Path, exist_ok: bool) -> bool:
 STARTED = {MARKER, "config.json", "tokenizer.json", "metrics.jsonl", "checkpoints"}  # written before a checkpoint
 
 
-def failed_before_checkpoint(path: Path) -> list[Path] | None:
+def failed_before_checkpoint(path: Path, kept: frozenset[str] = frozenset()) -> list[Path] | None:
     """What a run that stopped before its first checkpoint left in ``path`` (it cannot be resumed, so
     a new run may replace it), or None if ``path`` holds anything else. That is :data:`STARTED`, the
     best weights of its first evaluation beside its config.json, and temporary files of writes that
-    were cut short."""
-    ours = STARTED | ({ckpt.WEIGHTS} if (path / "config.json").is_file() else set())
-    temporary = tuple(f".{name}." for name in ours)  # atomic_write's names: .NAME.<random>.tmp
-    entries = list(path.iterdir())
+    were cut short. The files named in ``kept`` are the run's too, and stay, with the marker (a
+    distillation's teacher outputs, from which its student begins again)."""
+    stays = kept | {MARKER} if kept else frozenset()
+    ours = STARTED - stays | ({ckpt.WEIGHTS} if (path / "config.json").is_file() else set())
+    temporary = tuple(f".{name}." for name in ours | stays)  # atomic_write's names: .NAME.<random>.tmp
+    entries = [p for p in path.iterdir() if p.name not in stays]
     left = [p for p in entries if p.name in ours or (p.name.startswith(temporary) and p.name.endswith(".tmp"))]
     if len(left) < len(entries) or ckpt.latest_training_state(path / "checkpoints"):
         return None
@@ -158,10 +160,10 @@ def missing_folders(path: Path) -> list[Path]:
     return missing
 
 
-def remove_started(path: Path) -> bool:
+def remove_started(path: Path, kept: frozenset[str] = frozenset()) -> bool:
     """Remove what a marked run that stopped before its first checkpoint left in ``path`` (see
     :func:`failed_before_checkpoint`); False, with nothing removed, where ``path`` holds anything else."""
-    left = failed_before_checkpoint(path) if run_mark(path) else None
+    left = failed_before_checkpoint(path, kept) if run_mark(path) else None
     for entry in sorted(left or [], key=lambda p: p.name == MARKER):  # the marker last: until then the folder is ours
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
@@ -291,6 +293,7 @@ def result_problem(saved) -> str | None:
               ("info", isinstance(info, dict)),
               *((f"info.{k}", isinstance(shape.get(k, {}), dict)) for k in ("data", "truncated", "notes")),
               ("info.recipe", shape.get("recipe") is None or isinstance(shape["recipe"], dict)),
+              ("info.distill", shape.get("distill") is None or isinstance(shape["distill"], dict)),
               *((f"info.{k}", k not in shape or _number(shape[k]))
                 for k in ("train_seconds", "wall_seconds", "tokens_per_s")),
               ("info.date", isinstance(shape.get("date", ""), str))]

@@ -135,13 +135,13 @@ def fit_search(config: RunConfig, vocab: int) -> RunConfig:
     return config
 
 
-def set_decoding(run: Run, overrides: list[str], command: str) -> None:
+def set_decoding(run: Run, overrides: list[str], option: str) -> None:
     """Apply ``--set decode.KEY=VALUE`` to a loaded run's configuration; other sections are refused
-    (``command`` names the command in the message)."""
+    (``option`` names the command's option in the message, e.g. ``eval --set``)."""
     updates = C.parse_overrides(list(overrides))
     if other := sorted(f"{section}.{key}" for section in set(updates) - {"decode"} for key in updates[section]):
-        raise TaskformerError(f"{command} --set changes decoding only, not {', '.join(other)}: use decode.KEY=VALUE")
-    run.config = with_decoding(run, updates.get("decode", {}), "--set")
+        raise TaskformerError(f"{option} changes decoding only, not {', '.join(other)}: use decode.KEY=VALUE")
+    run.config = with_decoding(run, updates.get("decode", {}), option.split()[-1])
 
 
 def with_decoding(run: Run, decode: dict, source: str) -> RunConfig:

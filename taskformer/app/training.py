@@ -27,7 +27,7 @@ from taskformer.plugins.hookspecs import Task
 from taskformer.plugins.manager import plugins
 from taskformer.app import datacache
 from taskformer.app.hooks import build_model, evaluate_split, load_data
-from taskformer.app.prepare import Prepared, TrainRequest, prepare, seconds_per_example
+from taskformer.app.prepare import Prepared, TrainRequest, distilled, prepare, seconds_per_example
 from taskformer.app.resources import pick_device, use_threads
 from taskformer.plugins.run import SPLITS, Run
 from taskformer.app.rundir import (RunDirBusy, bound_files, locked, load_run_weights, model_digest, new_run_dir,
@@ -44,7 +44,7 @@ def saved_config(task: Task, saved: dict, source: str) -> RunConfig:
 
 
 @contextmanager
-def stop_on_signals(trainer: Trainer, task: str):
+def stop_on_signals(trainer: Trainer, again: str):
     """SIGINT/SIGTERM finish the current step, checkpoint, and end training (instead of losing it).
 
     During a validation, which can take long, the first signal drops it where it is (parallel
@@ -57,7 +57,7 @@ def stop_on_signals(trainer: Trainer, task: str):
             raise KeyboardInterrupt
         trainer.stop_reason = f"interrupted by {signal.Signals(signum).name}"
         if trainer.validating:
-            raise Interrupted(trainer.run_dir, f"{trainer.stop_reason} during validation", task, saved=False)
+            raise Interrupted(trainer.run_dir, f"{trainer.stop_reason} during validation", again, saved=False)
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
@@ -79,7 +79,7 @@ def train(request: TrainRequest, on_event=lambda e: None, shard: tuple[int, int]
                 prepared = prepare(request, shard)
                 if prepared.recipe:
                     on_event({"event": "recipe", **prepared.recipe})
-                begun = begin(prepared, request.out, shard, lock)
+                begun = begin(prepared, request.out, shard, lock, request.claimed)
             on_event({"event": "begun", "run_dir": str(begun.run.dir), "time_limit": begun.time_limit,
                       "since_start": time.monotonic() - begun.started})
             state = fit(begun, on_event, shard)
@@ -101,6 +101,13 @@ class Begun:
     resume: bool
     train: Encoded | None = None  # the encoded train and val splits (see :func:`encoded`)
     val: Encoded | None = None
+    distill: dict | None = None  # where the train targets came from (a teacher): config.json's record
+
+    def again(self) -> str:
+        """The command that starts this run again where it stopped before its first checkpoint."""
+        if self.distill:  # the teacher's outputs stay in the run directory
+            return f"taskformer distill --resume {self.run.dir}"
+        return f"taskformer run {self.run.task.name} --out {self.run.dir}"
 
     def encoded(self) -> Begun:
         with progress.stage("encoding the train and val splits"):
@@ -109,11 +116,13 @@ class Begun:
         return self
 
 
-def begin(prepared: Prepared, out: str | None, shard: tuple[int, int], lock: ExitStack) -> Begun:
+def begin(prepared: Prepared, out: str | None, shard: tuple[int, int], lock: ExitStack,
+          claimed: Path | None = None) -> Begun:
     """A prepared new run: its directory (created only now, so a run refused by its data or its
-    budget leaves none), its model, and the config.json that records them."""
+    budget leaves none, unless ``claimed`` already: a distillation's, which holds its teacher's
+    outputs), its model, and the config.json that records them."""
     task, config, data = prepared.task, prepared.config, prepared.data
-    run_dir = new_run_dir(task.name, out, lock) if shard[0] == 0 else None
+    run_dir = (claimed or new_run_dir(task.name, out, lock)) if shard[0] == 0 else None
     if shard[1] > 1:  # every rank writes to (or reads) the directory rank 0 chose
         shared = [run_dir]
         torch.distributed.broadcast_object_list(shared, src=0)
@@ -129,9 +138,11 @@ def begin(prepared: Prepared, out: str | None, shard: tuple[int, int], lock: Exi
                                                    "config": config.to_dict(), "data_dir": prepared.data_dir,
                                                    "time_limit": prepared.time_limit, "binding": binding,
                                                    **({"recipe": prepared.recipe} if prepared.recipe else {}),
+                                                   **({"distill": prepared.distill} if prepared.distill else {}),
                                                    "precision": precision_record(prepared.device)})
     run = Run(run_dir, task, config, data.tokenizer, data.labels, model)
-    return Begun(run, data, prepared.time_limit, prepared.started, stamp, prepared.recipe, resume=False).encoded()
+    return Begun(run, data, prepared.time_limit, prepared.started, stamp, prepared.recipe, resume=False,
+                 distill=prepared.distill).encoded()
 
 
 def resumed(request: TrainRequest, shard: tuple[int, int], lock: ExitStack) -> Begun:
@@ -154,10 +165,13 @@ def resumed(request: TrainRequest, shard: tuple[int, int], lock: ExitStack) -> B
     with progress.stage("loading data and training the tokenizer"):
         data = datacache.load(task, config, saved.get("data_dir"),
                               lambda: load_data(task, config, saved.get("data_dir"), tokenizer=tokenizer), tokenizer)
+    if saved.get("distill") is not None:  # a distillation's student learns its teacher's outputs, resumed too
+        data = distilled(data, saved["distill"] if isinstance(saved["distill"], dict) else {}, run_dir)
     torch.manual_seed(config.train.seed)
     model = build_model(task, config, data.tokenizer.get_vocab_size(), data.labels, training=True).to(pick_device())
     run = Run(run_dir, task, config, data.tokenizer, data.labels, model)
-    return Begun(run, data, saved.get("time_limit"), started, stamp, saved.get("recipe"), resume=True).encoded()
+    return Begun(run, data, saved.get("time_limit"), started, stamp, saved.get("recipe"), resume=True,
+                 distill=saved.get("distill")).encoded()
 
 
 def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
@@ -191,11 +205,10 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
         ckpt.check_stamp(latest / ckpt.WEIGHTS, begun.stamp, run.dir / "config.json")
     checkpoint_bytes = 3 * sum(p.numel() * p.element_size() for p in run.model.parameters())  # weights, Adam's 2 moments
     seconds = begun.time_limit * 60 - (time.monotonic() - begun.started) if begun.time_limit else None
-    with stop_on_signals(trainer, task.name), writes_named(run.dir, checkpoint_bytes):
+    with stop_on_signals(trainer, begun.again()), writes_named(run.dir, checkpoint_bytes):
         if begun.resume and not trainer.resume():  # resuming rewrites metrics.jsonl: a write like the others
             raise TaskformerError(f"{run.dir}: no checkpoint to resume from (checkpoints/ is empty); the run "
-                                  f"stopped before its first one, so start it again: taskformer run {task.name} "
-                                  f"--out {run.dir}")
+                                  f"stopped before its first one, so start it again: {begun.again()}")
         if seconds is not None and begun.resume:  # the clock of a resumed run counts its earlier training too
             seconds += trainer.state["elapsed"]
         state = trainer.fit(seconds, lambda: reserve[0])
@@ -256,6 +269,7 @@ def finish(begun: Begun, state: dict) -> Run:
         "kept_weights": ckpt.weights_name(state["best_weights"] or [state["best_step"]]),
         "stopped": stopped_because(config.train, state),
         **({"recipe": begun.recipe} if begun.recipe else {}),
+        **({"distill": begun.distill} if begun.distill else {}),
     }
     with writes_named(run_dir, 3 * sum(p.numel() * p.element_size() for p in model.parameters())):
         for split, rows in run.outputs.items():
@@ -286,7 +300,7 @@ class Interrupted(TaskformerError):
     """Training was stopped by a signal after a checkpoint was written, or (``saved=False``) in the
     middle of a validation, which is dropped: the last checkpoint, if any, is where a resume starts."""
 
-    def __init__(self, run_dir: Path, why: str, task: str = "", saved: bool = True):
+    def __init__(self, run_dir: Path, why: str, again: str = "", saved: bool = True):
         last = ckpt.latest_training_state(Path(run_dir) / "checkpoints")
         if saved:
             how = f"checkpoint saved. Resume with: taskformer run --resume {run_dir}"
@@ -294,7 +308,7 @@ class Interrupted(TaskformerError):
             how = (f"the validation was dropped, the last checkpoint ({last.name}) is kept. Resume with: "
                    f"taskformer run --resume {run_dir}")
         else:
-            how = f"no checkpoint was written yet. Start it again with: taskformer run {task} --out {run_dir}"
+            how = f"no checkpoint was written yet. Start it again with: {again}"
         super().__init__(f"training {why}; {how}")
         self.run_dir = run_dir
         self.exit_code = 130
