@@ -19,7 +19,7 @@ import time
 import torch
 
 from taskformer.core.data import Encoded, collate
-from taskformer.core.engine import Trainer, TrainConfig
+from taskformer.core.engine import TrainConfig, Trainer
 from taskformer.core.errors import TaskformerError
 
 # Evaluations without improvement after which a time-limited run stops when no train.patience is set.
@@ -71,7 +71,7 @@ def choose(recipes, owner: str, pace: float, seconds_for, source: str, batching)
     where it was longer) and ``why``, one line a person reads.
     """
     rows = check_table(recipes, owner) or [(0.0, {}, "the task declares no recipes by budget")]
-    for minimum, overrides, reason in reversed(rows):  # else: the smallest row, short of its budget
+    for minimum, overrides, reason in reversed(rows):  # noqa: B007 -- else: the smallest row, short of its budget
         seconds = seconds_for(overrides)
         if minimum <= pace * seconds:
             break

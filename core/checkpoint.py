@@ -311,7 +311,7 @@ def _ours(run_dir: Path, folder: Path, name: re.Pattern, kind, mark: str | None 
         if kind(info.st_mode) and (mark is None or (entry / mark).is_file() or compat.unmarked_checkpoint(entry)):
             found[int(match[1])] = entry
         else:
-            warnings.warn(f"{entry} is not a checkpoint taskformer wrote; it was left alone")
+            warnings.warn(f"{entry} is not a checkpoint taskformer wrote; it was left alone", stacklevel=2)
     return found
 
 

@@ -39,7 +39,7 @@ def label_from_line(output: str) -> Label:
 def unbound_run(run_dir: Path) -> None:
     """A run without a binding record loads unchecked (``None``: no stamp to check), and says so."""
     warnings.warn(f"{run_dir} was written before taskformer recorded which task, tokenizer and weights "
-                  "belong together; they are loaded without that check")
+                  "belong together; they are loaded without that check", stacklevel=2)
     return None
 
 

@@ -11,15 +11,16 @@ Rows are ordered sentence-major: row ``i * beam + k`` is hypothesis ``k`` of sen
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterable, Iterator, NamedTuple, Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 import torch
 
 from taskformer.core.data import encode_as_text
+from taskformer.core.decode_config import DecodeConfig  # noqa: F401 -- the search's settings, named here too
 from taskformer.core.errors import TaskformerError
 from taskformer.core.model import BOS, EOS, PAD, UNK, Transformer
-from taskformer.core.decode_config import DecodeConfig  # noqa: F401 -- the search's settings, named here too
 
 
 class Constraint(Protocol):

@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -25,7 +25,6 @@ from taskformer.core.data import IGNORE, Encoded, collate, token_batches
 from taskformer.core.errors import TaskformerError
 from taskformer.core.model import PAD, Ensemble, Transformer
 from taskformer.core.options import check, option
-
 
 SCHEDULES = ("inverse_sqrt", "linear")
 
@@ -478,7 +477,8 @@ class Trainer:
         elif cfg.max_steps and st["step"] >= cfg.max_steps:
             reason = f"reached train.max_steps={cfg.max_steps}"
         elif st["cooldown"] and st["step"] >= sum(st["cooldown"]):
-            reason = f"the cool-down brought the learning rate to zero ({st['cooldown'][1]} updates after step {st['cooldown'][0]})"
+            start, length = st["cooldown"]
+            reason = f"the cool-down brought the learning rate to zero ({length} updates after step {start})"
         elif time_limit is not None and st["elapsed"] >= time_limit - self.reserve():
             reason = (f"time limit: after {st['elapsed']:.0f} s of training and validation, the rest of the "
                       f"time kept for the last validation and the final evaluation (about {self.reserve():.0f} s)")

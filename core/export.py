@@ -19,13 +19,11 @@ only when an export runs, and so are torch and the model (the command line reads
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import stat
 import tempfile
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer

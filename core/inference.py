@@ -72,7 +72,7 @@ def _pack(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _packs_here() -> bool:
     """Whether this torch can pack a linear layer for oneDNN (a CPU build with it, on a CPU it supports)."""
     try:

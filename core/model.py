@@ -376,7 +376,7 @@ class Transformer(nn.Module):
     def _init_weights(self) -> None:
         # Xavier for every matrix (as the reference implementation); embeddings get N(0, D^-1/2) so
         # that after the sqrt(D) scaling their entries have unit variance, like the position signal.
-        for name, p in self.named_parameters():
+        for _name, p in self.named_parameters():
             if p.dim() > 1:
                 nn.init.xavier_uniform_(p)
         for emb in (self.embed, self.tgt_embed):

@@ -63,7 +63,7 @@ def bf16_native(device_type: str) -> tuple[bool, str]:
     return _pinned.get(device_type) or _probe(device_type)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _probe(device_type: str) -> tuple[bool, str]:
     if device_type == "cuda":
         ok = torch.cuda.is_bf16_supported()
@@ -96,7 +96,7 @@ def choose(setting, device: torch.device) -> tuple[bool, str]:
     return native, f"auto: {why}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _warn_emulated(why: str) -> None:
     warnings.warn(f"train.bf16=true but bf16 is not native here ({why}): expect it to be much slower than fp32",
                   stacklevel=3)

@@ -12,9 +12,10 @@ hook can use the same two calls, so its own loading shows up in the console like
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Callable, Iterable, Iterator, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 _listener: ContextVar[Callable[[dict], None] | None] = ContextVar("taskformer_progress", default=None)

@@ -9,8 +9,8 @@ file and the code disagree.
 from __future__ import annotations
 
 import inspect
-from dataclasses import asdict, fields
 import sys
+from dataclasses import asdict, fields
 from pathlib import Path
 
 from taskformer.core import budget, config, data, decoding, metrics, options, progress, tokenize

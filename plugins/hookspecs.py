@@ -33,11 +33,11 @@ if TYPE_CHECKING:  # the types the hooks receive and return; none of them is imp
     from rich.console import RenderableType
     from tokenizers import Tokenizer
 
-    from taskformer.plugins.run import Run
     from taskformer.core.config import RunConfig
     from taskformer.core.data import TaskData
     from taskformer.core.decoding import Label
     from taskformer.core.model import ModelConfig, Transformer
+    from taskformer.plugins.run import Run
 
 import pluggy
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import difflib
 import importlib
+from collections.abc import Iterator
 from dataclasses import replace
 from functools import lru_cache
 from importlib.metadata import entry_points
-from typing import Any, Iterator
+from typing import Any
 
 import pluggy
 

@@ -32,8 +32,21 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from taskformer import (EOS, PAD, SPECIALS, DataError, DecodeConfig, Task, TaskData, TaskformerError, characters,
-                        find_file, hookimpl, option, read_parallel)
+from taskformer import (
+    EOS,
+    PAD,
+    SPECIALS,
+    DataError,
+    DecodeConfig,
+    Task,
+    TaskData,
+    TaskformerError,
+    characters,
+    find_file,
+    hookimpl,
+    option,
+    read_parallel,
+)
 
 # torch, pypinyin and sacreBLEU are imported in the functions that use them: listing the installed
 # tasks imports this module, and should not wait for them.

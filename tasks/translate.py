@@ -12,8 +12,18 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from taskformer import (DataError, Task, TaskData, cross_attention, find_file, hookimpl, option, read_parallel,
-                        subword, translation_metrics)
+from taskformer import (
+    DataError,
+    Task,
+    TaskData,
+    cross_attention,
+    find_file,
+    hookimpl,
+    option,
+    read_parallel,
+    subword,
+    translation_metrics,
+)
 
 FILES = {"train": "train", "val": "val", "test": "test_2016_flickr"}  # split -> file stem of the release
 HUB = "bentrevett/multi30k"

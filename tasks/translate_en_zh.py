@@ -19,8 +19,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from taskformer import (CJK, DataError, Task, TaskData, cross_attention, find_file, hookimpl, option, read_tsv,
-                        subword, translation_metrics)
+from taskformer import (
+    CJK,
+    DataError,
+    Task,
+    TaskData,
+    cross_attention,
+    find_file,
+    hookimpl,
+    option,
+    read_tsv,
+    subword,
+    translation_metrics,
+)
 
 FILES = {"train": "train.txt", "val": "dev.txt", "test": "test.txt"}
 WHERE = ("translate-en-zh needs --data-dir DIR with train.txt, dev.txt and test.txt (plain or .gz), one "

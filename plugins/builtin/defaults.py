@@ -26,9 +26,10 @@ def taskformer_decode(model, src, tokenizer, labels, words, config):
 @hookimpl
 def taskformer_metrics(task, hypotheses, references, logprobs):
     """For decoder-only tasks: ``perplexity``, ``bits_per_token`` and ``bits_per_char`` of the
-    references (see :func:`taskformer.core.metrics.language_model_scores`). For tagging tasks: ``token_accuracy``, the percentage of words tagged right, and ``exact_match``,
-    the percentage of inputs with every word right; for BIO, IOB or IOBES tags also the entity-level
-    ``span_precision``, ``span_recall``, ``span_f1`` and ``span_f1_TYPE`` (see :func:`taskformer.span_scores`)."""
+    references (see :func:`taskformer.core.metrics.language_model_scores`). For tagging tasks:
+    ``token_accuracy``, the percentage of words tagged right, and ``exact_match``, the percentage of
+    inputs with every word right; for BIO, IOB or IOBES tags also the entity-level ``span_precision``,
+    ``span_recall``, ``span_f1`` and ``span_f1_TYPE`` (see :func:`taskformer.span_scores`)."""
     kind = variants.of(task.variant)
     if not kind.encoder:
         return language_model_scores(references, logprobs)

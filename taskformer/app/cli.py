@@ -15,9 +15,9 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from taskformer.app import lazy, scaffold, serve
 from taskformer.core import progress
 from taskformer.core.errors import TaskformerError
-from taskformer.app import lazy, scaffold, serve
 from taskformer.plugins.manager import plugins
 from taskformer.plugins.sections import metric_list
 
@@ -106,7 +106,7 @@ def tasks_cmd(as_json) -> None:
         table.add_column(col)
     for t in tasks:
         table.add_row(t.name, t.variant, t.metric, t.description, t.plugin)
-    for name, why in p.broken.items():
+    for name in p.broken:
         table.add_row("[red]-", "", "", "[red]broken (see below)", name)
     listing_console().print(table)
     for name, why in p.broken.items():

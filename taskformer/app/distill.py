@@ -26,6 +26,10 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from taskformer.app import datacache, rundir, runner, training
+from taskformer.app.hooks import decode_texts, load_data
+from taskformer.app.prepare import Layers, TrainRequest, check_budget, check_time_limit
+from taskformer.app.rundir import row_json
 from taskformer.core import checkpoint as ckpt
 from taskformer.core import config as C
 from taskformer.core import progress
@@ -33,10 +37,6 @@ from taskformer.core.data import TaskData, encode_sources
 from taskformer.core.decoding import decode_workers
 from taskformer.core.errors import TaskformerError
 from taskformer.core.options import check
-from taskformer.app import datacache, rundir, runner, training
-from taskformer.app.hooks import decode_texts, load_data
-from taskformer.app.prepare import Layers, TrainRequest, check_budget, check_time_limit
-from taskformer.app.rundir import row_json
 from taskformer.plugins.hookspecs import Output
 from taskformer.plugins.run import Run
 

@@ -15,10 +15,8 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from taskformer.core import decoding
-from taskformer.core import progress
-from taskformer.core import inference
-from taskformer.core import variants
+from taskformer.app.resources import check_memory
+from taskformer.core import decoding, inference, progress, variants
 from taskformer.core.config import RunConfig
 from taskformer.core.data import Encoded, TaskData, encode, encode_sources, encode_words, is_blank, is_pair, pad
 from taskformer.core.decoding import Label
@@ -29,7 +27,6 @@ from taskformer.core.tokenize import check_specials
 from taskformer.plugins.builtin import defaults as default_decoder
 from taskformer.plugins.hookspecs import Output, Task
 from taskformer.plugins.manager import PluginError, plugins
-from taskformer.app.resources import check_memory
 from taskformer.plugins.run import SPLITS, Prediction, Run
 
 

@@ -8,10 +8,10 @@ whatever would stop a run at its start stops the dry run the same way; no run di
 """
 from __future__ import annotations
 
-from taskformer.core.engine import epoch_updates, planned_updates
-from taskformer.plugins.manager import plugins
 from taskformer.app import datacache, hooks
 from taskformer.app.prepare import TrainRequest, prepare
+from taskformer.core.engine import epoch_updates, planned_updates
+from taskformer.plugins.manager import plugins
 
 
 def dry_run(task_name: str, data_dir: str | None = None, config_file: str | None = None,

@@ -18,24 +18,23 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
-from taskformer.core import budget
+from taskformer.app import datacache, rundir
+from taskformer.app.hooks import build_model, evaluate_split, load_data
+from taskformer.app.resources import check_memory, pick_device, use_threads
+from taskformer.core import budget, progress
 from taskformer.core import checkpoint as ckpt
 from taskformer.core import config as C
-from taskformer.core import progress
 from taskformer.core.config import RunConfig
 from taskformer.core.data import Encoded, TaskData
 from taskformer.core.engine import epoch_updates
 from taskformer.core.errors import TaskformerError
 from taskformer.core.options import unused
 from taskformer.plugins.hookspecs import Task
-from taskformer.app import datacache, rundir
-from taskformer.app.hooks import build_model, evaluate_split, load_data
-from taskformer.app.resources import check_memory, pick_device, use_threads
 from taskformer.plugins.run import Run
-
 
 
 @dataclass
@@ -202,17 +201,21 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
         probed = layers.build(leave_out=set(table_keys(task)))
         train_enc = datacache.encoded(run.data, "train", probed.model.max_len, task.variant)
         pace, source, per_example, ratio = probe(run, probed, train_enc, shard[1])
+        timer = row_timer(run, layers, probed, shard[1])
         # after training: a last validation (of the updates since the one before), the final evaluation;
         # each member of an ensemble decodes, so a row's members scale the probe's time
         val = len(run.data.splits["val"])
         examples = val / ratio + val + len(run.data.splits["test"])
 
         def final(overrides: dict) -> float:
+            own = timer(overrides)
+            if own is not None:
+                return own.per_example * examples
             return per_example * examples * layers.build(overrides).model.members / probed.model.members
 
         record[0] = budget.choose(task.recipes, table_owner(task), pace,
                                   lambda o: run.seconds_left() - final(o) * (1 + budget.RESERVE_MARGIN), source,
-                                  batching(run, layers, train_enc, probed, pace, shard[1]))
+                                  batching(layers, train_enc, probed, pace, timer))
         chosen = final(record[0]["overrides"])
         if record[0]["train_seconds"] <= 0:
             raise TaskformerError(f"--time-limit {run.time_limit:g} leaves no time to train: the start took "
@@ -228,11 +231,12 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
     return record[0]
 
 
-def probe(run: Prepared, probed: RunConfig, train_enc: Encoded, ranks: int) -> tuple[float, str, float, float]:
+def probe(run: Prepared, probed: RunConfig, train_enc: Encoded, ranks: int,
+          what: str = "the task's network") -> tuple[float, str, float, float]:
     """On a throwaway model of ``probed``, built and trained under a forked random generator (so the
     run's weights and batches are those it would have had without it): the pace (``train.pace`` if
     set, else measured; all ranks together), where it came from, and :func:`decode_seconds`."""
-    with progress.stage("measuring the training pace and the decoding time"):
+    with progress.stage(f"measuring the training pace and the decoding time of {what}"):
         with torch.random.fork_rng(devices=[]):
             model = build_model(run.task, probed, run.data.tokenizer.get_vocab_size(), run.data.labels,
                                 training=True).to(run.device)
@@ -252,26 +256,44 @@ def yours_over(task: Task, layers: Layers, overrides: dict) -> list[str]:
             if getattr(getattr(yours, s), k) != getattr(getattr(chosen, s), k)]
 
 
-def batching(run: Prepared, layers: Layers, train_enc: Encoded, probed: RunConfig, pace: float, ranks: int):
+class RowTiming(NamedTuple):
+    pace: float  # target tokens/s of the row's own network
+    per_example: float  # seconds per example of its final evaluation
+    train: Encoded  # the train split cut to its positions
+
+
+def row_timer(run: Prepared, layers: Layers, probed: RunConfig, ranks: int):
+    """``overrides -> RowTiming | None``: a recipe row that changes the network or its batches (a wider
+    model, a longer context) has its own pace and final evaluation, timed once on a throwaway model
+    of it; ``None`` for a row that does not (the probe's figures hold, scaled by the members)."""
+    timed: dict[str, RowTiming] = {}
+
+    def of(overrides: dict) -> RowTiming | None:
+        cfg = layers.build(overrides)
+        batches = ("max_tokens", "accumulate", "bf16")
+        if replace(cfg.model, members=probed.model.members) == probed.model and \
+                all(getattr(cfg.train, k) == getattr(probed.train, k) for k in batches):
+            return None
+        if repr(overrides) not in timed:
+            encoded = datacache.encoded(run.data, "train", cfg.model.max_len, run.task.variant)
+            pace, _, per_example, _ = probe(run, cfg, encoded, ranks, f"recipe {budget.describe(overrides)}")
+            timed[repr(overrides)] = RowTiming(pace, per_example, encoded)
+        return timed[repr(overrides)]
+    return of
+
+
+def batching(layers: Layers, train_enc: Encoded, probed: RunConfig, pace: float, timer):
     """``overrides -> (updates per target token, warm-up)`` of the config with those overrides: what
     :func:`budget.choose` counts a budget's updates in. The budget is in tokens of the probed model;
-    an ensemble of fewer members trains on proportionally more of them, and a row that changes the
-    network or its batches (a wider model, a longer context) has its own pace timed, once it is
-    picked, so the updates it plans are its own."""
+    an ensemble of fewer members trains on proportionally more of them, and a row with a network of
+    its own (``timer``) trains at its own pace."""
     def of(overrides: dict) -> tuple[float, int]:
-        cfg = layers.build(overrides)
-        same = (replace(cfg.model, members=probed.model.members) == probed.model
-                and replace(cfg.train, warmup=probed.train.warmup) == probed.train)
-        encoded = train_enc if same else datacache.encoded(run.data, "train", cfg.model.max_len, run.task.variant)
+        cfg, own = layers.build(overrides), timer(overrides)
+        encoded = train_enc if own is None else own.train
         per_token = len(epoch_updates(cfg.train, encoded.lengths())) / max(encoded.targets(), 1)
-        if same or probed.train.pace:
+        if own is None:
             return per_token * probed.model.members / cfg.model.members, cfg.train.warmup
-        with progress.stage("timing the chosen recipe's network"):
-            with torch.random.fork_rng(devices=[]):
-                model = build_model(run.task, cfg, run.data.tokenizer.get_vocab_size(), run.data.labels,
-                                    training=True).to(run.device)
-            own = budget.measure_pace(model, cfg.train, encoded, run.device) * ranks
-        return per_token * own / pace, cfg.train.warmup
+        return per_token * own.pace / pace, cfg.train.warmup
     return of
 
 

@@ -11,7 +11,6 @@ import math
 import os
 import re
 import stat
-import sys
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +20,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from taskformer.app import report_html, rundir
 from taskformer.core import checkpoint
 from taskformer.core.checkpoint import WriteFailed
 from taskformer.core.data import is_pair
@@ -28,7 +28,6 @@ from taskformer.core.decoding import Label
 from taskformer.core.errors import TaskformerError
 from taskformer.plugins.hookspecs import Output
 from taskformer.plugins.manager import PluginError, plugins
-from taskformer.app import report_html, rundir
 from taskformer.plugins.sections import fmt, save_figure, save_file, simple_table
 
 
@@ -162,7 +161,7 @@ def _figures(run_dir: Path, names: list[str]) -> list[tuple[str, str]]:
         data = _plot(run_dir / name)
         if data is None:
             warnings.warn(f"{run_dir / name}: not embedded in report.html (not a regular PNG file of at most "
-                          f"{MAX_PLOT >> 20} MB)")
+                          f"{MAX_PLOT >> 20} MB)", stacklevel=2)
             continue
         found.append((name, base64.b64encode(data).decode("ascii")))
     return found
@@ -229,7 +228,7 @@ def find_runs(root: Path) -> list[dict]:
             runs.append({"path": str(folder), "task": saved["task"], "status": "finished", "date": date,
                          "wall_seconds": wall, "metric": metric, "metrics": metrics})
         except (TaskformerError, OSError, ValueError, LookupError, TypeError, AttributeError) as e:
-            warnings.warn(f"skipped {path}: not a readable taskformer {path.stem} ({type(e).__name__}: {e})")
+            warnings.warn(f"skipped {path}: not a readable taskformer {path.stem} ({type(e).__name__}: {e})", stacklevel=2)
     return sorted(runs, key=lambda r: (r["date"], r["path"]), reverse=True)
 
 

@@ -50,7 +50,7 @@ def use_threads(config: RunConfig) -> None:
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's mallopt() parameter numbers (malloc.h)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def keep_freed_memory() -> bool:
     """Ask glibc's malloc to keep freed memory for the next allocation; True where it was asked.
 
@@ -127,7 +127,8 @@ def check_memory(task: Task, config: RunConfig, vocab_size: int, num_classes: in
 def check_search_memory(config: RunConfig) -> None:
     """Refuse a beam search whose key/value cache cannot fit, before it starts: each of beam x
     decode.batch_size hypotheses keeps a key and a value per decoder layer and output position
-    (at most model.max_len), in fp32, once for each ensemble member. An upper bound: a batch may hold fewer inputs, outputs end sooner."""
+    (at most model.max_len), in fp32, once for each ensemble member. An upper bound: a batch may hold
+    fewer inputs, outputs end sooner."""
     d, m = config.decode, config.model
     if d.strategy != "beam" or (available := available_memory()) is None:
         return

@@ -11,25 +11,30 @@ from pathlib import Path
 
 import torch
 
+from taskformer.app import hooks, training
+from taskformer.app.hooks import build_model, decode_texts, evaluate_split, load_data, normalize
+from taskformer.app.prepare import TrainRequest
+from taskformer.app.resources import check_search_memory, pick_device, use_threads
+from taskformer.app.rundir import (
+    bound_files,
+    load_run_weights,
+    read_result,
+    read_run_config,
+    read_tokenizer,
+    row_from_json,
+)
+from taskformer.app.training import saved_config
 from taskformer.core import checkpoint as ckpt
 from taskformer.core import config as C
-from taskformer.core import decoding
+from taskformer.core import decoding, inference
 from taskformer.core import export as export_model
-from taskformer.core import inference
 from taskformer.core.config import RunConfig
 from taskformer.core.data import encode_sources
 from taskformer.core.engine import autocast
 from taskformer.core.errors import DataError, TaskformerError
 from taskformer.core.options import applies, unused
 from taskformer.plugins.manager import plugins
-from taskformer.app import hooks, training
-from taskformer.app.hooks import build_model, decode_texts, evaluate_split, load_data, normalize
-from taskformer.app.resources import check_search_memory, pick_device, use_threads
 from taskformer.plugins.run import Run
-from taskformer.app.rundir import (bound_files, load_run_weights, read_result, read_run_config, read_tokenizer,
-                                   row_from_json)
-from taskformer.app.prepare import TrainRequest
-from taskformer.app.training import saved_config
 
 
 def predict(run: Run, lines: list[str], config: RunConfig | None = None, return_attention: bool = False):
@@ -129,7 +134,7 @@ def fit_search(config: RunConfig, vocab: int) -> RunConfig:
     tokens to keep, and each wider row costs memory); a search whose cache cannot fit is refused."""
     decode = config.decode
     if decode.strategy == "beam" and decode.beam > vocab:
-        warnings.warn(f"beam {decode.beam} is wider than the vocabulary ({vocab} tokens); it was cut to {vocab}")
+        warnings.warn(f"beam {decode.beam} is wider than the vocabulary ({vocab} tokens); it was cut to {vocab}", stacklevel=2)
         config = replace(config, decode=replace(decode, beam=vocab))
     check_search_memory(config)
     return config
@@ -239,7 +244,7 @@ def export(run: Run, out_dir: str | Path, quantization: str, overwrite: bool = F
                "`taskformer predict`")
         if not force:
             raise TaskformerError(f"{why}; pass --force to export the network anyway")
-        warnings.warn(why)
+        warnings.warn(why, stacklevel=2)
     info = {"task": run.task.name, "run_dir": str(run.dir), "quantization": quantization,
             "max_input_length": run.model.cfg.max_len, "decode": run.config.to_dict()["decode"]}
     try:

@@ -13,8 +13,8 @@ import socket
 
 import click
 
-from taskformer.core.errors import TaskformerError
 from taskformer.app import lazy
+from taskformer.core.errors import TaskformerError
 
 runner = lazy("taskformer.app.runner")  # loaded when a server starts, not for --help
 resources = lazy("taskformer.app.resources")

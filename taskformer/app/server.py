@@ -23,13 +23,15 @@ import torch
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.sse import EventSourceResponse, format_sse_event
 from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, StringConstraints, Tag
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from taskformer.app import hooks, runner
+from taskformer.app.batching import Batcher, QueueFull
 from taskformer.core import decoding, precision
 from taskformer.core.data import encode_sources, is_blank, is_pair, pad
 from taskformer.core.decoding import Label, word_tags
@@ -37,8 +39,6 @@ from taskformer.core.engine import autocast
 from taskformer.core.errors import TaskformerError
 from taskformer.core.options import allowed
 from taskformer.plugins.manager import plugins
-from taskformer.app import hooks, runner
-from taskformer.app.batching import Batcher, QueueFull
 
 MAX_BEAM = 16
 OPEN_PATHS = ("/", "/favicon.svg", "/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")  # no model data
@@ -130,28 +130,33 @@ class Served:
         """Server-sent events of a language model: ``{"index", "text"}`` with the text each new token
         adds, then the input's result as ``/predict`` gives it; one input after another. A client that
         goes away stops the generation at its next token."""
-        loop, config = asyncio.get_running_loop(), runner.request_config(self.run, dict(settings))
+        config = runner.request_config(self.run, dict(settings))
         for i, text in enumerate(texts):
-            pieces: asyncio.Queue = asyncio.Queue()
-            gone = False
+            async for event in self.continuation(i, text, config):
+                yield event
 
-            def on_text(piece: str) -> None:
-                if gone:
-                    raise asyncio.CancelledError  # the client went away: end the search
-                loop.call_soon_threadsafe(pieces.put_nowait, piece)
+    async def continuation(self, i: int, text: str, config):
+        """The events of input ``i``: its pieces as the search writes them, then its result."""
+        loop, pieces = asyncio.get_running_loop(), asyncio.Queue()
+        gone = False
 
-            work = loop.run_in_executor(None, runner.continue_prompt, self.run, text, config, on_text)
-            work.add_done_callback(lambda _: loop.call_soon_threadsafe(pieces.put_nowait, None))
+        def on_text(piece: str) -> None:
+            if gone:
+                raise asyncio.CancelledError  # the client went away: end the search
+            loop.call_soon_threadsafe(pieces.put_nowait, piece)
+
+        work = loop.run_in_executor(None, runner.continue_prompt, self.run, text, config, on_text)
+        work.add_done_callback(lambda _: loop.call_soon_threadsafe(pieces.put_nowait, None))
+        try:
+            while (piece := await pieces.get()) is not None:
+                yield format_sse_event(data_str=json.dumps({"index": i, "text": piece}, ensure_ascii=False))
             try:
-                while (piece := await pieces.get()) is not None:
-                    yield format_sse_event(data_str=json.dumps({"index": i, "text": piece}, ensure_ascii=False))
-                try:
-                    data = {"index": i, **self.result_or_error(config, text, await work, None, None)}
-                except Exception as e:
-                    data = {"index": i, "error": f"{type(e).__name__}: {e}"}
-                yield format_sse_event(data_str=json.dumps(data, ensure_ascii=False))
-            finally:
-                gone = True
+                data = {"index": i, **self.result_or_error(config, text, await work, None, None)}
+            except Exception as e:
+                data = {"index": i, "error": f"{type(e).__name__}: {e}"}
+            yield format_sse_event(data_str=json.dumps(data, ensure_ascii=False))
+        finally:
+            gone = True
 
     def result_or_error(self, *args) -> dict:
         """An input the task cannot answer (a tagger's normalizer that changed its word count) fails its

@@ -13,25 +13,32 @@ from pathlib import Path
 
 import torch
 
-from taskformer.core import budget
+from taskformer.app import datacache
+from taskformer.app.hooks import build_model, evaluate_split, load_data
+from taskformer.app.prepare import Prepared, TrainRequest, distilled, prepare, seconds_per_example
+from taskformer.app.resources import pick_device, use_threads
+from taskformer.app.rundir import (
+    RunDirBusy,
+    bound_files,
+    load_run_weights,
+    locked,
+    model_digest,
+    new_run_dir,
+    read_run_config,
+    read_tokenizer,
+    row_json,
+    run_mark,
+)
+from taskformer.core import budget, compat, precision, progress
 from taskformer.core import checkpoint as ckpt
-from taskformer.core import compat
 from taskformer.core import config as C
-from taskformer.core import precision
-from taskformer.core import progress
 from taskformer.core.config import RunConfig
 from taskformer.core.data import Encoded, TaskData
 from taskformer.core.engine import TrainConfig, Trainer
 from taskformer.core.errors import TaskformerError
 from taskformer.plugins.hookspecs import Task
 from taskformer.plugins.manager import plugins
-from taskformer.app import datacache
-from taskformer.app.hooks import build_model, evaluate_split, load_data
-from taskformer.app.prepare import Prepared, TrainRequest, distilled, prepare, seconds_per_example
-from taskformer.app.resources import pick_device, use_threads
 from taskformer.plugins.run import SPLITS, Run
-from taskformer.app.rundir import (RunDirBusy, bound_files, locked, load_run_weights, model_digest, new_run_dir,
-                                   read_run_config, read_tokenizer, row_json, run_mark)
 
 
 def saved_config(task: Task, saved: dict, source: str) -> RunConfig:
