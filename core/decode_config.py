@@ -46,9 +46,9 @@ class DecodeConfig:
     eval_strategy: str = option("greedy", "Cheaper search for the per-evaluation validation score.",
                                 choices=STRATEGIES, variants=SEARCHED)
     compile: bool = option(False, "Compile the one-token decoding step (TorchInductor, static key/value cache; "
-                           "needs a C++ compiler on CPU, falls back without one): faster steps after a first "
-                           "compile of tens of seconds, kept in the user's cache (docs/benchmarks.md).",
-                           variants=SEARCHED)
+                           "needs a C++ compiler on CPU, falls back without one; the first compile takes tens of "
+                           "seconds). Pays where a step is mostly dispatch (a small model, one input at a time); "
+                           "not for the translation defaults (docs/benchmarks.md).", variants=SEARCHED)
     quantize: str = option("none", "int8: decode with int8 linear layers (dynamic quantization, CPU; "
                            "docs/benchmarks.md has its speed and quality).", choices=QUANTIZE)
 

@@ -152,7 +152,9 @@ HOSTILE = "\x1b]0;pwned\x07\x1b[2J\x9b31m [/] [bold]x \u202egnp."
 
 def test_text_from_data_is_shown_with_its_control_characters_visible_and_never_read_as_markup(own_run):
     path = own_run / "outputs-test.jsonl"
-    rows = [{**json.loads(line), "source": HOSTILE, "reference": HOSTILE} for line in path.read_text().splitlines()]
+    # a short output, whatever the tiny model wrote, so that no column wraps the hostile text in report.txt's width
+    rows = [{**json.loads(line), "source": HOSTILE, "output": "1", "reference": HOSTILE}
+            for line in path.read_text().splitlines()]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     result = run_cli("report", str(own_run))
     assert result.returncode == 0, result.stderr

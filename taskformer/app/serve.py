@@ -124,7 +124,7 @@ def command(run_dirs, host, port, max_batch, max_wait_ms, max_inputs, max_chars,
     runs = named_runs(run_dirs)
     for name, run in runs.items():  # every run takes the settings: one its model does not use is refused
         try:
-            runner.set_decoding(run, overrides, "serve")
+            runner.set_decoding(run, overrides, "serve --set")
         except TaskformerError as e:
             raise TaskformerError(f"{name}: {e}") from None
     limits = Limits(max_batch=max_batch, max_wait_ms=max_wait_ms, max_inputs=max_inputs, max_chars=max_chars,
