@@ -19,13 +19,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import taskformer
 from taskformer import (
     CJK,
     DataError,
     Task,
     TaskData,
-    cross_attention,
-    find_file,
     hookimpl,
     option,
     read_tsv,
@@ -75,7 +74,7 @@ def taskformer_tasks():
 def read_splits(data_dir, splits) -> dict[str, list[tuple[str, str]]]:
     if data_dir is None:
         raise DataError(WHERE)
-    return {split: read_tsv(find_file(data_dir, FILES[split])) for split in splits}
+    return {split: read_tsv(taskformer.find_file(data_dir, FILES[split])) for split in splits}
 
 
 @hookimpl
@@ -99,4 +98,4 @@ def taskformer_metrics(hypotheses, references):
 
 @hookimpl
 def taskformer_report_sections(run):
-    return cross_attention(run, "English", "Chinese")
+    return taskformer.cross_attention(run, "English", "Chinese")
