@@ -236,6 +236,11 @@ def reference_logprobs(model: Transformer, data: Encoded, rows: int, cfg: TrainC
     return out
 
 
+def patience_reason(patience: int) -> str:
+    """The stop reason of ``train.patience``, in the words the run reports (and the app recognises)."""
+    return f"no improvement in {patience} evaluations (patience)"
+
+
 class Stop(Exception):
     """Raised inside the loop to end training early (time limit, patience, a signal)."""
 
@@ -473,7 +478,7 @@ class Trainer:
         if self.stop_reason:
             reason = self.stop_reason
         elif cfg.patience and st["stale"] >= cfg.patience:  # asked after each evaluation, never inside one
-            reason = f"no improvement in {cfg.patience} evaluations (patience)"
+            reason = patience_reason(cfg.patience)
         elif cfg.max_steps and st["step"] >= cfg.max_steps:
             reason = f"reached train.max_steps={cfg.max_steps}"
         elif st["cooldown"] and st["step"] >= sum(st["cooldown"]):

@@ -266,18 +266,18 @@ def row_timer(run: Prepared, layers: Layers, probed: RunConfig, ranks: int):
     """``overrides -> RowTiming | None``: a recipe row that changes the network or its batches (a wider
     model, a longer context) has its own pace and final evaluation, timed once on a throwaway model
     of it; ``None`` for a row that does not (the probe's figures hold, scaled by the members)."""
-    timed: dict[str, RowTiming] = {}
+    timed: dict[str, RowTiming | None] = {}  # by the row's overrides: each row is looked at once
 
     def of(overrides: dict) -> RowTiming | None:
-        cfg = layers.build(overrides)
-        batches = ("max_tokens", "accumulate", "bf16")
-        if replace(cfg.model, members=probed.model.members) == probed.model and \
-                all(getattr(cfg.train, k) == getattr(probed.train, k) for k in batches):
-            return None
         if repr(overrides) not in timed:
-            encoded = datacache.encoded(run.data, "train", cfg.model.max_len, run.task.variant)
-            pace, _, per_example, _ = probe(run, cfg, encoded, ranks, f"recipe {budget.describe(overrides)}")
-            timed[repr(overrides)] = RowTiming(pace, per_example, encoded)
+            cfg, batches = layers.build(overrides), ("max_tokens", "accumulate", "bf16")
+            if replace(cfg.model, members=probed.model.members) == probed.model and \
+                    all(getattr(cfg.train, k) == getattr(probed.train, k) for k in batches):
+                timed[repr(overrides)] = None
+            else:
+                encoded = datacache.encoded(run.data, "train", cfg.model.max_len, run.task.variant)
+                pace, _, per_example, _ = probe(run, cfg, encoded, ranks, f"recipe {budget.describe(overrides)}")
+                timed[repr(overrides)] = RowTiming(pace, per_example, encoded)
         return timed[repr(overrides)]
     return of
 

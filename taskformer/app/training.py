@@ -34,7 +34,7 @@ from taskformer.core import checkpoint as ckpt
 from taskformer.core import config as C
 from taskformer.core.config import RunConfig
 from taskformer.core.data import Encoded, TaskData
-from taskformer.core.engine import TrainConfig, Trainer
+from taskformer.core.engine import TrainConfig, Trainer, patience_reason
 from taskformer.core.errors import TaskformerError
 from taskformer.plugins.hookspecs import Task
 from taskformer.plugins.manager import plugins
@@ -232,7 +232,7 @@ def stopped_because(cfg: TrainConfig, state: dict) -> str:
         return why
     if not state["stopped"]:
         ended, lift = f"train.epochs={cfg.epochs}", "set train.epochs=0 to train by steps"
-    elif state["stopped"] == f"no improvement in {cfg.patience} evaluations (patience)":  # the engine's reason
+    elif state["stopped"] == patience_reason(cfg.patience):
         ended, lift = f"train.patience={cfg.patience} (no improvement)", "set train.patience=0 to train to train.max_steps"
     else:  # the time limit or a cool-down the user asked for: the reason says it
         return why
