@@ -2,6 +2,7 @@
 
     python bench/compiled.py                          # speed: batch 1 and batch 128, 3 rounds
     python bench/compiled.py --quick                  # a smoke run of the script
+    python bench/compiled.py --quantize int8          # the same rows with int8 (torchao; CTranslate2's int8)
     python bench/compiled.py --run runs/exp/deen5     # also a trained run: its test outputs, compiled
                                                       # against eager, and the cold and warm start of predict
 
@@ -39,10 +40,12 @@ from taskformer.core import decoding, inference  # noqa: E402
 from taskformer.core.data import pad  # noqa: E402
 
 
-def speed(val_src, n: int, size: int, rounds: int, folder: Path) -> dict:
-    """Sentences/s of eager, compiled and CTranslate2 decoding, batches of ``size``; and the compile seconds."""
+def speed(val_src, n: int, size: int, rounds: int, folder: Path, quantize: str = "none") -> dict:
+    """Sentences/s of eager, compiled and CTranslate2 decoding, batches of ``size``; and the compile seconds.
+    ``quantize="int8"``: torchao's int8 copy, eager and compiled, against CTranslate2's int8."""
     model = make_taskformer(False)[0].eval()
-    eager, compiled = inference.for_decoding(model, "none"), inference.for_decoding(model, "none", compile=True)
+    eager = inference.for_decoding(model, quantize)
+    compiled = inference.for_decoding(model, quantize, compile=True)
     order = sorted(range(n), key=lambda i: -len(val_src[i]))
     batches = [pad([val_src[j] for j in order[i : i + size]]) for i in range(0, n, size)]
     workers = decoding.decode_workers(0, torch.device("cpu"), len(batches))
@@ -64,7 +67,7 @@ def speed(val_src, n: int, size: int, rounds: int, folder: Path) -> dict:
                   for kind, m in (("eager", eager), ("compiled", compiled))}
     if ctranslate2 is not None:
         contenders |= {k: v for k, v in ctranslate2_contenders(model, val_src[:n], size, workers, folder).items()
-                       if "fp32" in k}
+                       if k.endswith("fp32" if quantize == "none" else "int8")}
 
     def work(name, fn):
         started = time.perf_counter()
@@ -120,6 +123,9 @@ def main() -> None:
                         help="the sentence predict decodes for the start times")
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--no-speed", action="store_true", help="only the --run part (outputs and starts)")
+    parser.add_argument("--quantize", choices=("none", "int8"), default="none",
+                        help="int8: the speed rows with torchao's int8 copy and CTranslate2's int8")
+    parser.add_argument("--n1", type=int, default=200, help="sentences decoded one at a time")
     args = parser.parse_args()
     keep_freed_memory()
     result = {"cpu": cpu_name(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
@@ -129,9 +135,11 @@ def main() -> None:
         if args.no_speed:
             folder = None
         if folder:
-            result["batch 1"] = speed(val_src, 8 if args.quick else 200, 1, 1 if args.quick else 3, Path(folder) / "b1")
+            result["quantize"] = args.quantize
+            result["batch 1"] = speed(val_src, 8 if args.quick else args.n1, 1, 1 if args.quick else 3, Path(folder) / "b1",
+                                      args.quantize)
             result["batch 128"] = speed(val_src, 128 if args.quick else 1000, 128, 1 if args.quick else 3,
-                                        Path(folder) / "b128")
+                                        Path(folder) / "b128", args.quantize)
     if args.run:
         result["outputs"] = outputs(args.run)
         result["starts"] = starts(args.run, args.sentence)

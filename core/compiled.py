@@ -9,6 +9,11 @@ buffers of a fixed number of slots, written at the step's position and read thro
 The slots are rounded up to a power of two, so that sentences of other lengths reuse the graph.
 Only the one-token step is compiled; the prefix (BOS, or a prompt) is read by the model as it is.
 
+On a GPU the step is captured as a CUDA graph (Inductor's ``triton.cudagraphs``): one launch replays
+the step's kernels. A graph reads its inputs at fixed addresses, so there the cache lives in buffers
+kept per shape (each thread its own): a search's cache is copied into them once, at its first
+compiled step, and a beam's reordering copies into them instead of making new ones.
+
 Inductor keeps what it compiled in its cache folder (``TORCHINDUCTOR_CACHE_DIR``; by default the
 user's ``taskformer/compiled`` cache, keyed there by the torch version and the CPU), never in a run
 directory: a run directory may come from someone else, and compiled code from it would run as is.
@@ -18,6 +23,7 @@ it is and says so once.
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from pathlib import Path
 
@@ -56,14 +62,29 @@ class Compiled(nn.Module):
 
     static = True
 
-    def __init__(self, model: nn.Module, backend="inductor"):
+    def __init__(self, model: nn.Module, backend="inductor", options: dict | None = None):
         super().__init__()
         self.model, self.cfg = model, model.cfg
+        self.gpu = next(model.parameters()).device.type == "cuda"
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_folder()))
-        # Inductor's C++ wrapper calls the kernels without Python; freezing folds the weights into the
-        # graph as constants, packed once for oneDNN (bench/compiled.py measured both).
-        options = {"cpp_wrapper": True, "freezing": True} if backend == "inductor" else None
+        if options is None and backend == "inductor":
+            # CPU: Inductor's C++ wrapper calls the kernels without Python; freezing folds the weights into
+            # the graph as constants, packed once for oneDNN (bench/compiled.py measured both).
+            # GPU: a CUDA graph replays the step's kernels in one launch (bench/gpu_decode.py).
+            options = {"triton.cudagraphs": True} if self.gpu else {"cpp_wrapper": True, "freezing": True}
         self._step = torch.compile(model.decode, fullgraph=True, backend=backend, options=options)
+        self._pool = threading.local()  # GPU: this thread's cache buffers, by place in the cache and shape
+
+    def _pin(self, cache) -> None:
+        """Put the cache in this thread's kept buffers of its shapes, so a CUDA graph finds it there."""
+        pool = self._pool.__dict__.setdefault("buffers", {})
+        for i, (part, name) in enumerate(_buffers(cache)):
+            key = (i, tuple(part[name].shape), part[name].dtype)
+            kept = pool.setdefault(key, part[name])
+            if kept is part[name]:
+                torch._dynamo.mark_static_address(kept)
+            else:
+                part[name] = kept.copy_(part[name])
 
     def encode(self, src: torch.Tensor):
         return self.model.encode(src)
@@ -74,6 +95,9 @@ class Compiled(nn.Module):
     def decode(self, tgt: torch.Tensor, memory, memory_mask, cache=None, start: int | torch.Tensor = 0):
         # the first position (BOS) and a prompt are read as they are: they make the cache the step then reads
         if self._step is not None and tgt.size(1) == 1 and isinstance(start, torch.Tensor) and int(start) > 0:
+            if self.gpu:  # the graph reads the cache where it was captured, and the last step's output is spent
+                self._pin(cache)
+                torch.compiler.cudagraph_mark_step_begin()
             try:  # the new tokens are a column of the search's table: copied, so their strides are always alike
                 return self._step(tgt.clone(memory_format=torch.contiguous_format), memory, memory_mask, cache, start)
             except Exception as error:  # noqa: BLE001 -- any failure of the compiler: decode as before
@@ -86,4 +110,27 @@ class Compiled(nn.Module):
         return self.model.new_cache(slots(steps, self.cfg.max_len))
 
     def reorder_cache(self, cache, index: torch.Tensor, sentences: torch.Tensor | None = None) -> None:
+        before = [(part, name, part[name]) for part, name in _buffers(cache)] if self.gpu else []
         self.model.reorder_cache(cache, index, sentences)
+        for part, name, buffer in before:  # a CUDA graph reads the buffers it was captured with: keep them
+            if part[name] is not buffer and part[name].shape == buffer.shape:
+                part[name] = buffer.copy_(part[name])
+
+
+def _parts(cache):
+    """The cache's dicts that hold keys and values, however members and layers nest them."""
+    if isinstance(cache, dict):
+        if "k" in cache:
+            yield cache
+        for value in cache.values():
+            if isinstance(value, (dict, list)):
+                yield from _parts(value)
+    elif isinstance(cache, list):
+        for item in cache:
+            yield from _parts(item)
+
+
+def _buffers(cache):
+    """``(part, name)`` of every key and value buffer of the cache."""
+    for part in _parts(cache):
+        yield from ((part, name) for name in ("k", "v") if name in part)

@@ -49,8 +49,9 @@ class DecodeConfig:
                            "needs a C++ compiler on CPU, falls back without one; the first compile takes tens of "
                            "seconds). Pays where a step is mostly dispatch (a small model, one input at a time); "
                            "not for the translation defaults (docs/benchmarks.md).", variants=SEARCHED)
-    quantize: str = option("none", "int8: decode with int8 linear layers (dynamic quantization, CPU; "
-                           "docs/benchmarks.md has its speed and quality).", choices=QUANTIZE)
+    quantize: str = option("none", "int8: decode with int8 linear layers (torchao's dynamic quantization, CPU: "
+                           "per-row weights, per-token inputs); fast only with decode.compile "
+                           "(docs/benchmarks.md has its speed and quality).", choices=QUANTIZE)
 
     def validate(self) -> None:
         """Refuse values outside each field's range (its metadata); a task's subclass adds its own checks."""

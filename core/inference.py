@@ -7,10 +7,12 @@ weights as stored. On an AMD EPYC, MKL ran these products at less than half the 
 and streamed cold weights at a third of its speed, which is most of a step at one sentence
 (docs/benchmarks.md). Elsewhere (GPUs, a torch without oneDNN) the model decodes as it is.
 
-``decode.quantize=int8`` instead gives a copy with PyTorch's dynamic quantization
-(``torch.ao.quantization.quantize_dynamic``): every ``nn.Linear`` gets int8 weights with a scale
-per output row (as CTranslate2's int8), packed once, and quantizes its input on the fly at each
-call; embeddings, layer norms and attention stay fp32.
+``decode.quantize=int8`` instead gives a copy quantized by torchao
+(``Int8DynamicActivationInt8WeightConfig``): every ``nn.Linear`` gets int8 weights with a scale per
+output row, and its input is quantized on the fly with a scale per token, the granularity of
+CTranslate2's int8; embeddings, layer norms and attention stay fp32. Run as it is, each such layer
+is a handful of tensor operations, slower than fp32 at one sentence; with ``decode.compile`` the
+compiler fuses them into the step (docs/benchmarks.md has both).
 
 Both copies first give cross-attention's query and key/value rows of ``in_proj`` modules of their
 own (``split_cross``), so that they are packed or quantized too. The saved weights and training
@@ -23,8 +25,8 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 import threading
-import warnings
 import weakref
 
 import torch
@@ -109,11 +111,11 @@ def packed(model: nn.Module) -> nn.Module:
 
 def int8(model: nn.Module) -> nn.Module:
     """An inference copy of ``model`` with int8 linear layers (on CPU, in eval mode)."""
+    logging.getLogger("torchao").setLevel(logging.ERROR)  # on a CPU torch it lists the GPU kernels it skips
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
     twin = _split(copy.deepcopy(model).cpu().eval())
-    with warnings.catch_warnings():  # torch.ao.quantization announces its move to torchao
-        warnings.filterwarnings("ignore", ".*deprecated")
-        return torch.ao.quantization.quantize_dynamic(
-            twin, {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig})  # a scale per output row
+    quantize_(twin, Int8DynamicActivationInt8WeightConfig())
+    return twin
 
 
 def forget(model: nn.Module) -> None:
@@ -124,11 +126,12 @@ def forget(model: nn.Module) -> None:
             _copies.pop(module, None)
 
 
-def compiled(model: nn.Module) -> nn.Module:
-    """An inference copy of ``model`` (sharing its parameters, in eval mode) whose one-token decoding
-    step is compiled (:mod:`taskformer.core.compiled`); Inductor packs the weights itself."""
+def compiled(model: nn.Module, quantize: str = "none") -> nn.Module:
+    """An inference copy of ``model`` (sharing its parameters, in eval mode; or its int8 copy) whose
+    one-token decoding step is compiled (:mod:`taskformer.core.compiled`); Inductor packs the weights itself."""
     from taskformer.core.compiled import Compiled  # imports the compiler's machinery only when asked for
-    return Compiled(copy.deepcopy(model, memo={id(p): p for p in model.parameters()}).eval())
+    twin = int8(model) if quantize == "int8" else copy.deepcopy(model, memo={id(p): p for p in model.parameters()})
+    return Compiled(twin.eval())
 
 
 def for_decoding(model: nn.Module, quantize: str, compile: bool = False) -> nn.Module:
@@ -140,9 +143,9 @@ def for_decoding(model: nn.Module, quantize: str, compile: bool = False) -> nn.M
     if not compile and quantize == "none" and (next(model.parameters()).device.type != "cpu" or not _packs_here()):
         return model
     versions = tuple(p._version for p in model.parameters())
-    make = compiled if compile else int8 if quantize == "int8" else packed
     with _lock:
         kept = _copies.get(model)
         if kept is None or kept[0] != (quantize, compile, versions):
-            kept = _copies[model] = ((quantize, compile, versions), make(model))
+            twin = compiled(model, quantize) if compile else int8(model) if quantize == "int8" else packed(model)
+            kept = _copies[model] = ((quantize, compile, versions), twin)
     return kept[1]

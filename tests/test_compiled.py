@@ -121,3 +121,32 @@ def test_predict_compiled_gives_the_same_outputs_and_writes_nothing_to_the_run(f
         assert any(cache.rglob("*")), "the compiled step was not cached in TORCHINDUCTOR_CACHE_DIR"
     assert sorted((p.relative_to(finished), p.stat().st_mtime_ns) for p in finished.rglob("*")) == before
     assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") != str(finished)
+
+
+def test_int8_decodes_through_the_static_step_as_it_does_alone():
+    """torchao's int8 copy (per-row weights, per-token inputs) traced over the static cache gives the
+    tokens it gives as it is; ``for_decoding`` compiles that copy when both are asked for."""
+    model, src = network("encoder-decoder"), sources("encoder-decoder")
+    alone = inference.for_decoding(model, "int8")
+    linears = [m for m in alone.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(type(m.weight).__name__ == "Int8Tensor" for m in linears)
+    static = compiled.Compiled(copy.deepcopy(alone), backend="eager")
+    for config in (DecodeConfig(strategy="greedy"), DecodeConfig(beam=3)):
+        assert decoding.search(static, src, config) == decoding.search(alone, src, config)
+    assert inference.for_decoding(model, "int8", compile=True).static
+
+
+def test_the_gpus_kept_buffers_search_what_the_growing_cache_does():
+    """On a GPU the static cache lives in buffers kept per shape and a beam reorders into them (a CUDA
+    graph reads fixed addresses). Forced on here: every search, and an ensemble, gives the same tokens,
+    and a second batch of sentences reuses the first one's buffers."""
+    nets = [network("encoder-decoder", seed) for seed in range(2)]
+    for model in (nets[0], Ensemble(nets).eval()):
+        static = compiled.Compiled(copy.deepcopy(model), backend="eager")
+        static.gpu = True
+        src = sources("encoder-decoder")
+        for name, (config, constraint) in SEARCHES.items():
+            assert decoding.search(static, src, config, constraint) == decoding.search(model, src, config, constraint), name
+        kept = {id(buffer) for buffer in static._pool.buffers.values()}
+        decoding.search(static, sources("encoder-decoder"), DecodeConfig(beam=3))
+        assert {id(buffer) for buffer in static._pool.buffers.values()} == kept
