@@ -50,8 +50,9 @@ class DecodeConfig:
                            "seconds). Pays where a step is mostly dispatch (a small model, one input at a time); "
                            "not for the translation defaults (docs/benchmarks.md).", variants=SEARCHED)
     quantize: str = option("none", "int8: decode with int8 linear layers (torchao's dynamic quantization, CPU: "
-                           "per-row weights, per-token inputs); fast only with decode.compile "
-                           "(docs/benchmarks.md has its speed and quality).", choices=QUANTIZE)
+                           "per-row weights, per-token inputs). Smaller weights, but on CPU slower than fp32 "
+                           "(faster with decode.compile); for fast int8, export to CTranslate2 "
+                           "(docs/benchmarks.md).", choices=QUANTIZE)
 
     def validate(self) -> None:
         """Refuse values outside each field's range (its metadata); a task's subclass adds its own checks."""
