@@ -127,6 +127,7 @@ def main() -> None:
     parser.add_argument("--quantize", choices=("none", "int8"), default="none",
                         help="int8: the speed rows with torchao's int8 copy and CTranslate2's int8")
     parser.add_argument("--n1", type=int, default=200, help="sentences decoded one at a time")
+    parser.add_argument("--n128", type=int, default=1000, help="sentences decoded in batches of 128")
     args = parser.parse_args()
     keep_freed_memory()
     result = {"cpu": cpu_name(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
@@ -139,7 +140,7 @@ def main() -> None:
             result["quantize"] = args.quantize
             result["batch 1"] = speed(val_src, 8 if args.quick else args.n1, 1, 1 if args.quick else 3, Path(folder) / "b1",
                                       args.quantize)
-            result["batch 128"] = speed(val_src, 128 if args.quick else 1000, 128, 1 if args.quick else 3,
+            result["batch 128"] = speed(val_src, 128 if args.quick else args.n128, 128, 1 if args.quick else 3,
                                         Path(folder) / "b128", args.quantize)
     if args.run:
         result["outputs"] = outputs(args.run)
