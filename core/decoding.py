@@ -11,6 +11,7 @@ Rows are ordered sentence-major: row ``i * beam + k`` is hypothesis ``k`` of sen
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple, Protocol, TypeVar
@@ -179,6 +180,21 @@ def _next_logprobs(model, ys, memory: Memory, reader: Reader, step, limit, ignor
     return logp if constraint is None else constraint(step, ys, logp)
 
 
+def _steady_attention(search_fn):
+    """Run a search without cuDNN's attention kernels on a GPU. cuDNN builds a plan for every new shape
+    (milliseconds each), and a search's shapes change at every step (the cache grows, ended rows
+    leave): on an H100 a bf16 search spent 6 ms in each attention call, 90% of its time
+    (docs/benchmarks.md). FlashAttention, the memory-efficient kernel and the plain one need no plan."""
+    @functools.wraps(search_fn)
+    def run(model, src: torch.Tensor, *args, **kwargs):
+        if src.device.type != "cuda":
+            return search_fn(model, src, *args, **kwargs)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+            return search_fn(model, src, *args, **kwargs)
+    return run
+
+
 def _one_per_row(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, pick, normalize: bool,
                  constraint: Constraint | None, ignore_eos: bool) -> list[list[int]]:
     """The search of greedy and sampling: one output per row, its next token ``pick(scores, rows)`` of the
@@ -209,6 +225,7 @@ def _one_per_row(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, p
 
 
 @torch.inference_mode()
+@_steady_attention
 def greedy(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, constraint: Constraint | None = None,
            ignore_eos: bool = False) -> list[list[int]]:
     """Pick the most likely token at every step. ``max_len`` (B,) bounds each output (without BOS).
@@ -236,6 +253,7 @@ def truncate(logp: torch.Tensor, temperature: float, top_k: int = 0, top_p: floa
 
 
 @torch.inference_mode()
+@_steady_attention
 def sample(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
            top_p: float = 1.0, seed: int = 0, constraint: Constraint | None = None,
            ignore_eos: bool = False) -> list[list[int]]:
@@ -263,6 +281,7 @@ def _best(ys: torch.Tensor, scores: torch.Tensor, length_penalty: float, start: 
 
 
 @torch.inference_mode()
+@_steady_attention
 def beam_search(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, beam: int = 5,
                 length_penalty: float = 1.0, constraint: Constraint | None = None,
                 ignore_eos: bool = False) -> list[list[int]]:
