@@ -37,7 +37,8 @@ class Run:
     outputs: dict[str, list[tuple[str, Prediction, str]]] = field(default_factory=dict)
     info: dict = field(default_factory=dict)  # data sizes, wall time, throughput, notes
     # reads the run's logged events when asked: the application, which owns the run directory, gives it
-    read_history: Callable[[], list[dict]] = field(default=list, repr=False)
+    # (a run made in memory has logged none)
+    read_history: Callable[[], list[dict]] = field(default_factory=lambda: list, repr=False)
 
     @property
     def samples(self) -> dict[str, list[tuple[str, Prediction, str]]]:
