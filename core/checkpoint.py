@@ -1,19 +1,15 @@
-"""Run directories and checkpoints, written atomically and loaded without executing code.
+"""Checkpoints and weights, written atomically and loaded without executing code; the atomic
+writes and bounded reads every run file goes through.
 
-Layout of a run directory::
+The run directory, its files and their records are the application's, :mod:`taskformer.app.rundir`.
+This module lays out the two things in it that the training engine writes, the best weights
+(``model.safetensors``) and the checkpoints folder::
 
-    .taskformer-run      the marker: this folder is a run taskformer made (its run id)
-    config.json          task name + full nested config (model shape included)
-    tokenizer.json       the trained tokenizer
-    model.safetensors    best weights so far (what eval and predict load)
-    metrics.jsonl        one JSON object per logged event (train steps, evaluations, final scores)
-    checkpoints/step-N/  last training states for --resume: weights, optimizer, trainer state
+    checkpoints/step-N/  last training states for --resume: weights, optimizer, trainer state, mark
     checkpoints/evaluated/step-N.safetensors
                          with train.average_last=N: the weights of the last N evaluations, averaged
-    report.txt/.html     the end-of-run report
 
-The directory itself (its name, lock and marker, what ``--out`` accepts) is the application's,
-:mod:`taskformer.app.rundir`; this module writes and reads the files in it.
+and lists and prunes that folder by the exact names it writes (:func:`training_states`).
 
 Weights and optimizer state are safetensors (a plain tensor container: loading it cannot run
 code; see :mod:`taskformer.core.optimizer_state`). Every file is written to a temporary name in the
@@ -73,7 +69,7 @@ def atomic_write(path: Path, data: str | bytes) -> None:
 
 
 def append_line(path: Path, line: str) -> None:
-    """Append one line to a log (metrics.jsonl): too small and frequent a write to rename a copy of
+    """Append one line to a log (a run's events): too small and frequent a write to rename a copy of
     the whole file, so a link at ``path`` is refused (O_NOFOLLOW) instead of written through."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
@@ -121,7 +117,7 @@ def read_json(path: Path) -> dict:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """One JSON object per line (metrics.jsonl, outputs-*.jsonl); a damaged line is named, file and line."""
+    """One JSON object per line (a run's log, its outputs); a damaged line is named, file and line."""
     try:
         lines = read_bytes(path).decode("utf-8").splitlines()
     except UnicodeDecodeError as e:
@@ -265,7 +261,8 @@ def average_weights(paths: list[Path]) -> dict[str, torch.Tensor]:
     return {k: (t / len(paths)).to(dtypes[k]) if dtypes[k].is_floating_point else t for k, t in total.items()}
 
 
-EVALUATED = Path("checkpoints") / "evaluated"  # in a run directory: the weights kept for averaging
+CHECKPOINTS = "checkpoints"  # in a run directory: the folder this module lays out, lists and prunes
+EVALUATED = Path(CHECKPOINTS) / "evaluated"  # in a run directory: the weights kept for averaging
 
 # What taskformer writes under checkpoints/, by exact name. Anything else there (``step-1-notes/``, a
 # link, a file) is the user's: never listed, loaded or pruned.

@@ -9,13 +9,13 @@ deterministic, including after ``--resume``.
 """
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -245,11 +245,20 @@ class Stop(Exception):
     """Raised inside the loop to end training early (time limit, patience, a signal)."""
 
 
+class EventLog(Protocol):
+    """Where a trainer records its events (the application's run directory keeps them)."""
+
+    def append(self, event: dict) -> None: ...
+
+    def drop_after(self, step: int) -> None:
+        """Forget the events logged after ``step``, the checkpoint a resumed run starts from."""
+
+
 class Trainer:
     """Trains ``model`` on ``train``; ``evaluate()`` returns the validation metrics dict.
 
     ``select`` is ``(metric name, higher is better)``. ``on_event`` receives every log record
-    (also appended to ``metrics.jsonl``) so the caller can drive a progress display. With
+    (also appended to ``events``, where given) so the caller can drive a progress display. With
     ``average_last`` the weights of each evaluation are kept as well, and the average of the last
     ones competes for the best like any checkpoint (section 6.1 of the paper averages the last 5).
     ``stamp`` goes into the metadata of the best weights and every checkpoint (the runner binds
@@ -259,9 +268,9 @@ class Trainer:
     def __init__(self, model: Transformer, cfg: TrainConfig, train: Encoded, evaluate: Callable[[], dict],
                  select: tuple[str, bool], run_dir: Path, device: torch.device,
                  on_event: Callable[[dict], None] = lambda e: None, shard: tuple[int, int] = (0, 1),
-                 stamp: dict[str, str] | None = None):
+                 stamp: dict[str, str] | None = None, events: EventLog | None = None):
         self.model, self.cfg, self.train_data, self.evaluate = model, cfg, train, evaluate
-        self.stamp = stamp
+        self.stamp, self.events = stamp, events
         self.metric, self.higher = select
         self.run_dir, self.device, self.on_event = Path(run_dir), device, on_event
         self.rank, self.world = shard
@@ -295,12 +304,12 @@ class Trainer:
     def save(self) -> None:
         self.check_weights()
         if self.rank == 0:
-            ckpt.save_training_state(self.run_dir / "checkpoints", self.state["step"], self.model,
+            ckpt.save_training_state(self.run_dir / ckpt.CHECKPOINTS, self.state["step"], self.model,
                                      self.optimizer, self.scheduler, self.state, self.cfg.keep_last, self.stamp)
 
     def resume(self) -> bool:
         """Continue from the newest checkpoint; events logged after it (by the lost process) are dropped."""
-        path = ckpt.latest_training_state(self.run_dir / "checkpoints")
+        path = ckpt.latest_training_state(self.run_dir / ckpt.CHECKPOINTS)
         if path is None:
             return False
         self.state.update(ckpt.load_training_state(path, self.model, self.optimizer, self.scheduler))
@@ -310,24 +319,8 @@ class Trainer:
             raise TaskformerError(f"{path / 'state.json'}: epoch {st['epoch']}, batch {st['batch']} and step {st['step']} "
                                   f"do not agree with {self.cfg.epochs} epochs of {per_epoch} updates; the checkpoint "
                                   "is damaged")
-        log = self.run_dir / "metrics.jsonl"
-        if self.rank == 0 and log.exists():
-            text = ckpt.read_bytes(log).decode("utf-8", errors="replace")
-            kept, lines = [], text.splitlines()
-            for number, line in enumerate(lines, 1):
-                try:
-                    row = json.loads(line) if line.strip() else {}
-                except (ValueError, RecursionError):
-                    row = None
-                step = row.get("step", 0) if isinstance(row, dict) else None
-                if type(step) is not int:
-                    if number == len(lines) and not text.endswith("\n"):
-                        continue  # lines are appended whole with their newline: a killed append leaves only this
-                    raise TaskformerError(f"{log}: line {number} is not a JSON object with a whole-number step; "
-                                          "the log is damaged")
-                if step <= self.state["step"] and line.strip():
-                    kept.append(line)
-            ckpt.atomic_write(log, "".join(line + "\n" for line in kept))
+        if self.rank == 0 and self.events:
+            self.events.drop_after(self.state["step"])
         if self.rank == 0:  # weights of evaluations after the checkpoint would join the averages too early
             for step, later in ckpt.evaluated_weights(self.run_dir).items():
                 if step > self.state["step"]:
@@ -336,8 +329,8 @@ class Trainer:
 
     def log(self, **event) -> None:
         event.setdefault("step", self.state["step"])
-        if self.rank == 0:
-            ckpt.append_line(self.run_dir / "metrics.jsonl", json.dumps(event))
+        if self.rank == 0 and self.events:
+            self.events.append(event)
         self.on_event(event)
 
     # -- the learning rate -------------------------------------------------------------------

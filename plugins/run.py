@@ -1,13 +1,13 @@
 """A run in memory: everything known about it, what report sections and commands read."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
 
-from taskformer.core import checkpoint as ckpt
 from taskformer.core.config import RunConfig
 from taskformer.core.decoding import Label
 from taskformer.core.model import Transformer
@@ -36,6 +36,9 @@ class Run:
     # split -> every (source, prediction, reference) of the split
     outputs: dict[str, list[tuple[str, Prediction, str]]] = field(default_factory=dict)
     info: dict = field(default_factory=dict)  # data sizes, wall time, throughput, notes
+    # reads the run's logged events when asked: the application, which owns the run directory, gives it
+    # (a run made in memory has logged none)
+    read_history: Callable[[], list[dict]] = field(default_factory=lambda: list, repr=False)
 
     @property
     def samples(self) -> dict[str, list[tuple[str, Prediction, str]]]:
@@ -44,8 +47,8 @@ class Run:
 
     @property
     def history(self) -> list[dict]:
-        path = self.dir / "metrics.jsonl"
-        return ckpt.read_jsonl(path) if path.exists() else []
+        """Every event the run logged (training steps, evaluations), oldest first."""
+        return self.read_history()
 
     @property
     def device(self) -> torch.device:

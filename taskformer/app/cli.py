@@ -163,7 +163,7 @@ def run_cmd(task, data_dir, out, time_limit, seed, config_file, overrides, resum
         click.echo(plan.describe(checked))
         return
     if resume:
-        alone_with_resume("a run", "config.json", {"TASK": task, "--data-dir": data_dir, "--out": out,
+        alone_with_resume("a run", rundir.CONFIG, {"TASK": task, "--data-dir": data_dir, "--out": out,
                                                  "--time-limit": time_limit, "--seed": seed,
                                                  "--config": config_file, "--set": overrides})
     request = prepare.TrainRequest(plugins().task(task) if task else None,  # an unknown name fails here, once
@@ -397,7 +397,7 @@ def runs_cmd(root, as_json) -> None:
     """List past and unfinished runs under ROOT (default ./runs): task, status, date, wall time, main metric, path."""
     if not Path(root).is_dir():
         raise TaskformerError(f"{root}: no such directory")
-    runs = report.find_runs(Path(root))
+    runs = rundir.find_runs(Path(root))
     if as_json:
         click.echo(json.dumps(report.finite(runs), indent=2, ensure_ascii=False, allow_nan=False))
         return

@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
+from taskformer.app.rundir import TOKENIZER  # an entry names its tokenizer as a run does
 from taskformer.core import checkpoint as ckpt
 from taskformer.core import progress
 from taskformer.core.config import RunConfig
@@ -113,7 +114,7 @@ def read_entry(entry: Path) -> TaskData:
     saved = ckpt.read_json(entry / "data.json")
     splits = {split: [(tuple(row[0]) if isinstance(row[0], list) else row[0], *row[1:]) for row in rows]
               for split, rows in saved["splits"].items()}  # JSON keeps a pair of texts as a list
-    tokenizer = Tokenizer.from_str(ckpt.read_bytes(entry / "tokenizer.json").decode("utf-8"))
+    tokenizer = Tokenizer.from_str(ckpt.read_bytes(entry / TOKENIZER).decode("utf-8"))
     return TaskData(tokenizer=tokenizer, splits=splits, labels=saved["labels"], notes=saved["notes"])
 
 
@@ -126,7 +127,7 @@ def write_entry(entry: Path, data: TaskData) -> None:
         saved = {"splits": {s: [list(row) for row in rows] for s, rows in data.splits.items()},
                  "labels": fields["labels"], "notes": fields["notes"]}
         (tmp / "data.json").write_text(json.dumps(saved, ensure_ascii=False, default=str), encoding="utf-8")
-        (tmp / "tokenizer.json").write_text(data.tokenizer.to_str(), encoding="utf-8")
+        (tmp / TOKENIZER).write_text(data.tokenizer.to_str(), encoding="utf-8")
         (tmp / MARK).write_text(json.dumps({"format": VERSION}), encoding="utf-8")
         os.replace(tmp, entry)
     except OSError:  # a cache that cannot be written costs time, never the run

@@ -64,7 +64,7 @@ class DistillRequest:
 def train(request: DistillRequest, on_event=lambda e: None) -> Run:
     """Decode the teacher's train split into the student's run directory, then train the student
     there; returns the student run with its val and test metrics (see the module's docstring)."""
-    if request.resume and ckpt.latest_training_state(Path(request.resume) / "checkpoints"):
+    if request.resume and rundir.last_checkpoint(Path(request.resume)):
         return training.train(TrainRequest(resume=request.resume), on_event)  # decoded; the student has begun
     with progress.listening(on_event), ExitStack() as lock:
         if request.resume:
@@ -79,7 +79,7 @@ def train(request: DistillRequest, on_event=lambda e: None) -> Run:
                      "teacher_set": list(request.teacher_set)}
         mix, student_sets = settings(asked["overrides"])
         teacher = load_teacher(asked["teacher"], asked["teacher_set"])
-        task, data_dir = teacher.task, asked["data_dir"] or ckpt.read_json(teacher.dir / "config.json").get("data_dir")
+        task, data_dir = teacher.task, asked["data_dir"] or rundir.read_config(teacher.dir).data_dir
         inherited = (("the teacher's config.json", {"data": teacher.config.to_dict()["data"],
                                                     "train": {"seed": teacher.config.train.seed}}),)
         student = TrainRequest(task, data_dir, None, asked["time_limit"], asked["seed"], None, tuple(student_sets),
@@ -169,7 +169,7 @@ def read_request(run_dir: Path) -> dict:
         (key for key, kind in kinds.items() if not fits(asked.get(key), kind)), None)
     if wrong:
         raise TaskformerError(f"{path}: {wrong} is not what taskformer writes; the file is damaged")
-    if (run_dir / "result.json").exists():
+    if rundir.finished(run_dir):
         raise TaskformerError(f"{run_dir} has finished (result.json exists): nothing to resume")
     return asked
 

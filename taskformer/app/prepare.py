@@ -174,7 +174,7 @@ def distilled(data: TaskData, record: dict, run_dir: Path) -> TaskData:
     name, mix = record.get("file"), record.get("mix")
     if not (isinstance(name, str) and name == Path(name).name and name not in ("", ".", "..")
             and isinstance(mix, bool)):
-        raise TaskformerError(f"{run_dir / 'config.json'}: damaged 'distill' record (expected the file of the "
+        raise TaskformerError(f"{rundir.config_path(run_dir)}: damaged 'distill' record (expected the file of the "
                               "teacher's outputs in the run directory and mix, true or false)")
     path, train = run_dir / name, data.splits["train"]
     rows = ckpt.read_jsonl(path)

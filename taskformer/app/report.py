@@ -6,7 +6,6 @@ ones from the built-in plugin :mod:`taskformer.plugins.builtin.report_sections`,
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import math
 import os
 import re
@@ -21,7 +20,6 @@ from rich.table import Table
 from rich.text import Text
 
 from taskformer.app import report_html, rundir
-from taskformer.core import checkpoint
 from taskformer.core.checkpoint import WriteFailed
 from taskformer.core.data import is_pair
 from taskformer.core.decoding import Label
@@ -50,7 +48,7 @@ def plotted(run) -> list[dict]:
             value = e.get(key)
             if not (type(value) is int and 0 <= value < 1 << 63 if key == "step" else type(value) in (int, float)):
                 wanted = "a whole-number step" if key == "step" else "a number"
-                raise TaskformerError(f"{run.dir / 'metrics.jsonl'}: {key!r} of a {e['event']} event is "
+                raise TaskformerError(f"{rundir.metrics_path(run.dir)}: {key!r} of a {e['event']} event is "
                                       f"{value!r:.40}, not {wanted}; the log is damaged")
     return events
 
@@ -90,7 +88,7 @@ def plot_training(run) -> Path | None:
         fig.tight_layout()
         save_figure(fig, path, dpi=90)
     except (ValueError, OverflowError) as e:
-        raise TaskformerError(f"{run.dir / 'metrics.jsonl'}: its steps, losses or learning rates cannot be "
+        raise TaskformerError(f"{rundir.metrics_path(run.dir)}: its steps, losses or learning rates cannot be "
                               f"plotted ({e}); the log is damaged") from None
     finally:
         plt.close(fig)
@@ -200,40 +198,8 @@ def _render(run, console: Console | None) -> None:
     save_file(run.dir / "report.html", report_html.page(title, where, parts, _figures(run.dir, plots)))
 
 
-def find_runs(root: Path) -> list[dict]:
-    """Every run under ``root`` (any depth), newest first: ``finished`` (it has result.json),
-    ``running`` (a process holds its lock) or ``unfinished`` (stopped before the end: resume it).
-    A run whose files cannot be read is skipped with a warning naming the file."""
-    runs = []
-    # os.walk passes over what cannot be listed or vanishes while it looks (a process's entry in /proc)
-    # and follows no link.
-    found = (Path(where) for where, _, files in os.walk(root) if {"result.json", "config.json"} & set(files))
-    for folder in sorted(found):
-        path = folder / ("result.json" if (folder / "result.json").exists() else "config.json")
-        try:
-            saved = checkpoint.read_json(path)
-            if path.name == "config.json":
-                if not (isinstance(saved, dict) and isinstance(saved.get("task"), str) and "config" in saved):
-                    continue  # another tool's config.json (a CTranslate2 export, say): not a run
-                started = dt.datetime.fromtimestamp(path.stat().st_mtime).isoformat(timespec="seconds")
-                runs.append({"path": str(folder), "task": saved["task"],
-                             "status": "running" if rundir.is_locked(folder) else "unfinished",
-                             "date": started, "wall_seconds": None, "metric": None, "metrics": {}})
-                continue
-            wrong = rundir.result_problem(saved) or ("metrics" if "test" not in saved["metrics"] else None)
-            if wrong:  # a result without a test score is malformed too
-                raise ValueError(f"{wrong} is not what taskformer writes")
-            metric, info, metrics = saved["metric"], saved.get("info", {}), saved["metrics"]
-            date, wall = info.get("date", ""), info.get("wall_seconds")
-            runs.append({"path": str(folder), "task": saved["task"], "status": "finished", "date": date,
-                         "wall_seconds": wall, "metric": metric, "metrics": metrics})
-        except (TaskformerError, OSError, ValueError, LookupError, TypeError, AttributeError) as e:
-            warnings.warn(f"skipped {path}: not a readable taskformer {path.stem} ({type(e).__name__}: {e})", stacklevel=2)
-    return sorted(runs, key=lambda r: (r["date"], r["path"]), reverse=True)
-
-
 def list_runs(runs: list[dict], root: Path) -> Table:
-    """The runs of :func:`find_runs` as a table."""
+    """The runs of :func:`~taskformer.app.rundir.find_runs` as a table."""
     table = simple_table("task", "status", "date", "wall time", "main metric (test)", "path",
                          title=f"runs under {root}")
     table.columns[-1].overflow = "fold"  # a narrow terminal wraps a long path instead of cutting it

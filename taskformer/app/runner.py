@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import Field, fields, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -17,11 +18,13 @@ from taskformer.app.prepare import TrainRequest
 from taskformer.app.resources import check_search_memory, pick_device, use_threads
 from taskformer.app.rundir import (
     bound_files,
+    config_path,
     load_run_weights,
+    read_config,
+    read_metrics,
+    read_outputs,
     read_result,
-    read_run_config,
     read_tokenizer,
-    row_from_json,
 )
 from taskformer.app.training import saved_config
 from taskformer.core import checkpoint as ckpt
@@ -220,7 +223,7 @@ def evaluate_saved(run: Run, splits, data_dir: str | Path | None = None) -> dict
         raise TaskformerError(f"unknown split {unknown[0]!r}: evaluate val or test")
     given = data_dir is not None
     if not given:
-        data_dir = ckpt.read_json(run.dir / "config.json").get("data_dir")
+        data_dir = read_config(run.dir).data_dir
     try:
         data = load_data(run.task, run.config, data_dir, splits, run.tokenizer)  # the splits scored, nothing more
     except DataError as e:  # most often the data moved since the run trained: say where to give it
@@ -273,37 +276,32 @@ def load(run_dir: str | Path) -> Run:
         raise TaskformerError(f"{run_dir}: a CTranslate2 model written by taskformer export, not a run directory; "
                               "run it with CTranslate2 (docs/export.md), or give the run it was exported from")
     ckpt.refuse_pickles(run_dir)
-    saved = read_run_config(run_dir)
-    cfg = saved["config"]
+    saved = read_config(run_dir)
+    cfg = saved.config
     try:
-        task = plugins().task(saved["task"])
+        task = plugins().task(saved.task)
     except TaskformerError as e:  # a task no longer installed, or a damaged name
-        raise type(e)(f"{run_dir / 'config.json'}: {e}") from None
+        raise type(e)(f"{config_path(run_dir)}: {e}") from None
     if str(cfg.get("train", {}).get("bf16")).lower() == "true":
         cfg["train"]["bf16"] = "auto"  # a forced bf16 was for training there; decoding here follows this hardware
     if cfg.get("model", {}).get("variant") != task.variant:
-        raise TaskformerError(f"{run_dir / 'config.json'}: model.variant is {cfg.get('model', {}).get('variant')!r}, "
+        raise TaskformerError(f"{config_path(run_dir)}: model.variant is {cfg.get('model', {}).get('variant')!r}, "
                               f"but task {task.name!r} is {task.variant}")
-    config = saved_config(task, cfg, str(run_dir / "config.json"))
+    config = saved_config(task, cfg, str(config_path(run_dir)))
     use_threads(config)
     stamp = bound_files(run_dir, saved)
     tokenizer = read_tokenizer(run_dir)
-    model = build_model(task, config, tokenizer.get_vocab_size(), saved.get("labels")).to(pick_device())
+    model = build_model(task, config, tokenizer.get_vocab_size(), saved.labels).to(pick_device())
     load_run_weights(model, run_dir, stamp)
     model.eval()
-    saved_result = read_result(run_dir)
-    finished_with = saved_result.get("weights_sha256")
-    if finished_with and ckpt.sha256(run_dir / ckpt.WEIGHTS) != finished_with:
+    result = read_result(run_dir)
+    if result and result.weights_sha256 and ckpt.sha256(run_dir / ckpt.WEIGHTS) != result.weights_sha256:
         raise TaskformerError(f"{run_dir / ckpt.WEIGHTS}: not the weights this run finished with (their SHA-256 "
                               "differs from the one result.json records)")
-    run = Run(run_dir, task, config, tokenizer, saved.get("labels"), model)
-    run.metrics, run.info = saved_result.get("metrics", {}), saved_result.get("info", {})
-    for path in run_dir.glob("outputs-*.jsonl"):
-        try:
-            run.outputs[path.stem.removeprefix("outputs-")] = [row_from_json(r, config.model.kind.classifies)
-                                                               for r in ckpt.read_jsonl(path)]
-        except (LookupError, TypeError, ValueError) as e:
-            raise TaskformerError(f"{path}: not a taskformer outputs file ({type(e).__name__}: {e})") from None
+    run = Run(run_dir, task, config, tokenizer, saved.labels, model, read_history=partial(read_metrics, run_dir))
+    if result:
+        run.metrics, run.info = result.metrics, result.info
+    run.outputs = read_outputs(run_dir, config.model.kind.classifies)
     return run
 
 

@@ -4,11 +4,11 @@ signals, and finishes it with the final evaluation and the result files."""
 from __future__ import annotations
 
 import datetime as dt
-import json
 import signal
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -18,18 +18,29 @@ from taskformer.app.hooks import build_model, evaluate_split, load_data
 from taskformer.app.prepare import Prepared, TrainRequest, distilled, prepare, seconds_per_example
 from taskformer.app.resources import pick_device, use_threads
 from taskformer.app.rundir import (
+    ConfigRecord,
+    MetricsLog,
+    ResultRecord,
     RunDirBusy,
     bound_files,
+    config_path,
+    finished,
+    last_checkpoint,
     load_run_weights,
     locked,
     model_digest,
     new_run_dir,
-    read_run_config,
+    read_config,
+    read_metrics,
     read_tokenizer,
     row_json,
     run_mark,
+    write_config,
+    write_outputs,
+    write_result,
+    write_tokenizer,
 )
-from taskformer.core import budget, compat, precision, progress
+from taskformer.core import budget, precision, progress
 from taskformer.core import checkpoint as ckpt
 from taskformer.core import config as C
 from taskformer.core.config import RunConfig
@@ -138,16 +149,14 @@ def begin(prepared: Prepared, out: str | None, shard: tuple[int, int], lock: Exi
     model = build_model(task, config, data.tokenizer.get_vocab_size(), data.labels, training=True).to(prepared.device)
     stamp = None
     if shard[0] == 0:
-        ckpt.atomic_write(run_dir / "tokenizer.json", data.tokenizer.to_str(pretty=True))
-        binding = {"run": run_mark(run_dir), "tokenizer_sha256": ckpt.sha256(run_dir / "tokenizer.json")}
+        binding = {"run": run_mark(run_dir), "tokenizer_sha256": write_tokenizer(run_dir, data.tokenizer)}
         stamp = {"task": task.name, **binding, "model_sha256": model_digest(config.to_dict()["model"], data.labels)}
-        ckpt.write_json(run_dir / "config.json", {"task": task.name, "labels": data.labels,
-                                                   "config": config.to_dict(), "data_dir": prepared.data_dir,
-                                                   "time_limit": prepared.time_limit, "binding": binding,
-                                                   **({"recipe": prepared.recipe} if prepared.recipe else {}),
-                                                   **({"distill": prepared.distill} if prepared.distill else {}),
-                                                   "precision": precision_record(prepared.device)})
-    run = Run(run_dir, task, config, data.tokenizer, data.labels, model)
+        write_config(run_dir, ConfigRecord(task=task.name, labels=data.labels, config=config.to_dict(),
+                                           data_dir=prepared.data_dir, time_limit=prepared.time_limit,
+                                           binding=binding, recipe=prepared.recipe or None,
+                                           distill=prepared.distill or None,
+                                           precision=precision_record(prepared.device)))
+    run = Run(run_dir, task, config, data.tokenizer, data.labels, model, read_history=partial(read_metrics, run_dir))
     return Begun(run, data, prepared.time_limit, prepared.started, stamp, prepared.recipe, resume=False,
                  distill=prepared.distill).encoded()
 
@@ -160,25 +169,25 @@ def resumed(request: TrainRequest, shard: tuple[int, int], lock: ExitStack) -> B
         raise TaskformerError(f"{run_dir}: no such run directory")
     if shard[0] == 0:
         lock.enter_context(locked(run_dir))
-    if (run_dir / "result.json").exists():
+    if finished(run_dir):
         raise TaskformerError(f"{run_dir} has finished (result.json exists): nothing to resume; "
                               "start a new run to train longer")
-    saved = read_run_config(run_dir)
-    pin_precision(saved, run_dir)
-    task = plugins().task(saved["task"])
-    config = saved_config(task, saved["config"], str(run_dir / "config.json"))
+    saved = read_config(run_dir)
+    pin_precision(saved)
+    task = plugins().task(saved.task)
+    config = saved_config(task, saved.config, str(config_path(run_dir)))
     stamp, tokenizer = bound_files(run_dir, saved), read_tokenizer(run_dir)
     use_threads(config)
     with progress.stage("loading data and training the tokenizer"):
-        data = datacache.load(task, config, saved.get("data_dir"),
-                              lambda: load_data(task, config, saved.get("data_dir"), tokenizer=tokenizer), tokenizer)
-    if saved.get("distill") is not None:  # a distillation's student learns its teacher's outputs, resumed too
-        data = distilled(data, saved["distill"] if isinstance(saved["distill"], dict) else {}, run_dir)
+        data = datacache.load(task, config, saved.data_dir,
+                              lambda: load_data(task, config, saved.data_dir, tokenizer=tokenizer), tokenizer)
+    if saved.distill is not None:  # a distillation's student learns its teacher's outputs, resumed too
+        data = distilled(data, saved.distill if isinstance(saved.distill, dict) else {}, run_dir)
     torch.manual_seed(config.train.seed)
     model = build_model(task, config, data.tokenizer.get_vocab_size(), data.labels, training=True).to(pick_device())
-    run = Run(run_dir, task, config, data.tokenizer, data.labels, model)
-    return Begun(run, data, saved.get("time_limit"), started, stamp, saved.get("recipe"), resume=True,
-                 distill=saved.get("distill")).encoded()
+    run = Run(run_dir, task, config, data.tokenizer, data.labels, model, read_history=partial(read_metrics, run_dir))
+    return Begun(run, data, saved.time_limit, started, stamp, saved.recipe, resume=True,
+                 distill=saved.distill).encoded()
 
 
 def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
@@ -206,10 +215,10 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
         return metrics
 
     trainer = Trainer(run.model, config.train, train_enc, evaluate, (task.metric, task.higher_is_better), run.dir,
-                      device, on_event=on_event, shard=shard, stamp=begun.stamp)
-    latest = ckpt.latest_training_state(run.dir / "checkpoints") if begun.resume else None
+                      device, on_event=on_event, shard=shard, stamp=begun.stamp, events=MetricsLog(run.dir))
+    latest = last_checkpoint(run.dir) if begun.resume else None
     if latest and begun.stamp:
-        ckpt.check_stamp(latest / ckpt.WEIGHTS, begun.stamp, run.dir / "config.json")
+        ckpt.check_stamp(latest / ckpt.WEIGHTS, begun.stamp, config_path(run.dir))
     checkpoint_bytes = 3 * sum(p.numel() * p.element_size() for p in run.model.parameters())  # weights, Adam's 2 moments
     seconds = begun.time_limit * 60 - (time.monotonic() - begun.started) if begun.time_limit else None
     with stop_on_signals(trainer, begun.again()), writes_named(run.dir, checkpoint_bytes):
@@ -280,12 +289,10 @@ def finish(begun: Begun, state: dict) -> Run:
     }
     with writes_named(run_dir, 3 * sum(p.numel() * p.element_size() for p in model.parameters())):
         for split, rows in run.outputs.items():
-            ckpt.atomic_write(run_dir / f"outputs-{split}.jsonl", "".join(
-                json.dumps(row_json(row), ensure_ascii=False) + "\n" for row in rows))
+            write_outputs(run_dir, split, rows)
         samples = {split: [row_json(row) for row in rows] for split, rows in run.samples.items()}
-        ckpt.write_json(run_dir / "result.json", {"task": task.name, "metric": task.metric, "metrics": run.metrics,
-                                                   "samples": samples, "info": run.info,
-                                                   "weights_sha256": ckpt.sha256(run_dir / ckpt.WEIGHTS)})
+        write_result(run_dir, ResultRecord(task=task.name, metric=task.metric, metrics=run.metrics, samples=samples,
+                                           info=run.info, weights_sha256=ckpt.sha256(run_dir / ckpt.WEIGHTS)))
     return run
 
 
@@ -297,7 +304,7 @@ def writes_named(run_dir: Path, checkpoint_bytes: int):
         with ckpt.disk_space(run_dir, checkpoint_bytes):
             yield
     except ckpt.WriteFailed as e:
-        then = (f"resume with: taskformer run --resume {run_dir}" if ckpt.latest_training_state(run_dir / "checkpoints")
+        then = (f"resume with: taskformer run --resume {run_dir}" if last_checkpoint(run_dir)
                 else f"start the run again with --out {run_dir}")
         fix = "free some space" if isinstance(e, ckpt.DiskFull) else "once it can be written"
         raise TaskformerError(f"{e}; {fix}, then {then}") from None
@@ -308,7 +315,7 @@ class Interrupted(TaskformerError):
     middle of a validation, which is dropped: the last checkpoint, if any, is where a resume starts."""
 
     def __init__(self, run_dir: Path, why: str, again: str = "", saved: bool = True):
-        last = ckpt.latest_training_state(Path(run_dir) / "checkpoints")
+        last = last_checkpoint(run_dir)
         if saved:
             how = f"checkpoint saved. Resume with: taskformer run --resume {run_dir}"
         elif last:
@@ -327,14 +334,9 @@ def precision_record(device: torch.device) -> dict:
     return {"device": device.type, "bf16_native": native, "why": why}
 
 
-def pin_precision(saved: dict, run_dir: Path) -> None:
+def pin_precision(saved: ConfigRecord) -> None:
     """A resumed run trains in the precision it started with: a probe on a busy machine may decide
     otherwise, and then the resumed updates would not be the ones the run would have made."""
-    if compat.unrecorded_precision(saved):
-        return
-    record = saved["precision"]
-    if not (isinstance(record, dict) and isinstance(record.get("device"), str)
-            and isinstance(record.get("bf16_native"), bool) and isinstance(record.get("why"), str)):
-        raise TaskformerError(f"{run_dir / 'config.json'}: damaged 'precision' record (expected device, "
-                              "bf16_native and why)")
-    precision.pin(record["device"], record["bf16_native"], f"{record['why']}, as when the run started")
+    if saved.precision is not None:
+        record = saved.precision
+        precision.pin(record["device"], record["bf16_native"], f"{record['why']}, as when the run started")
