@@ -172,4 +172,6 @@ def write(path: Path) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 2 or Path(sys.argv[1]).name not in ("config.md", "plugins.md"):
+        sys.exit("usage: python -m taskformer.plugins.docs docs/config.md | docs/plugins.md  (regenerates that file)")
     write(Path(sys.argv[1]))
