@@ -111,8 +111,16 @@ def packed(model: nn.Module) -> nn.Module:
 
 def int8(model: nn.Module) -> nn.Module:
     """An inference copy of ``model`` with int8 linear layers (on CPU, in eval mode)."""
-    logging.getLogger("torchao").setLevel(logging.ERROR)  # on a CPU torch it lists the GPU kernels it skips
-    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+    # importing torchao logs the GPU kernels a CPU torch cannot load and a registration torch frowns on
+    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
     twin = _split(copy.deepcopy(model).cpu().eval())
     quantize_(twin, Int8DynamicActivationInt8WeightConfig())
     return twin
