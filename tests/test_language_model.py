@@ -156,3 +156,16 @@ def test_ctranslate2_generates_the_greedy_continuations_of_taskformer(lm, tmp_pa
                                        sampling_topk=1, include_prompt_in_result=False, end_token="[EOS]")
     assert [tokenizer.decode(r.sequences_ids[0]) for r in results] == ours
     assert any(ours)
+
+
+def test_a_test_split_that_is_the_val_text_is_decoded_once(tmp_path):
+    """shakespeare-char has no test part: its test split is the val text, so the final evaluation
+    decodes it once and gives test the same metrics and outputs."""
+    (tmp_path / "input.txt").write_text(TEXT, encoding="utf-8")
+    result = cli("run", "shakespeare-char", "--data-dir", tmp_path, "--out", tmp_path / "lm", "--set", "train.max_steps=3",
+                 *(f"--set={key}={value}" for key, value in TINY.items()))
+    assert result.exit_code == 0, result.stderr
+    assert "decoding val" in result.stderr and "decoding test" not in result.stderr
+    saved = json.loads((tmp_path / "lm" / "result.json").read_text())
+    assert saved["metrics"]["test"] == saved["metrics"]["val"]
+    assert (tmp_path / "lm" / "outputs-test.jsonl").read_text() == (tmp_path / "lm" / "outputs-val.jsonl").read_text()

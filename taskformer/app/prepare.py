@@ -204,8 +204,8 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
         timer = row_timer(run, layers, probed, shard[1])
         # after training: a last validation (of the updates since the one before), the final evaluation;
         # each member of an ensemble decodes, so a row's members scale the probe's time
-        val = len(run.data.splits["val"])
-        examples = val / ratio + val + len(run.data.splits["test"])
+        val, test = run.data.splits["val"], run.data.splits["test"]
+        examples = len(val) / ratio + len(val) + (0 if test == val else len(test))  # a test that is val is decoded once
 
         def final(overrides: dict) -> float:
             own = timer(overrides)
