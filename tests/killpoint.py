@@ -82,7 +82,7 @@ class Points:
             self.seen[moment] += 1
             step = args[1] if moment == "checkpoint" else args[0].state["step"]  # save_training_state(root, step, ...)
             self.stack.append([moment, self.seen[moment], step, 0, 0])
-            sys.setprofile(self.profile)
+            self.listen()
             try:
                 return function(*args, **kwargs)
             finally:
@@ -90,9 +90,12 @@ class Points:
                 if self.aimed():
                     self.kill("the end of the moment")
                 self.events[moment].append(self.stack.pop()[3])
-                if self.stack:
-                    sys.setprofile(self.profile)
+                self.listen()
         return wrapped
+
+    def listen(self) -> None:
+        """Profile the innermost moment if its events are counted or it holds the kill; else run at full speed."""
+        sys.setprofile(self.profile if self.stack and (self.target is None or self.aimed()) else None)
 
 
 def parse_target(spec: str) -> tuple[str, int, int | object, int]:
