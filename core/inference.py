@@ -79,9 +79,9 @@ def padded_rows(rows: int) -> int:
 
     oneDNN makes, and keeps, a kernel of its own for every number of rows it is given, about 0.6 MB
     each, and its caches hold a thousand or more. Every batch a server decodes, and every step of a
-    batch whose finished sentences have left it, brings a new number of rows, so the memory of
-    ``taskformer serve`` grew by hundreds of megabytes under load, and evicted kernels were made
-    again. Rounded up to these sizes, a layer needs a few dozen kernels; the zero rows added cost
+    batch whose finished sentences have left it, brings a new number of rows: the memory of
+    ``taskformer serve`` would grow by hundreds of megabytes under load, and evicted kernels would be
+    made again. Rounded up to these sizes, a layer needs a few dozen kernels; the zero rows added cost
     little (up to 64 rows a product costs what reading the weights costs, and above it they add at
     most half as many again).
     """
