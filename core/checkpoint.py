@@ -364,15 +364,26 @@ def save_training_state(ckpt_root: Path, step: int, model, optimizer, scheduler,
         optimizer_state.save(tmp / optimizer_state.FILE, optimizer, scheduler)
         (tmp / "state.json").write_text(json.dumps(state), encoding="utf-8")
         (tmp / CHECKPOINT_MARK).write_text(json.dumps({"step": step}), encoding="utf-8")
-        if final.exists():  # ours (checked above): a resumed run saving the same step again
-            shutil.rmtree(final)
+        if final.exists():  # ours (checked above): the same step saved again (its stop reason, a resumed run)
+            _remove(final)
         os.replace(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     for old in list(training_states(ckpt_root).values())[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        _remove(old)
     return final
+
+
+def _remove(folder: Path) -> None:
+    """Remove a checkpoint folder as one step: it is renamed into a temporary folder first, so a kill
+    while its files are deleted leaves no half of a checkpoint under its name (one that a resume
+    would load, or take for the user's and refuse to replace)."""
+    trash = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
+    try:
+        os.replace(folder, trash / folder.name)
+    finally:
+        shutil.rmtree(trash, ignore_errors=True)
 
 
 def training_states(ckpt_root: Path) -> dict[int, Path]:

@@ -64,10 +64,31 @@ class PackedLinear(nn.Module):
         if self.packed[dtype] is None:
             return F.linear(x, self.weight, self.bias)
         bias = None if self.bias is None else self.bias.to(dtype)
-        return torch.ops.mkldnn._linear_pointwise(x.to(dtype), self.packed[dtype], bias, "none", [], "")
+        rows = x.shape[:-1].numel()
+        flat = x.to(dtype).reshape(rows, x.size(-1))
+        flat = F.pad(flat, (0, 0, 0, padded_rows(rows) - rows))  # zero rows, whose outputs are dropped
+        return torch.ops.mkldnn._linear_pointwise(flat, self.packed[dtype], bias, "none", [], "")[:rows].view(
+            *x.shape[:-1], -1)
 
     def extra_repr(self) -> str:
         return f"in_features={self.weight.size(1)}, out_features={self.weight.size(0)}, bias={self.bias is not None}"
+
+
+def padded_rows(rows: int) -> int:
+    """The rows a product is computed for: 1, 2, 4, ..., 64, then 96, 128, 192, 256, ... (the next at or above ``rows``).
+
+    oneDNN makes, and keeps, a kernel of its own for every number of rows it is given, about 0.6 MB
+    each, and its caches hold a thousand or more. Every batch a server decodes, and every step of a
+    batch whose finished sentences have left it, brings a new number of rows: the memory of
+    ``taskformer serve`` would grow by hundreds of megabytes under load, and evicted kernels would be
+    made again. Rounded up to these sizes, a layer needs a few dozen kernels; the zero rows added cost
+    little (up to 64 rows a product costs what reading the weights costs, and above it they add at
+    most half as many again).
+    """
+    if rows <= 64:
+        return 1 << max(rows - 1, 0).bit_length()
+    power = 1 << (rows - 1).bit_length()
+    return power * 3 // 4 if rows <= power * 3 // 4 else power
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:

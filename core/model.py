@@ -223,11 +223,14 @@ class MultiHeadAttention(nn.Module):
         if single and dropout == 0.0 and q.device.type == "cpu":
             # One query per row, as in every cached decoding step: two small batched matmuls beat the
             # fused kernel's set-up on CPU (1.8x in fp32, 3.9x in bf16 for 128 x 8 heads x 24 keys).
-            # The softmax runs in fp32, as inside the fused kernel.
-            scores = (q @ k.transpose(-2, -1)) * q.size(-1) ** -0.5
-            if mask is not None:
-                scores = scores.masked_fill(~mask, float("-inf"))
-            out = scores.float().softmax(-1).to(v.dtype) @ v
+            # They and the softmax run in fp32, as inside the fused kernel: in bf16 oneDNN would make and
+            # keep a kernel of about 0.6 MB for each shape, and the rows and keys change at every step
+            # (a server's memory would grow with every batch; fp32 is as fast here).
+            with torch.autocast("cpu", enabled=False):
+                scores = (q.float() @ k.float().transpose(-2, -1)) * q.size(-1) ** -0.5
+                if mask is not None:
+                    scores = scores.masked_fill(~mask, float("-inf"))
+                out = (scores.softmax(-1) @ v.float()).to(v.dtype)
         elif q.device.type == "cpu" and q.dtype != torch.float32 and torch.is_grad_enabled():
             # Under bf16 autocast the CPU attention kernel's backward is ~10x slower than in fp32;
             # the projections around it keep their bf16 speed. Inference has no backward: it stays bf16.
