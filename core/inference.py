@@ -65,6 +65,8 @@ class PackedLinear(nn.Module):
             return F.linear(x, self.weight, self.bias)
         bias = None if self.bias is None else self.bias.to(dtype)
         rows = x.shape[:-1].numel()
+        if padded_rows(rows) == rows:  # one sentence's step, a full batch: as it comes, no copy
+            return torch.ops.mkldnn._linear_pointwise(x.to(dtype), self.packed[dtype], bias, "none", [], "")
         flat = x.to(dtype).reshape(rows, x.size(-1))
         flat = F.pad(flat, (0, 0, 0, padded_rows(rows) - rows))  # zero rows, whose outputs are dropped
         return torch.ops.mkldnn._linear_pointwise(flat, self.packed[dtype], bias, "none", [], "")[:rows].view(
