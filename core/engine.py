@@ -13,17 +13,18 @@ import math
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, cast
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from taskformer.core import checkpoint as ckpt
 from taskformer.core import inference, precision
 from taskformer.core.data import IGNORE, Encoded, collate, token_batches
 from taskformer.core.errors import TaskformerError
-from taskformer.core.model import PAD, Ensemble, Transformer
+from taskformer.core.model import PAD, Ensemble, SequenceModel, Transformer
 from taskformer.core.options import check, option
 
 SCHEDULES = ("inverse_sqrt", "linear")
@@ -120,10 +121,15 @@ def autocast(bf16, device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16) if use else nullcontext()
 
 
-def teacher_forced(model: Transformer) -> bool:
-    """Whether ``model`` (or the model inside a DDP wrapper) reads the target shifted beside its source
-    (an encoder-decoder); a decoder-only batch holds its targets aligned with its inputs already."""
-    return getattr(model, "module", model).cfg.kind.shifted
+def unwrapped(net: SequenceModel | DistributedDataParallel) -> SequenceModel:
+    """The model itself, or the model inside a DDP wrapper (which holds it as any module)."""
+    return cast(SequenceModel, net.module) if isinstance(net, DistributedDataParallel) else net
+
+
+def teacher_forced(model: SequenceModel) -> bool:
+    """Whether ``model`` reads the target shifted beside its source (an encoder-decoder); a decoder-only
+    batch holds its targets aligned with its inputs already."""
+    return model.cfg.kind.shifted
 
 
 def target_count(tgt: torch.Tensor, shifted: bool) -> int:
@@ -185,7 +191,7 @@ class SmoothedCrossEntropy(torch.autograd.Function):
         return out, None, None, None
 
 
-def batch_loss(model: Transformer, src: torch.Tensor, tgt: torch.Tensor, smoothing: float):
+def batch_loss(model: SequenceModel | DistributedDataParallel, src: torch.Tensor, tgt: torch.Tensor, smoothing: float):
     """Summed cross-entropy and the number of tokens (or examples) it covers.
 
     Sequence targets ``(B, T)`` of an encoder-decoder are shifted for teacher forcing: the decoder
@@ -194,13 +200,13 @@ def batch_loss(model: Transformer, src: torch.Tensor, tgt: torch.Tensor, smoothi
     and a decoder-only model's next tokens ``(B, S)`` at every position that is not ``IGNORE`` (0 is
     a real class or tag there; a language model's prompt and padding are ``IGNORE``).
     """
-    shifted = teacher_forced(model)
+    inner = unwrapped(model)
+    shifted = teacher_forced(inner)
     count = target_count(tgt, shifted)
     if shifted:
         gold, logits, skip = tgt[:, 1:], model(src, tgt[:, :-1]), PAD
     else:
         gold, logits, skip = tgt, model(src), IGNORE
-    inner = getattr(model, "module", model)
     members = len(inner.members) if isinstance(inner, Ensemble) and inner.training else 1  # stacked: (K, ...)
     gold = gold.expand(members, *gold.shape) if members > 1 else gold
     loss = SmoothedCrossEntropy.apply(logits.flatten(0, -2), gold.reshape(-1), smoothing, skip)
@@ -208,7 +214,7 @@ def batch_loss(model: Transformer, src: torch.Tensor, tgt: torch.Tensor, smoothi
 
 
 @torch.no_grad()
-def reference_logprobs(model: Transformer, data: Encoded, rows: int, cfg: TrainConfig,
+def reference_logprobs(model: SequenceModel, data: Encoded, rows: int, cfg: TrainConfig,
                        device: torch.device) -> list[list[float]]:
     """The model's log-probability (nats) of every scored target of ``data``, one list per row of the
     split: a sequence's tokens, a class, a tagger's tagged words, a language model's text (whose
@@ -241,6 +247,29 @@ def patience_reason(patience: int) -> str:
     return f"no improvement in {patience} evaluations (patience)"
 
 
+@dataclass
+class TrainState:
+    """Where training stands: saved as each checkpoint's ``state.json``, restored by a resume."""
+
+    step: int = 0  # updates made
+    epoch: int = 0  # epochs completed
+    batch: int = 0  # updates made in the current epoch
+    best: list[float] | None = None  # the best evaluation's (score, -loss) so far, higher is better
+    best_step: int = 0
+    best_weights: list[int] = field(default_factory=list)  # the steps whose (averaged) weights are model.safetensors
+    stale: int = 0  # evaluations since the last improvement
+    elapsed: float = 0.0  # seconds of training and validation, over every attempt
+    tokens: int = 0  # target tokens trained on
+    stopped: str = ""  # why training stopped early ("": it did not)
+    evaluated_at: int = -1  # the step of the last evaluation
+    cooldown: list[int] = field(default_factory=list)  # [first step, number of updates] of the final decay once begun
+
+    @classmethod
+    def of(cls, saved: dict[str, Any]) -> TrainState:
+        """The state a checkpoint saved (the keys this version knows; those it lacks keep their start)."""
+        return cls(**{f.name: saved[f.name] for f in fields(cls) if f.name in saved})
+
+
 class Stop(Exception):
     """Raised inside the loop to end training early (time limit, patience, a signal)."""
 
@@ -265,7 +294,7 @@ class Trainer:
     them to the run's task and tokenizer that way).
     """
 
-    def __init__(self, model: Transformer, cfg: TrainConfig, train: Encoded, evaluate: Callable[[], dict],
+    def __init__(self, model: Transformer | Ensemble, cfg: TrainConfig, train: Encoded, evaluate: Callable[[], dict],
                  select: tuple[str, bool], run_dir: Path, device: torch.device,
                  on_event: Callable[[dict], None] = lambda e: None, shard: tuple[int, int] = (0, 1),
                  stamp: dict[str, str] | None = None, events: EventLog | None = None):
@@ -274,19 +303,17 @@ class Trainer:
         self.metric, self.higher = select
         self.run_dir, self.device, self.on_event = Path(run_dir), device, on_event
         self.rank, self.world = shard
-        self.net = model  # what forward/backward run through: the model itself, or its DDP wrapper
+        # what forward/backward run through: the model itself, or its DDP wrapper
+        self.net: SequenceModel | DistributedDataParallel = model
         if self.world > 1:
-            self.net = torch.nn.parallel.DistributedDataParallel(model)
+            self.net = DistributedDataParallel(model)
         decay = [p for p in model.parameters() if p.dim() > 1]
         no_decay = [p for p in model.parameters() if p.dim() <= 1]
         self.optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9, fused=True)  # fused: one kernel per step, CPU and GPU
         self.total_steps = cfg.max_steps  # the planned number of updates, known once fit() sees the data
-        # best_weights: the steps whose weights (one, or several averaged) are model.safetensors;
-        # cooldown: [first step, number of updates] of the final decay once it has begun
-        self.state = {"step": 0, "epoch": 0, "batch": 0, "best": None, "best_step": 0, "best_weights": [],
-                      "stale": 0, "elapsed": 0.0, "tokens": 0, "stopped": "", "evaluated_at": -1, "cooldown": []}
+        self.state = TrainState()
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: self._rate_factor(s + 1))
         self.stop_reason = ""  # set from outside (signal handler) to stop after the current step
         self.reserve: Callable[[], float] = lambda: 0.0  # seconds of a time limit kept for after training (fit)
@@ -297,38 +324,38 @@ class Trainer:
         """Refuse to evaluate or save weights that hold NaN or infinity: they are never kept."""
         bad = ckpt.non_finite(self.model)
         if bad:
-            raise TaskformerError(f"the weights became NaN or infinite ({bad}) by step {self.state['step']}; "
+            raise TaskformerError(f"the weights became NaN or infinite ({bad}) by step {self.state.step}; "
                                   "nothing was saved from them and the best checkpoint so far is kept "
                                   "(try a lower train.lr)")
 
     def save(self) -> None:
         self.check_weights()
         if self.rank == 0:
-            ckpt.save_training_state(self.run_dir / ckpt.CHECKPOINTS, self.state["step"], self.model,
-                                     self.optimizer, self.scheduler, self.state, self.cfg.keep_last, self.stamp)
+            ckpt.save_training_state(self.run_dir / ckpt.CHECKPOINTS, self.state.step, self.model,
+                                     self.optimizer, self.scheduler, asdict(self.state), self.cfg.keep_last, self.stamp)
 
     def resume(self) -> bool:
         """Continue from the newest checkpoint; events logged after it (by the lost process) are dropped."""
         path = ckpt.latest_training_state(self.run_dir / ckpt.CHECKPOINTS)
         if path is None:
             return False
-        self.state.update(ckpt.load_training_state(path, self.model, self.optimizer, self.scheduler))
+        self.state = TrainState.of(ckpt.load_training_state(path, self.model, self.optimizer, self.scheduler))
         st, per_epoch = self.state, len(self.epoch_updates(self.train_data.lengths()))  # the same for every epoch
-        beyond = bool(self.cfg.epochs) and st["epoch"] > self.cfg.epochs  # epochs 0: no cap
-        if beyond or st["batch"] > per_epoch or st["step"] != st["epoch"] * per_epoch + st["batch"]:
-            raise TaskformerError(f"{path / 'state.json'}: epoch {st['epoch']}, batch {st['batch']} and step {st['step']} "
+        beyond = bool(self.cfg.epochs) and st.epoch > self.cfg.epochs  # epochs 0: no cap
+        if beyond or st.batch > per_epoch or st.step != st.epoch * per_epoch + st.batch:
+            raise TaskformerError(f"{path / 'state.json'}: epoch {st.epoch}, batch {st.batch} and step {st.step} "
                                   f"do not agree with {self.cfg.epochs} epochs of {per_epoch} updates; the checkpoint "
                                   "is damaged")
         if self.rank == 0 and self.events:
-            self.events.drop_after(self.state["step"])
+            self.events.drop_after(self.state.step)
         if self.rank == 0:  # weights of evaluations after the checkpoint would join the averages too early
             for step, later in ckpt.evaluated_weights(self.run_dir).items():
-                if step > self.state["step"]:
+                if step > self.state.step:
                     later.unlink()
         return True
 
     def log(self, **event) -> None:
-        event.setdefault("step", self.state["step"])
+        event.setdefault("step", self.state.step)
         if self.rank == 0 and self.events:
             self.events.append(event)
         self.on_event(event)
@@ -338,8 +365,8 @@ class Trainer:
         """``lr_factor`` of the schedule; once the cool-down ``[start, length]`` has begun, the factor of
         update ``start`` falling linearly over the next ``length`` updates (the last at 1 / (length + 1))."""
         cfg, fall = self.cfg, 1.0
-        if self.state["cooldown"] and step > self.state["cooldown"][0]:
-            start, length = self.state["cooldown"]
+        if self.state.cooldown and step > self.state.cooldown[0]:
+            start, length = self.state.cooldown
             step, fall = start, max(start + length - step + 1, 0) / (length + 1)
         return lr_factor(step, cfg.warmup, cfg.schedule, self.total_steps) * fall
 
@@ -360,29 +387,29 @@ class Trainer:
         cfg, st = self.cfg, self.state
         fraction = cfg.cooldown
         if cfg.schedule == "linear" and not self.total_steps and time_limit:
-            fraction = 1.0 if st["step"] >= cfg.warmup else 0.0
-        if not fraction or st["cooldown"]:
+            fraction = 1.0 if st.step >= cfg.warmup else 0.0
+        if not fraction or st.cooldown:
             return
-        by_steps = bool(self.total_steps) and st["step"] >= (1 - fraction) * self.total_steps
+        by_steps = bool(self.total_steps) and st.step >= (1 - fraction) * self.total_steps
         budget = time_limit - self.reserve() if time_limit else 0.0  # seconds of training and validation
-        by_time = bool(time_limit) and st["elapsed"] >= (1 - fraction) * budget
-        left = [self.total_steps - st["step"]] if self.total_steps else []  # the updates left, by each budget
+        by_time = bool(time_limit) and st.elapsed >= (1 - fraction) * budget
+        left = [self.total_steps - st.step] if self.total_steps else []  # the updates left, by each budget
         if by_time:
-            left.append(round(st["step"] * (budget - st["elapsed"]) / max(st["elapsed"], 1e-9)))
+            left.append(round(st.step * (budget - st.elapsed) / max(st.elapsed, 1e-9)))
         # The next update's rate is already set: the decay runs over the updates after it.
         length = torch.tensor(float(max(min(left) - 1, 1) if by_steps or by_time else 0))
         if self.world > 1:  # every rank must decay alike: rank 0's clock decides
             torch.distributed.broadcast(length, src=0)
         if length.item():
-            st["cooldown"] = [st["step"] + 1, int(length.item())]
-            self.log(event="cooldown", after=st["step"] + 1, updates=int(length.item()),
+            st.cooldown = [st.step + 1, int(length.item())]
+            self.log(event="cooldown", after=st.step + 1, updates=int(length.item()),
                      lr=self.scheduler.get_last_lr()[0])
 
     # -- the loop ----------------------------------------------------------------------------
     def _evaluate(self) -> None:
         """Evaluate the weights (and with ``average_last``, the average of the last ones) and keep the best."""
         self.check_weights()
-        self.state["evaluated_at"] = self.state["step"]
+        self.state.evaluated_at = self.state.step
         self.validating = True
         try:
             improved = self._keep_if_best(self.evaluate())
@@ -390,7 +417,7 @@ class Trainer:
                 improved = self._evaluate_average() or improved
         finally:
             self.validating = False
-        self.state["stale"] = 0 if improved else self.state["stale"] + 1
+        self.state.stale = 0 if improved else self.state.stale + 1
         self.net.train()
 
     def _keep_if_best(self, metrics: dict, averaged: list[int] | None = None) -> bool:
@@ -400,25 +427,25 @@ class Trainer:
         if score is None or not math.isfinite(score):
             raise TaskformerError(f"evaluation returned no finite value for the selection metric {self.metric!r}")
         if not math.isfinite(metrics.get("loss", 0.0)):
-            raise TaskformerError(f"validation loss became {metrics['loss']} at step {self.state['step']}; these "
+            raise TaskformerError(f"validation loss became {metrics['loss']} at step {self.state.step}; these "
                                   "weights are not kept, the best checkpoint so far is kept (try a lower train.lr)")
         # Ties on the task metric (e.g. 100% exact match) go to the lower validation loss.
         key = (score if self.higher else -score, -metrics.get("loss", 0.0))
-        best = self.state["best"]
+        best = self.state.best
         improved = best is None or key > tuple(best)
         if improved:
-            self.state.update(best=list(key), best_step=self.state["step"],
-                              best_weights=averaged or [self.state["step"]])
+            st = self.state
+            st.best, st.best_step, st.best_weights = list(key), st.step, averaged or [st.step]
             if self.rank == 0:
                 ckpt.save_weights(self.model, self.run_dir / ckpt.WEIGHTS, self.stamp)
-        self.log(event="eval", split="val", epoch=self.state["epoch"], improved=improved,
+        self.log(event="eval", split="val", epoch=self.state.epoch, improved=improved,
                  **({"averaged": averaged} if averaged else {}), **metrics)
         return improved
 
     def _evaluate_average(self) -> bool:
         """Keep the weights just evaluated, evaluate the mean of the last ``average_last`` kept, then
         go back to the training weights (bit for bit: they are read back from their file)."""
-        step = self.state["step"]
+        step = self.state.step
         if self.rank == 0:
             ckpt.keep_evaluated(self.model, self.run_dir, step, self.cfg.average_last)
         if self.world > 1:
@@ -444,8 +471,9 @@ class Trainer:
             torch.distributed.all_reduce(total)
         summed = torch.zeros((), device=self.device)
         for i, (src, tgt) in enumerate(micro):
-            sync = i == len(micro) - 1 or self.world == 1
-            with (nullcontext() if sync else self.net.no_sync()), autocast(self.cfg.bf16, self.device):
+            net, last = self.net, i == len(micro) - 1  # DDP syncs the gradients of the last micro-batch only
+            accumulating = net.no_sync() if isinstance(net, DistributedDataParallel) and not last else nullcontext()
+            with accumulating, autocast(self.cfg.bf16, self.device):
                 loss, _ = batch_loss(self.net, src, tgt, self.cfg.label_smoothing)
             # DDP averages gradients over ranks; scaling by world turns that average into the global sum.
             (loss * self.world / total.clamp(min=1)).backward()
@@ -460,7 +488,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         value = float(summed) / max(float(total), 1.0)
         if not math.isfinite(value):
-            raise TaskformerError(f"training loss became {value} at step {self.state['step'] + 1}; "
+            raise TaskformerError(f"training loss became {value} at step {self.state.step + 1}; "
                                   "the best checkpoint so far is kept (try a lower train.lr)")
         return value, int(total)  # the whole update's target tokens, as the loss counts them
 
@@ -470,15 +498,15 @@ class Trainer:
         reason = ""
         if self.stop_reason:
             reason = self.stop_reason
-        elif cfg.patience and st["stale"] >= cfg.patience:  # asked after each evaluation, never inside one
+        elif cfg.patience and st.stale >= cfg.patience:  # asked after each evaluation, never inside one
             reason = patience_reason(cfg.patience)
-        elif cfg.max_steps and st["step"] >= cfg.max_steps:
+        elif cfg.max_steps and st.step >= cfg.max_steps:
             reason = f"reached train.max_steps={cfg.max_steps}"
-        elif st["cooldown"] and st["step"] >= sum(st["cooldown"]):
-            start, length = st["cooldown"]
+        elif st.cooldown and st.step >= sum(st.cooldown):
+            start, length = st.cooldown
             reason = f"the cool-down brought the learning rate to zero ({length} updates after step {start})"
-        elif time_limit is not None and st["elapsed"] >= time_limit - self.reserve():
-            reason = (f"time limit: after {st['elapsed']:.0f} s of training and validation, the rest of the "
+        elif time_limit is not None and st.elapsed >= time_limit - self.reserve():
+            reason = (f"time limit: after {st.elapsed:.0f} s of training and validation, the rest of the "
                       f"time kept for the last validation and the final evaluation (about {self.reserve():.0f} s)")
         if self.world > 1:
             flag = torch.tensor(float(bool(reason)), device=self.device)
@@ -489,7 +517,7 @@ class Trainer:
 
     def epoch_updates(self, lengths: list[int]) -> list[list[list[int]]]:
         """This rank's updates for the current epoch (see :func:`epoch_updates`)."""
-        return epoch_updates(self.cfg, lengths, self.state["epoch"], self.rank, self.world)
+        return epoch_updates(self.cfg, lengths, self.state.epoch, self.rank, self.world)
 
     def planned_updates(self) -> int:
         """The updates this run plans (every epoch has as many); 0: unknown, the clock is the budget."""
@@ -502,59 +530,60 @@ class Trainer:
         evaluation); it is asked again at every check, so a better estimate counts at once.
         """
         cfg, st = self.cfg, self.state
-        st["stopped"] = ""  # why an earlier attempt stopped (a signal, saved with its checkpoint) is not why this one does
-        started = time.monotonic() - st["elapsed"]
+        st.stopped = ""  # why an earlier attempt stopped (a signal, saved with its checkpoint) is not why this one does
+        started = time.monotonic() - st.elapsed
         self.net.train()
         lengths = self.train_data.lengths()
         self.total_steps = self.planned_updates()
         self.reserve = reserve
         last_log, tokens_since = time.monotonic(), 0
         try:
-            while not cfg.epochs or st["epoch"] < cfg.epochs:
+            while not cfg.epochs or st.epoch < cfg.epochs:
                 updates = self.epoch_updates(lengths)
-                data = self.train_data.for_epoch(st["epoch"], cfg.seed)  # a language model's text cut anew
-                while st["batch"] < len(updates):
-                    micro = [tuple(t.to(self.device) for t in collate(data, b)) for b in updates[st["batch"]]]
+                data = self.train_data.for_epoch(st.epoch, cfg.seed)  # a language model's text cut anew
+                while st.batch < len(updates):
+                    micro = [(src.to(self.device), tgt.to(self.device))
+                             for src, tgt in (collate(data, b) for b in updates[st.batch])]
                     loss, count = self._step(micro)
-                    st["step"] += 1
-                    st["batch"] += 1
-                    st["tokens"] += count
+                    st.step += 1
+                    st.batch += 1
+                    st.tokens += count
                     tokens_since += count
-                    st["elapsed"] = time.monotonic() - started
-                    self.on_event({"event": "update", "step": st["step"], "epoch": st["epoch"], "epochs": cfg.epochs,
-                                   "elapsed": st["elapsed"], "tokens": st["tokens"], "planned": self.total_steps,
+                    st.elapsed = time.monotonic() - started
+                    self.on_event({"event": "update", "step": st.step, "epoch": st.epoch, "epochs": cfg.epochs,
+                                   "elapsed": st.elapsed, "tokens": st.tokens, "planned": self.total_steps,
                                    "budget": time_limit and time_limit - self.reserve()})
-                    if st["step"] % cfg.log_every == 0:
+                    if st.step % cfg.log_every == 0:
                         now = time.monotonic()
-                        self.log(event="train", epoch=st["epoch"], epochs=cfg.epochs, loss=round(loss, 4),
+                        self.log(event="train", epoch=st.epoch, epochs=cfg.epochs, loss=round(loss, 4),
                                  lr=self.scheduler.get_last_lr()[0], tokens_per_s=tokens_since / (now - last_log),
-                                 progress=st["batch"] / len(updates), elapsed=round(st["elapsed"], 2))
+                                 progress=st.batch / len(updates), elapsed=round(st.elapsed, 2))
                         last_log, tokens_since = now, 0
-                    if cfg.eval_every and st["step"] % cfg.eval_every == 0:
+                    if cfg.eval_every and st.step % cfg.eval_every == 0:
                         self._evaluate()
                         self.save()
-                    elif cfg.save_every and st["step"] % cfg.save_every == 0:
+                    elif cfg.save_every and st.step % cfg.save_every == 0:
                         self.save()
                     self._start_cooldown(time_limit)
                     reason = self._stop_requested(time_limit)
                     if reason:
                         raise Stop(reason)
-                st["epoch"] += 1
-                st["batch"] = 0
+                st.epoch += 1
+                st.batch = 0
                 if not cfg.eval_every:
                     self._evaluate()
                 self.save()
-                st["elapsed"] = time.monotonic() - started  # the limit counts validation too
+                st.elapsed = time.monotonic() - started  # the limit counts validation too
                 reason = self._stop_requested(time_limit)
-                if reason and (not cfg.epochs or st["epoch"] < cfg.epochs):
+                if reason and (not cfg.epochs or st.epoch < cfg.epochs):
                     raise Stop(reason)
-            if st["evaluated_at"] != st["step"]:  # eval_every did not land on the last step
+            if st.evaluated_at != st.step:  # eval_every did not land on the last step
                 self._evaluate()
                 self.save()
         except Stop as why:
-            st["stopped"] = str(why)
-            if st["evaluated_at"] != st["step"] and not self.stop_reason:
+            st.stopped = str(why)
+            if st.evaluated_at != st.step and not self.stop_reason:
                 self._evaluate()  # a partial epoch still gets its chance to be the best
             self.save()
-        st["elapsed"] = time.monotonic() - started
-        return dict(st)
+        st.elapsed = time.monotonic() - started
+        return asdict(st)

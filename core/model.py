@@ -19,7 +19,9 @@ Token id conventions are fixed for every task (see :mod:`taskformer.core.tokeniz
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any, Protocol, Self, cast
 
 import torch
 import torch.nn.functional as F
@@ -107,6 +109,8 @@ class Dropout(nn.Module):
 class SinusoidalPositions(nn.Module):
     """Fixed sin/cos position signal (paper section 3.5): no parameters, any offset for cached decoding."""
 
+    pe: torch.Tensor  # (max_len, D), a buffer
+
     def __init__(self, d_model: int, max_len: int):
         super().__init__()
         pos = torch.arange(max_len).unsqueeze(1)
@@ -138,7 +142,9 @@ class MultiHeadAttention(nn.Module):
         self.h, self.d = n_heads, d_model
         self.in_proj = nn.Linear(d_model, 3 * d_model)
         self.out_proj = nn.Linear(d_model, d_model)
-        self.q_proj = self.kv_proj = None  # cross-attention's rows of in_proj as modules: see split_cross()
+        # cross-attention's rows of in_proj as modules: see split_cross()
+        self.q_proj: nn.Linear | None = None
+        self.kv_proj: nn.Linear | None = None
         self.dropout = dropout
         self.keep_weights = False  # set by Transformer.attention_maps() to record softmax weights
         self.weights: torch.Tensor | None = None
@@ -339,6 +345,37 @@ DEFAULT_HEADS = {"encoder-decoder": Generator, "encoder-only": ClassificationHea
                  "decoder-only": Generator}
 
 
+class SequenceModel(Protocol):
+    """What training and the searches ask of a network: one :class:`Transformer`, or an :class:`Ensemble`
+    of them, which has the same interface with the members' states side by side (its caches too)."""
+
+    cfg: ModelConfig
+    training: bool
+
+    def __call__(self, src: torch.Tensor, tgt_in: torch.Tensor | None = None) -> torch.Tensor: ...
+
+    def encode(self, src: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]: ...
+
+    def decode(self, tgt: torch.Tensor, memory: torch.Tensor | None, memory_mask: torch.Tensor | None,
+               cache: Any = None, start: int | torch.Tensor = 0) -> torch.Tensor: ...
+
+    def head(self, hidden: torch.Tensor, src_mask: torch.Tensor | None = None) -> torch.Tensor: ...
+
+    def new_cache(self, steps: int = 0) -> list[Any]: ...
+
+    def reorder_cache(self, cache: Any, index: torch.Tensor, sentences: torch.Tensor | None = None) -> None: ...
+
+    def attention_maps(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor: ...
+
+    def num_parameters(self) -> int: ...
+
+    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]: ...
+
+    def train(self, mode: bool = True) -> Self: ...
+
+    def eval(self) -> Self: ...
+
+
 class Transformer(nn.Module):
     """Encoder-decoder, encoder-only (classification, tagging) or decoder-only Transformer with a
     task-supplied head.
@@ -354,24 +391,25 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=PAD)
         kind = cfg.kind
-        self.tgt_embed = None
+        self.tgt_embed: nn.Embedding | None = None
         if kind.shifted and not cfg.tie_embeddings:
             self.tgt_embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=PAD)
         # Sentence pairs (BERT's segment embeddings): a pair is read as one sequence, [BOS] first [EOS]
         # second [EOS], and each token's embedding gains a learned vector for its text, so that every
         # layer can tell the two texts apart, not only by where the separator is. Only a model of pairs
         # has the table: every other model's parameters are as they were.
-        self.segments = nn.Embedding(2, cfg.d_model) if cfg.pairs else None
+        self.segments: nn.Embedding | None = nn.Embedding(2, cfg.d_model) if cfg.pairs else None
         self.positions = SinusoidalPositions(cfg.d_model, cfg.max_len)
         self.drop = Dropout(cfg.dropout)
-        self.encoder = self.decoder = None
+        self.encoder: nn.ModuleList | None = None
+        self.decoder: nn.ModuleList | None = None
         if kind.encoder:
             self.encoder = nn.ModuleList(Block(cfg, cross=False) for _ in range(cfg.enc_layers))
             self.enc_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
         if kind.decoder:  # cross-attention only where there is an encoder to attend to
             self.decoder = nn.ModuleList(Block(cfg, cross=kind.encoder) for _ in range(cfg.dec_layers))
             self.dec_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
-        self.head = head if head is not None else DEFAULT_HEADS[cfg.variant](cfg)
+        self.head: nn.Module = head if head is not None else DEFAULT_HEADS[cfg.variant](cfg)
         self._init_weights()
         if cfg.tie_embeddings and isinstance(self.head, Generator):
             self.head.proj.weight = self.embed.weight
@@ -391,29 +429,31 @@ class Transformer(nn.Module):
             nn.init.normal_(self.segments.weight, std=self.cfg.d_model ** -0.5)
 
     def _embed(self, tokens: torch.Tensor, table: nn.Embedding, start: int | torch.Tensor = 0,
-               segment: torch.Tensor | None = None) -> torch.Tensor:
-        """Token embeddings (plus, for a pair, the embedding of each token's ``segment``) scaled by sqrt(D),
-        with positions."""
-        x = table(tokens) if segment is None else table(tokens) + self.segments(segment)
+               segments: nn.Embedding | None = None) -> torch.Tensor:
+        """Token embeddings (plus, for a pair, the embedding from ``segments`` of each token's text) scaled
+        by sqrt(D), with positions."""
+        x = table(tokens) if segments is None else table(tokens) + segments(segment_ids(tokens))
         return self.drop(self.positions(x * math.sqrt(self.cfg.d_model), start))
 
-    def encode(self, src: torch.Tensor):
+    def encode(self, src: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Encode ``src`` (B, S). Returns the memory (B, S, D) and the key mask (B, 1, 1, S), True = real token.
 
         A decoder-only model has no memory (``None``): its prompt is the decoder's own prefix."""
         mask = (src != PAD).view(src.size(0), 1, 1, -1)
         if self.encoder is None:
             return None, mask
-        x = self._embed(src, self.embed, segment=None if self.segments is None else segment_ids(src))
+        x = self._embed(src, self.embed, segments=self.segments)
         for block in self.encoder:
             x = block(x, mask=mask)
         return self.enc_norm(x), mask
 
-    def decode(self, tgt: torch.Tensor, memory, memory_mask, cache=None, start: int | torch.Tensor = 0) -> torch.Tensor:
+    def decode(self, tgt: torch.Tensor, memory: torch.Tensor | None, memory_mask: torch.Tensor | None,
+               cache: list[dict] | None = None, start: int | torch.Tensor = 0) -> torch.Tensor:
         """Decoder states for ``tgt`` (B, T). With a cache, ``tgt`` holds only the new positions from ``start``;
         a tensor ``start`` keeps the cache static (see ``MultiHeadAttention._append``).
 
         ``memory`` is ``None`` for a decoder-only model (its blocks have no cross-attention)."""
+        assert self.decoder is not None, "an encoder-only model has no decoder"
         x = self._embed(tgt, self.embed if self.tgt_embed is None else self.tgt_embed, start)
         # Right padding means a real query never sees a pad key under the causal mask; a single new
         # position attends to everything cached, so it needs no mask at all.
@@ -429,6 +469,7 @@ class Transformer(nn.Module):
 
         ``steps``, the longest search, sizes the self-attention buffers once at the first step.
         """
+        assert self.decoder is not None, "an encoder-only model has no decoder"
         return [{"self": {"room": steps}, "cross": {}} for _ in self.decoder]
 
     @staticmethod
@@ -449,15 +490,19 @@ class Transformer(nn.Module):
             return self.head(memory, mask)
         if self.encoder is None:  # decoder-only: next-token logits at every position of src itself
             return self.head(self.decode(src, None, None), mask)
+        assert tgt_in is not None, "an encoder-decoder model reads the target beside its source"
         return self.head(self.decode(tgt_in, memory, mask), mask)
 
     @torch.no_grad()
     def attention_maps(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """Cross-attention weights of the last decoder layer, averaged over heads: (B, T, S)."""
-        attn = self.decoder[-1].cross_attn
+        last = None if self.decoder is None else self.decoder[-1]
+        assert isinstance(last, Block) and last.cross_attn is not None, "only an encoder-decoder model cross-attends"
+        attn = last.cross_attn
         attn.keep_weights = True
         try:
             self.forward(src, tgt_in)
+            assert attn.weights is not None
             return attn.weights
         finally:
             attn.keep_weights, attn.weights = False, None
@@ -490,32 +535,39 @@ class Ensemble(nn.Module):
         self.members = nn.ModuleList(members)
         self.cfg = members[0].cfg
 
+    @property
+    def nets(self) -> list[Transformer]:
+        """The members as the networks they are (``nn.ModuleList`` gives its items as any module)."""
+        return cast("list[Transformer]", list(self.members))
+
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor | None = None) -> torch.Tensor:
         if self.training:
-            return torch.stack([m(src, tgt_in) for m in self.members])
-        return torch.stack([torch.log_softmax(m(src, tgt_in).float(), dim=-1) for m in self.members]).mean(0)
+            return torch.stack([m(src, tgt_in) for m in self.nets])
+        return torch.stack([torch.log_softmax(m(src, tgt_in).float(), dim=-1) for m in self.nets]).mean(0)
 
-    def encode(self, src: torch.Tensor):
+    def encode(self, src: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
         """The members' memories stacked as (B, K, S, D) (sentences first, as the search indexes them) and
         the key mask (B, 1, 1, S), which depends only on ``src``."""
-        encoded = [m.encode(src) for m in self.members]
-        if encoded[0][0] is None:  # decoder-only: no memory
+        encoded = [m.encode(src) for m in self.nets]
+        memories = [states for states, _ in encoded if states is not None]
+        if not memories:  # decoder-only: no memory
             return None, encoded[0][1]
-        return torch.stack([states for states, _ in encoded], dim=1), encoded[0][1]
+        return torch.stack(memories, dim=1), encoded[0][1]
 
-    def decode(self, tgt: torch.Tensor, memory, memory_mask, cache=None, start: int | torch.Tensor = 0) -> torch.Tensor:
+    def decode(self, tgt: torch.Tensor, memory: torch.Tensor | None, memory_mask: torch.Tensor | None,
+               cache: list[list[dict]] | None = None, start: int | torch.Tensor = 0) -> torch.Tensor:
         """Each member's decoder states on its own memory and cache, stacked as (B, T, K, D)."""
         return torch.stack([m.decode(tgt, None if memory is None else memory[:, i], memory_mask,
                                      None if cache is None else cache[i], start)
-                            for i, m in enumerate(self.members)], dim=2)
+                            for i, m in enumerate(self.nets)], dim=2)
 
     def head(self, hidden: torch.Tensor, src_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Mean over members of their log-probabilities (B, T, V), each from its own output head."""
         return torch.stack([torch.log_softmax(m.head(hidden[:, :, i], src_mask).float(), dim=-1)
-                            for i, m in enumerate(self.members)]).mean(0)
+                            for i, m in enumerate(self.nets)]).mean(0)
 
     def new_cache(self, steps: int = 0) -> list[list[dict]]:
-        return [m.new_cache(steps) for m in self.members]
+        return [m.new_cache(steps) for m in self.nets]
 
     @staticmethod
     def reorder_cache(cache: list[list[dict]], index: torch.Tensor, sentences: torch.Tensor | None = None) -> None:
@@ -525,6 +577,6 @@ class Ensemble(nn.Module):
     @torch.no_grad()
     def attention_maps(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """The members' mean cross-attention map (B, T, S): where the ensemble as a whole looked."""
-        return torch.stack([m.attention_maps(src, tgt_in) for m in self.members]).mean(0)
+        return torch.stack([m.attention_maps(src, tgt_in) for m in self.nets]).mean(0)
 
     num_parameters = Transformer.num_parameters

@@ -226,7 +226,7 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
             raise TaskformerError(f"{run.dir}: no checkpoint to resume from (checkpoints/ is empty); the run "
                                   f"stopped before its first one, so start it again: {begun.again()}")
         if seconds is not None and begun.resume:  # the clock of a resumed run counts its earlier training too
-            seconds += trainer.state["elapsed"]
+            seconds += trainer.state.elapsed
         state = trainer.fit(seconds, lambda: reserve[0])
     if trainer.stop_reason:
         raise Interrupted(run.dir, trainer.stop_reason)
