@@ -1,7 +1,8 @@
 """What each decoding change of the CTranslate2 issue bought: bench/speed.py's ``decode_ablation``.
 
 The current code decodes side by side, in the same rounds, with the same code with one change
-undone by monkeypatching from here (``ABLATIONS``; nothing in the core's API exists for it).
+undone (``ABLATIONS``): through the searches' ``drop_finished`` where the core has a setting for it,
+otherwise by monkeypatching from here.
 """
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def unpacked():
 ABLATIONS = {
     "linear layers pre-packed for oneDNN": (("greedy", "beam5"), False, unpacked),
     "beam hypotheses share the cross-attention memory": (("beam5",), False, memory_per_hypothesis),
-    "ended rows leave the batch": (("greedy", "beam5"), True, lambda: patched(decoding, "_DROP_FINISHED", False)),
+    "ended rows leave the batch": (("greedy", "beam5"), True, lambda: contextlib.nullcontext("rows kept")),
     "inference_mode (not no_grad)": (("greedy", "beam5"), False, no_inference_mode),
     "key/value cache sized once": (("greedy", "beam5"), False, lambda: patched(
         Transformer, "new_cache", lambda self, steps=0, _new=Transformer.new_cache: _new(self))),
@@ -78,9 +79,9 @@ def ablation(val_src, n: int, rounds: int, workers: int) -> dict:
     def work(search, budgets, undo):
         def run(_):
             with undo() as undone:
-                m = model if undone == "unpacked" else fast
+                m, drop = (model if undone == "unpacked" else fast), undone != "rows kept"
                 for _ in decoding.parallel_map(lambda b: decode_fixed(m, b, search, budgets=decoding.max_lengths(
-                        b, 1.2, 10, 128) if budgets else None), batches, workers):
+                        b, 1.2, 10, 128) if budgets else None, drop_finished=drop), batches, workers):
                     pass
             return n
         return run

@@ -76,9 +76,11 @@ def multi30k(n_train: int):
     return src, tgt, val_src
 
 
-def decode_fixed(model, chunk: torch.Tensor, search: str, steps: int = L, budgets: torch.Tensor | None = None):
-    """One batch decoded for exactly ``steps`` tokens a sentence (EOS ignored), or for ``budgets`` (B,)."""
+def decode_fixed(model, chunk: torch.Tensor, search: str, steps: int = L, budgets: torch.Tensor | None = None,
+                 drop_finished: bool = True):
+    """One batch decoded for exactly ``steps`` tokens a sentence (EOS ignored), or for ``budgets`` (B,);
+    ``drop_finished=False`` keeps ended rows in the batch (see :func:`decoding.greedy`)."""
     limit = torch.full((chunk.size(0),), steps) if budgets is None else budgets
     if search == "greedy":
-        return decoding.greedy(model, chunk, limit, ignore_eos=True)
-    return decoding.beam_search(model, chunk, limit, beam=5, ignore_eos=True)
+        return decoding.greedy(model, chunk, limit, ignore_eos=True, drop_finished=drop_finished)
+    return decoding.beam_search(model, chunk, limit, beam=5, ignore_eos=True, drop_finished=drop_finished)

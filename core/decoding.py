@@ -21,7 +21,7 @@ import torch
 from taskformer.core.data import encode_as_text
 from taskformer.core.decode_config import DecodeConfig  # noqa: F401 -- the search's settings, named here too
 from taskformer.core.errors import TaskformerError
-from taskformer.core.model import BOS, EOS, PAD, UNK, Transformer
+from taskformer.core.model import BOS, EOS, PAD, UNK, SequenceModel
 
 
 class Constraint(Protocol):
@@ -63,7 +63,8 @@ class Constraint(Protocol):
     def __call__(self, step: int, prefix: torch.Tensor, logprobs: torch.Tensor) -> torch.Tensor: ...
 
 
-Item, Result = TypeVar("Item"), TypeVar("Result")
+Item = TypeVar("Item")
+Result = TypeVar("Result")
 NEVER_WRITTEN = [PAD, BOS, UNK]  # special tokens no search writes: they decode to nothing (a row past its budget pads)
 
 
@@ -98,20 +99,17 @@ def argmax(x: torch.Tensor, block: int = 64) -> torch.Tensor:
     return top * block + blocks[torch.arange(n, device=x.device), top].argmax(-1)
 
 
-_DROP_FINISHED = True  # rows that finished leave the batch; bench/speed.py turns it off to measure it
-
-
 class Memory(NamedTuple):
     """The encoded source, once per sentence: states (B, S, D) and the mask cross-attention uses
     (``None`` when no row is padded, as length-sorted batches often are not, for its faster unmasked
     path); and the key mask of every search row (B * K, 1, 1, S), the one the head receives."""
 
-    states: torch.Tensor
+    states: torch.Tensor | None  # a decoder-only model has none
     mask: torch.Tensor
     cross_mask: torch.Tensor | None
 
     @classmethod
-    def of(cls, model: Transformer, src: torch.Tensor, rows_per_sentence: int = 1) -> Memory:
+    def of(cls, model: SequenceModel, src: torch.Tensor, rows_per_sentence: int = 1) -> Memory:
         states, mask = model.encode(src)  # a decoder-only model has no states: the prompt is read as a prefix
         return cls(states, mask.repeat_interleave(rows_per_sentence, 0), None if bool(mask.all()) else mask)
 
@@ -121,7 +119,7 @@ class Memory(NamedTuple):
         return Memory(None if self.states is None else self.states[sentences], self.mask[rows], cross)
 
 
-def _prefix(model: Transformer, src: torch.Tensor, rows_per_sentence: int = 1) -> torch.Tensor:
+def _prefix(model: SequenceModel, src: torch.Tensor, rows_per_sentence: int = 1) -> torch.Tensor:
     """Every search row's first tokens: BOS for an encoder-decoder, a decoder-only model's prompt."""
     if model.cfg.kind.encoder:
         return torch.full((src.size(0) * rows_per_sentence, 1), BOS, dtype=torch.long, device=src.device)
@@ -140,7 +138,7 @@ class Reader:
     ``max_len`` tokens, which take positions from 0 again.
     """
 
-    def __init__(self, model: Transformer, steps: int):
+    def __init__(self, model: SequenceModel, steps: int):
         self.model, self.room = model, model.cfg.max_len
         self.cache = model.new_cache(min(steps, self.room))
         self.read = self.first = 0  # columns of the prefix in the cache; the column at position 0
@@ -195,11 +193,11 @@ def _steady_attention(search_fn):
     return run
 
 
-def _one_per_row(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, pick, normalize: bool,
-                 constraint: Constraint | None, ignore_eos: bool) -> list[list[int]]:
+def _one_per_row(model: SequenceModel, src: torch.Tensor, max_len: torch.Tensor, pick, normalize: bool,
+                 constraint: Constraint | None, ignore_eos: bool, drop_finished: bool) -> list[list[int]]:
     """The search of greedy and sampling: one output per row, its next token ``pick(scores, rows)`` of the
-    scores of the rows still searched. Rows that end (EOS or budget) leave the batch, unless a
-    constraint reads the whole batch's rows."""
+    scores of the rows still searched. Rows that end (EOS or budget) leave the batch with
+    ``drop_finished``, unless a constraint reads the whole batch's rows."""
     memory, start = Memory.of(model, src), _prefix(model, src)
     steps, width = int(max_len.max()), start.size(1)
     ys = torch.full((src.size(0), width + steps), PAD, dtype=torch.long, device=src.device)
@@ -207,7 +205,7 @@ def _one_per_row(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, p
     live = torch.arange(src.size(0), device=src.device)  # the rows still searched
     limit, done = max_len, torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
     reader = Reader(model, width + steps)
-    drop = _DROP_FINISHED and constraint is None
+    drop = drop_finished and constraint is None
     for step in range(steps):
         logp = _next_logprobs(model, ys[live, : width + step], memory, reader, step, limit, ignore_eos, constraint,
                               normalize=normalize or constraint is not None)
@@ -226,15 +224,17 @@ def _one_per_row(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, p
 
 @torch.inference_mode()
 @_steady_attention
-def greedy(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, constraint: Constraint | None = None,
-           ignore_eos: bool = False) -> list[list[int]]:
+def greedy(model: SequenceModel, src: torch.Tensor, max_len: torch.Tensor, constraint: Constraint | None = None,
+           ignore_eos: bool = False, *, drop_finished: bool = True) -> list[list[int]]:
     """Pick the most likely token at every step. ``max_len`` (B,) bounds each output (without BOS).
 
     ``ignore_eos`` never ends an output before its budget: each is exactly ``max_len`` tokens, for a
     task that knows its output's length (the reverse example).
-    Rows that end (EOS or budget) leave the batch, unless a constraint reads the whole batch's rows.
+    Rows that end (EOS or budget) leave the batch, unless a constraint reads the whole batch's rows;
+    ``drop_finished=False`` keeps them to the end (the batch keeps its size: a benchmark's baseline).
     """
-    return _one_per_row(model, src, max_len, lambda logp, rows: argmax(logp), False, constraint, ignore_eos)
+    return _one_per_row(model, src, max_len, lambda logp, rows: argmax(logp), False, constraint, ignore_eos,
+                        drop_finished)
 
 
 def truncate(logp: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -254,13 +254,14 @@ def truncate(logp: torch.Tensor, temperature: float, top_k: int = 0, top_p: floa
 
 @torch.inference_mode()
 @_steady_attention
-def sample(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
+def sample(model: SequenceModel, src: torch.Tensor, max_len: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
            top_p: float = 1.0, seed: int = 0, constraint: Constraint | None = None,
-           ignore_eos: bool = False) -> list[list[int]]:
+           ignore_eos: bool = False, *, drop_finished: bool = True) -> list[list[int]]:
     """Draw every token from the model's distribution (after the constraint), shaped by :func:`truncate`.
 
     Each row draws from a random generator of its own, seeded with ``seed``: the same input and seed
     give the same output whatever else shares its batch (or a server's). ``top_k=1`` is greedy search.
+    Rows that end leave the batch as in :func:`greedy` (``drop_finished``).
     """
     generators = [torch.Generator(device=src.device).manual_seed(seed) for _ in range(src.size(0))]
 
@@ -268,7 +269,7 @@ def sample(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, tempera
         probs = truncate(logp, temperature, top_k, top_p).softmax(-1)
         return torch.cat([torch.multinomial(p, 1, generator=generators[i]) for p, i in zip(probs, rows.tolist())])
 
-    return _one_per_row(model, src, max_len, pick, True, constraint, ignore_eos)
+    return _one_per_row(model, src, max_len, pick, True, constraint, ignore_eos, drop_finished)
 
 
 def _best(ys: torch.Tensor, scores: torch.Tensor, length_penalty: float, start: int = 1) -> list[list[int]]:
@@ -282,16 +283,17 @@ def _best(ys: torch.Tensor, scores: torch.Tensor, length_penalty: float, start: 
 
 @torch.inference_mode()
 @_steady_attention
-def beam_search(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, beam: int = 5,
+def beam_search(model: SequenceModel, src: torch.Tensor, max_len: torch.Tensor, beam: int = 5,
                 length_penalty: float = 1.0, constraint: Constraint | None = None,
-                ignore_eos: bool = False) -> list[list[int]]:
+                ignore_eos: bool = False, *, drop_finished: bool = True) -> list[list[int]]:
     """Keep the ``beam`` best prefixes per sentence; return the best finished one per sentence.
 
     A finished hypothesis stays in its beam with a frozen score (it can only be extended by PAD at
     no cost), so live and finished hypotheses compete on equal terms. At the end hypotheses are
     ranked by ``score / ((5 + length) / 6) ** length_penalty`` (Wu et al., 2016): without it the
     search prefers short outputs, since every extra token lowers a log-probability sum. A sentence
-    whose hypotheses have all ended is final: it leaves the batch, unless a constraint reads it.
+    whose hypotheses have all ended is final: it leaves the batch, unless a constraint reads it (or
+    ``drop_finished=False`` keeps it, as :func:`greedy`).
     The encoder memory and its cross-attention keys/values are held once per sentence, not per
     hypothesis.
     """
@@ -304,8 +306,9 @@ def beam_search(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, be
     done = torch.zeros(B * K, dtype=torch.bool, device=device)
     steps = int(max_len.max())
     reader = Reader(model, width + steps)
-    live, out = torch.arange(B, device=device), [None] * B  # the sentences still searched; the outputs
-    drop = _DROP_FINISHED and constraint is None
+    live = torch.arange(B, device=device)  # the sentences still searched
+    out: list[list[int]] = [[] for _ in range(B)]  # each sentence's output, once final
+    drop = drop_finished and constraint is None
     for step in range(steps):
         logp = _next_logprobs(model, ys, memory, reader, step, limit, ignore_eos, constraint)
         if done.any():  # finished hypotheses may only grow by PAD, at no cost
@@ -340,7 +343,7 @@ def beam_search(model: Transformer, src: torch.Tensor, max_len: torch.Tensor, be
     return out
 
 
-def search(model: Transformer, src: torch.Tensor, config: DecodeConfig, constraint: Constraint | None = None,
+def search(model: SequenceModel, src: torch.Tensor, config: DecodeConfig, constraint: Constraint | None = None,
            max_len: torch.Tensor | None = None, ignore_eos: bool = False) -> list[list[int]]:
     """Sampling (``config.temperature`` above 0), or beam or greedy search, as ``config`` says: the
     entry point for tasks and the default decoder.
@@ -363,7 +366,7 @@ def search(model: Transformer, src: torch.Tensor, config: DecodeConfig, constrai
 
 
 @torch.no_grad()
-def classify(model: Transformer, src: torch.Tensor) -> torch.Tensor:
+def classify(model: SequenceModel, src: torch.Tensor) -> torch.Tensor:
     """Class probabilities (B, C) of an encoder-only model."""
     return torch.softmax(model(src).float(), dim=-1)
 
@@ -379,7 +382,7 @@ class Label(NamedTuple):
         return f"{self.label}\t{self.probability:.4f}" if self.label else ""  # a blank input: a blank line
 
 
-def best_labels(model: Transformer, src: torch.Tensor, labels: list[str]) -> list[Label]:
+def best_labels(model: SequenceModel, src: torch.Tensor, labels: list[str]) -> list[Label]:
     """The most probable class of each row, as a ``Label(label, probability)``.
 
     For every class's probability, call :func:`classify`: ``(B, C)``, columns in ``labels`` order.
@@ -397,7 +400,7 @@ class Attention(NamedTuple):
 
 
 @torch.no_grad()
-def cross_attention_map(model: Transformer, tokenizer, source: str, output: str) -> Attention:
+def cross_attention_map(model: SequenceModel, tokenizer, source: str, output: str) -> Attention:
     """The last decoder layer's cross-attention, mean over heads, with ``output`` fed in as the target
     (teacher forcing). Both sides are truncated to the model's positions, as in decoding."""
     room = model.cfg.max_len - 1
@@ -412,7 +415,7 @@ def cross_attention_map(model: Transformer, tokenizer, source: str, output: str)
 
 
 @torch.no_grad()
-def tag_scores(model: Transformer, src: torch.Tensor, words: list[list[int]],
+def tag_scores(model: SequenceModel, src: torch.Tensor, words: list[list[int]],
                labels: list[str]) -> list[list[Label]]:
     """The most probable tag of every word with its probability: one ``Label`` per word of each row.
 
@@ -421,13 +424,13 @@ def tag_scores(model: Transformer, src: torch.Tensor, words: list[list[int]],
     model's length, gets ``Label(labels[0], 0.0)``. For every tag's probability, read
     ``torch.softmax(model(src).float(), -1)``: ``(B, S, C)``, one distribution per token.
     """
-    prob, best = torch.softmax(model(src).float(), dim=-1).max(-1)  # (B, S) each
-    prob, best = prob.tolist(), best.tolist()
+    top, index = torch.softmax(model(src).float(), dim=-1).max(-1)  # (B, S) each
+    prob, best = top.tolist(), index.tolist()
     return [[Label(labels[b[p]], q[p]) if p >= 0 else Label(labels[0], 0.0) for p in starts]
             for b, q, starts in zip(best, prob, words)]
 
 
-def best_tags(model: Transformer, src: torch.Tensor, words: list[list[int]], labels: list[str]) -> list[str]:
+def best_tags(model: SequenceModel, src: torch.Tensor, words: list[list[int]], labels: list[str]) -> list[str]:
     """The most probable tag of every word, as the line ``TAG TAG ...`` (one per word of each row):
     what a tagging task's decoder returns. :func:`tag_scores` gives each tag's probability too."""
     return [" ".join(tag.label for tag in row) for row in tag_scores(model, src, words, labels)]
