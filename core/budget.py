@@ -15,12 +15,14 @@ from __future__ import annotations
 import itertools
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
 from taskformer.core.data import Encoded, collate
 from taskformer.core.engine import TrainConfig, Trainer
 from taskformer.core.errors import TaskformerError
+from taskformer.core.model import Ensemble, Transformer
 
 # Evaluations without improvement after which a time-limited run stops when no train.patience is set.
 # Ten evaluations ride out the noise of val scores and the plateaus a falling rate or an average of
@@ -103,7 +105,7 @@ def tokens(n: float) -> str:
     return f"{n / 1e6:,.0f} M" if n >= 1e6 else f"{n / 1e3:,.0f} k" if n >= 1e3 else f"{n:,.0f}"
 
 
-def measure_pace(model: torch.nn.Module, cfg: TrainConfig, train: Encoded, device: torch.device) -> float:
+def measure_pace(model: Transformer | Ensemble, cfg: TrainConfig, train: Encoded, device: torch.device) -> float:
     """Target tokens per second of training ``model`` on the first batches of ``train``.
 
     ``model`` must be a throwaway copy: the probe makes real updates (the run's own training
@@ -114,14 +116,14 @@ def measure_pace(model: torch.nn.Module, cfg: TrainConfig, train: Encoded, devic
     gpus = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=gpus), \
             tempfile.TemporaryDirectory() as scratch:
-        trainer = Trainer(model, cfg, train, lambda: {}, ("loss", False), scratch, device)
+        trainer = Trainer(model, cfg, train, lambda: {}, ("loss", False), Path(scratch), device)
         model.train()
         updates = trainer.epoch_updates(train.lengths())
         if not updates:
             raise TaskformerError("no training batches to measure the pace on")
         timed, counted, started, spent = 0, 0, 0.0, 0.0
         for number, group in enumerate(itertools.cycle(updates)):  # a tiny train split is gone over again
-            micro = [tuple(t.to(device) for t in collate(train, b)) for b in group]
+            micro = [(src.to(device), tgt.to(device)) for src, tgt in (collate(train, b) for b in group)]
             _, count = trainer._step(micro)
             if device.type == "cuda":
                 torch.cuda.synchronize()

@@ -25,10 +25,14 @@ from __future__ import annotations
 import os
 import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
+
+from taskformer.core.model import SequenceModel
 
 MIN_SLOTS = 16
 
@@ -62,9 +66,11 @@ class Compiled(nn.Module):
 
     static = True
 
-    def __init__(self, model: nn.Module, backend="inductor", options: dict | None = None):
+    def __init__(self, model: SequenceModel, backend: str = "inductor",
+                 options: dict[str, str | int | bool | Callable[..., Any]] | None = None):
         super().__init__()
-        self.model, self.cfg = model, model.cfg
+        self.model: SequenceModel = model
+        self.cfg = model.cfg
         self.gpu = next(model.parameters()).device.type == "cuda"
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_folder()))
         if options is None and backend == "inductor":
@@ -72,7 +78,8 @@ class Compiled(nn.Module):
             # the graph as constants, packed once for oneDNN (bench/compiled.py measured both).
             # GPU: a CUDA graph replays the step's kernels in one launch (bench/gpu_decode.py).
             options = {"triton.cudagraphs": True} if self.gpu else {"cpp_wrapper": True, "freezing": True}
-        self._step = torch.compile(model.decode, fullgraph=True, backend=backend, options=options)
+        self._step: Callable[..., torch.Tensor] | None = torch.compile(model.decode, fullgraph=True, backend=backend,
+                                                                       options=options)
         self._pool = threading.local()  # GPU: this thread's cache buffers, by place in the cache and shape
 
     def _pin(self, cache) -> None:
@@ -115,6 +122,9 @@ class Compiled(nn.Module):
         for part, name, buffer in before:  # a CUDA graph reads the buffers it was captured with: keep them
             if part[name] is not buffer and part[name].shape == buffer.shape:
                 part[name] = buffer.copy_(part[name])
+
+    def attention_maps(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        return self.model.attention_maps(src, tgt_in)
 
 
 def _parts(cache):

@@ -9,7 +9,7 @@ import gzip
 import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from tokenizers import Encoding, Tokenizer
 
@@ -140,11 +140,14 @@ class Encoded:
             return self
         block, offset = self.block, random.Random(seed * 100_003 + epoch).randrange(self.block)
         cut = [self.stream[offset + k * block : offset + (k + 1) * block + 1] for k in range(self.stream_blocks())]
+        targets = cast("list[list[int]]", self.tgt)  # a language model's targets are sequences
         return replace(self, src=[ids[:-1] for ids in cut] + self.src[len(cut):],
-                       tgt=[ids[1:] for ids in cut] + self.tgt[len(cut):])
+                       tgt=[ids[1:] for ids in cut] + targets[len(cut):])
 
     def stream_blocks(self) -> int:
         """Whole blocks of the stream at any offset below a block."""
+        if not self.stream:
+            return 0
         return (len(self.stream) - 1) // self.block - 1
 
     def __len__(self) -> int:
@@ -241,7 +244,8 @@ def encode_text(tokenizer: Tokenizer, rows: list[tuple], block: int, training: b
     prompts = tokenizer.encode_batch([row[0] for row in rows])
     texts = tokenizer.encode_batch([row[1] for row in rows])
     sequences: list[tuple[list[int], list[int]]] = []  # (ids, owner of each id or -1 where not scored)
-    stream, owner = [], []
+    stream: list[int] = []
+    owner: list[int] = []
     for i, (p, t) in enumerate(zip(prompts, texts)):
         if p.ids:
             sequences.append((p.ids + t.ids + [EOS], [-1] * len(p.ids) + [i] * (len(t.ids) + 1)))
@@ -250,16 +254,19 @@ def encode_text(tokenizer: Tokenizer, rows: list[tuple], block: int, training: b
             owner += [i] * len(t.ids)
     if stream:
         sequences.insert(0, (stream, owner))
-    enc = Encoded([], [], target_pad=IGNORE, owners=[])
+    src: list[list[int]] = []
+    tgt: list[list[int]] = []
+    owners: list[list[int]] = []
+    enc = Encoded(src, tgt, target_pad=IGNORE, owners=owners)
     if training and len(stream) > 2 * block + 1:  # the stream's blocks come first: offset 0 for now
         enc.stream, enc.block = stream, block
     for ids, who in sequences:
         ends = enc.stream_blocks() * block if enc.stream is ids else len(ids) - 1
         for start in range(0, ends, block):
             targets = range(start + 1, min(start + block + 1, len(ids)))
-            enc.src.append(ids[start : targets.stop - 1])
-            enc.tgt.append([ids[j] if who[j] >= 0 else IGNORE for j in targets])
-            enc.owners.append([who[j] for j in targets if who[j] >= 0])
+            src.append(ids[start : targets.stop - 1])
+            tgt.append([ids[j] if who[j] >= 0 else IGNORE for j in targets])
+            owners.append([who[j] for j in targets if who[j] >= 0])
     return enc
 
 
@@ -318,7 +325,9 @@ def token_batches(lengths: list[int], max_tokens: int, seed: int | None = None) 
     if rng:
         rng.shuffle(order)
     order.sort(key=lambda i: lengths[i])  # stable: shuffled ties stay shuffled
-    batches, batch, longest = [], [], 0
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    longest = 0
     for i in order:
         longest_if = max(longest, lengths[i])
         if batch and longest_if * (len(batch) + 1) > max_tokens:

@@ -28,13 +28,19 @@ import functools
 import logging
 import threading
 import weakref
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from taskformer.core.decode_config import QUANTIZE
-from taskformer.core.model import MultiHeadAttention
+from taskformer.core.model import Ensemble, MultiHeadAttention, SequenceModel, Transformer
+
+if TYPE_CHECKING:
+    from taskformer.core.compiled import Compiled
+
+Net = TypeVar("Net", bound=nn.Module)
 
 _copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (key, copy)
 _lock = threading.Lock()  # decoding workers share one copy
@@ -52,7 +58,7 @@ class PackedLinear(nn.Module):
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.weight, self.bias = linear.weight, linear.bias
-        self.packed = {torch.float32: _pack(linear.weight.detach())}
+        self.packed: dict[torch.dtype, torch.Tensor | None] = {torch.float32: _pack(linear.weight.detach())}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
@@ -108,14 +114,14 @@ def _packs_here() -> bool:
         return False
 
 
-def _split(model: nn.Module) -> nn.Module:
+def _split(model: Net) -> Net:
     for m in model.modules():
         if isinstance(m, MultiHeadAttention):
             m.split_cross()
     return model
 
 
-def packed(model: nn.Module) -> nn.Module:
+def packed(model: Net) -> Net:
     """An inference copy of ``model`` (on CPU, in eval mode) whose linear layers are :class:`PackedLinear`.
 
     The copy shares the model's parameters; the packed weights (one more copy of the linear layers'
@@ -132,7 +138,7 @@ def packed(model: nn.Module) -> nn.Module:
     return twin
 
 
-def int8(model: nn.Module) -> nn.Module:
+def int8(model: Net) -> Net:
     """An inference copy of ``model`` with int8 linear layers (on CPU, in eval mode)."""
     # importing torchao logs the GPU kernels a CPU torch cannot load and a registration torch frowns on
     loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
@@ -157,7 +163,7 @@ def forget(model: nn.Module) -> None:
             _copies.pop(module, None)
 
 
-def compiled(model: nn.Module, quantize: str = "none") -> nn.Module:
+def compiled(model: Transformer | Ensemble, quantize: str = "none") -> Compiled:
     """An inference copy of ``model`` (sharing its parameters, in eval mode; or its int8 copy) whose
     one-token decoding step is compiled (:mod:`taskformer.core.compiled`); Inductor packs the weights itself."""
     from taskformer.core.compiled import Compiled  # imports the compiler's machinery only when asked for
@@ -165,7 +171,7 @@ def compiled(model: nn.Module, quantize: str = "none") -> nn.Module:
     return Compiled(twin.eval())
 
 
-def for_decoding(model: nn.Module, quantize: str, compile: bool = False) -> nn.Module:
+def for_decoding(model: Transformer | Ensemble, quantize: str, compile: bool = False) -> SequenceModel:
     """The model to decode with: with ``compile`` its copy with a compiled step; else (``"int8"``) its
     int8 copy, or (``"none"``) on CPU its packed copy and elsewhere ``model`` itself. A copy is made
     anew when the model's weights changed."""

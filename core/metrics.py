@@ -62,7 +62,7 @@ def span_scores(hypotheses: list[str], references: list[str]) -> dict[str, float
     ..."``, one per sentence: an entity counts as right only if its type and both ends match, as in
     seqeval and the CoNLL-2003 evaluation. Also ``span_f1_TYPE`` for each entity type of the references.
     """
-    right, guessed, true = Counter(), Counter(), Counter()
+    right, guessed, true = Counter[str](), Counter[str](), Counter[str]()
     for hyp, ref in zip(hypotheses, references):
         h, r = spans(hyp.split()), spans(ref.split())
         right.update(kind for kind, *_ in h & r)
@@ -75,8 +75,8 @@ def span_scores(hypotheses: list[str], references: list[str]) -> dict[str, float
     def ratio(n: int, d: int) -> float:
         return 100.0 * n / d if d else 0.0
 
-    p, r = ratio(sum(right.values()), sum(guessed.values())), ratio(sum(right.values()), sum(true.values()))
-    scores = {"span_precision": p, "span_recall": r, "span_f1": f1(p, r)}
+    precision, recall = ratio(sum(right.values()), sum(guessed.values())), ratio(sum(right.values()), sum(true.values()))
+    scores = {"span_precision": precision, "span_recall": recall, "span_f1": f1(precision, recall)}
     for kind in sorted(true):
         scores[f"span_f1_{kind}"] = f1(ratio(right[kind], guessed[kind]), ratio(right[kind], true[kind]))
     return scores

@@ -367,8 +367,6 @@ class SequenceModel(Protocol):
 
     def attention_maps(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor: ...
 
-    def num_parameters(self) -> int: ...
-
     def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]: ...
 
     def train(self, mode: bool = True) -> Self: ...
@@ -579,4 +577,5 @@ class Ensemble(nn.Module):
         """The members' mean cross-attention map (B, T, S): where the ensemble as a whole looked."""
         return torch.stack([m.attention_maps(src, tgt_in) for m in self.nets]).mean(0)
 
-    num_parameters = Transformer.num_parameters
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

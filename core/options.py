@@ -11,6 +11,7 @@ range checks that refuse a bad value all come from one place: the field's metada
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import Field, field, fields
 from typing import Any
 
@@ -38,7 +39,7 @@ def applies(kind: type, name: str, variant: str) -> bool:
 def unused(kind: type, name: str, variant: str) -> str | None:
     """Why option ``name`` of the dataclass ``kind``, if set, would change nothing for a model of
     ``variant`` (a classifier's beam size); ``None`` where it applies, or ``kind`` has no such option."""
-    meta = next((f.metadata for f in fields(kind) if f.name == name), {})
+    meta: Mapping[str, Any] = next((f.metadata for f in fields(kind) if f.name == name), {})
     if variant in meta.get("variants", (variant,)):
         return None
     return f"{variant} models do not use it (it applies to {' and '.join(meta['variants'])} models)"

@@ -12,7 +12,7 @@ hook can use the same two calls, so its own loading shows up in the console like
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sized
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TypeVar
@@ -63,7 +63,7 @@ def track(items: Iterable[T], name: str, total: int | None = None, every: int = 
 
     ``total`` defaults to ``len(items)`` when the items have a length (a list), else unknown.
     """
-    if total is None and hasattr(items, "__len__"):
+    if total is None and isinstance(items, Sized):
         total = len(items)
     with stage(name, total, every) as advance:
         for item in items:

@@ -38,6 +38,7 @@ def subword(texts: Iterable[str], vocab_size: int, kind: str = "bpe", min_freque
     The Metaspace pre-tokenizer marks word starts inside the tokens (``\u2581``), so ``decode``
     gives back natural, detokenized text (what sacreBLEU must score), whatever the language.
     """
+    trainer: trainers.Trainer
     if kind == "bpe":
         tok = Tokenizer(models.BPE(unk_token="[UNK]"))
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIALS,

@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # the types the hooks receive and return; none of them is imp
     from taskformer.core.config import RunConfig
     from taskformer.core.data import TaskData
     from taskformer.core.decoding import Label
-    from taskformer.core.model import ModelConfig, Transformer
+    from taskformer.core.model import ModelConfig, SequenceModel
     from taskformer.plugins.run import Run
 
 import pluggy
@@ -226,7 +226,7 @@ def taskformer_normalize(task: Task, text: str) -> str | None:
 
 
 @hookspec(firstresult=True)
-def taskformer_decode(task: Task, model: Transformer, src: torch.Tensor, tokenizer: Tokenizer,
+def taskformer_decode(task: Task, model: SequenceModel, src: torch.Tensor, tokenizer: Tokenizer,
                       labels: list[str] | None, words: list[list[int]] | None,
                       config: RunConfig, purpose: str) -> list[str] | list[Label] | None:
     """The task's decoder: turn a batch of encoded sources into predictions.

@@ -10,7 +10,7 @@ from tokenizers import Tokenizer
 
 from taskformer.core.config import RunConfig
 from taskformer.core.decoding import Label
-from taskformer.core.model import Transformer
+from taskformer.core.model import Ensemble, Transformer
 from taskformer.plugins.hookspecs import Task
 
 SPLITS = ("train", "val", "test")
@@ -31,7 +31,7 @@ class Run:
     config: RunConfig
     tokenizer: Tokenizer
     labels: list[str] | None
-    model: Transformer
+    model: Transformer | Ensemble
     metrics: dict[str, dict] = field(default_factory=dict)  # split -> metric -> value
     # split -> every (source, prediction, reference) of the split
     outputs: dict[str, list[tuple[str, Prediction, str]]] = field(default_factory=dict)

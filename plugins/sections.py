@@ -122,13 +122,13 @@ def _plot_attention(run, source: str, output: str, source_language: str, target_
     xlabels, ylabels = [readable(t) for t in xlabels], [readable(t) for t in ylabels]
     needs_cjk = any(re.search(CJK, t) for t in xlabels + ylabels)
     cjk = _cjk_fonts() if needs_cjk else []
-    font = {"fontfamily": ["DejaVu Sans", *cjk]}  # matplotlib falls back along the list, glyph by glyph
+    families = ["DejaVu Sans", *cjk]  # matplotlib falls back along the list, glyph by glyph
     fig = Figure(figsize=(min(2.0 + 0.35 * len(xlabels), 20), min(1.5 + 0.3 * len(ylabels), 20)))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     ax.imshow(weights, cmap="Blues", aspect="auto", vmin=0.0)
-    ax.set_xticks(range(len(xlabels)), xlabels, rotation=90, fontsize=8, **font)
-    ax.set_yticks(range(len(ylabels)), ylabels, fontsize=8, **font)
+    ax.set_xticks(range(len(xlabels)), xlabels, rotation=90, fontsize=8, fontfamily=families)
+    ax.set_yticks(range(len(ylabels)), ylabels, fontsize=8, fontfamily=families)
     ax.set_xlabel(f"source ({source_language})")
     ax.set_ylabel(f"output ({target_language})")
     with warnings.catch_warnings():  # a missing glyph is said once, in the report, not per character

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -70,19 +71,19 @@ class Model:
         if isinstance(texts, str):
             raise TaskformerError("predict takes a list of texts, not one string: model.predict([text])")
         try:
-            texts = list(texts)
+            rows: list[Any] = list(texts)  # strings, or a pair task's pairs of strings
         except TypeError:
             raise TaskformerError(f"predict: texts must be a list of strings, got {type(texts).__name__}") from None
         if pairs:  # each input a (first, second) tuple; a list of two strings is taken as one too
-            wrong = next((i for i, t in enumerate(texts) if not (
+            wrong = next((i for i, t in enumerate(rows) if not (
                 isinstance(t, (tuple, list)) and len(t) == 2 and all(isinstance(x, str) for x in t))), None)
             if wrong is not None:
                 raise TaskformerError(f"predict: texts[{wrong}] must be a pair (first, second) of strings: task "
-                                      f"{self.task.name!r} reads pairs of texts, got {texts[wrong]!r:.60}")
-            texts = [tuple(t) for t in texts]
-        elif (wrong := next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)) is not None:
-            raise TaskformerError(f"predict: texts[{wrong}] must be a string, got {type(texts[wrong]).__name__}")
-        for i, text in enumerate(texts):
+                                      f"{self.task.name!r} reads pairs of texts, got {rows[wrong]!r:.60}")
+            rows = [tuple(t) for t in rows]
+        elif (wrong := next((i for i, t in enumerate(rows) if not isinstance(t, str)), None)) is not None:
+            raise TaskformerError(f"predict: texts[{wrong}] must be a string, got {type(rows[wrong]).__name__}")
+        for i, text in enumerate(rows):
             for part in text if pairs else [text]:
                 try:
                     part.encode("utf-8")
@@ -90,10 +91,10 @@ class Model:
                     raise TaskformerError(f"predict: texts[{i}] is not valid unicode ({e.reason} at position "
                                           f"{e.start}); decode bytes with errors='replace'") from None
         config = runner.with_decoding(self._run, decode, "predict") if decode else self.config
-        outputs, _ = runner.predict(self._run, texts, runner.with_search(config, beam, batch_size),
+        outputs, _ = runner.predict(self._run, rows, runner.with_search(config, beam, batch_size),
                                     return_attention=bool(return_attention))
         if self._run.model.cfg.kind.per_word:  # a tagger: the user's words, each with its tag
-            return [word_tags(text, tags) for text, tags in zip(texts, outputs)]
+            return [word_tags(text, tags) for text, tags in zip(rows, outputs)]
         return outputs
 
     def evaluate(self, split: str = "test", data_dir: str | Path | None = None) -> dict:

@@ -109,8 +109,9 @@ def read_hub(name: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     try:
         from datasets import load_dataset
         ds = load_dataset(name)
-        return tuple([(clean(t), LABELS[y]) for t, y in zip(ds[s]["text"], ds[s]["label"])]
-                     for s in ("train", "test"))
+        train, test = ([(clean(t), LABELS[y]) for t, y in zip(ds[s]["text"], ds[s]["label"])]
+                       for s in ("train", "test"))
+        return train, test
     except Exception as e:  # offline, unknown name, changed schema: all fixed the same way
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DataError(f"cannot load {name!r} from the Hugging Face hub ({first}); "

@@ -258,6 +258,7 @@ def form_constraint(src: torch.Tensor, punct: torch.Tensor, no_repeat: bool, cla
     forced = torch.where(punct[src], src, torch.full_like(src, -1))  # (B, S): punctuation to copy
     forced[cols.unsqueeze(0) >= lengths.unsqueeze(1)] = EOS
     if rules:  # breaking[c]: the vocabulary entries that break a rule asking for class c (FREE: none)
+        assert classes is not None, "tone rules need the tone class of every vocabulary entry"
         breaking = torch.stack([(classes != c) & (c != FREE) for c in (FREE, LEVEL, OBLIQUE)])
 
     def constrain(step: int, prefix: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:

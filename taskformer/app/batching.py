@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class QueueFull(Exception):
@@ -38,7 +39,7 @@ class Batcher:
     ``on_batch(sentences)`` and ``on_queue(sentences)`` report batch sizes and queue depth (metrics).
     """
 
-    def __init__(self, decode: Callable[[list[str], Hashable], list], name: str, max_batch: int, max_wait: float,
+    def __init__(self, decode: Callable[[list, Any], list], name: str, max_batch: int, max_wait: float,
                  max_queue: int, on_batch=lambda n: None, on_queue=lambda n: None):
         self.decode, self.max_batch, self.max_wait, self.max_queue = decode, max_batch, max_wait, max_queue
         self.on_batch, self.on_queue = on_batch, on_queue
@@ -127,7 +128,8 @@ class Batcher:
         if not self.queue:
             return []
         first = self.queue[0]
-        batch, size = [], 0
+        batch: list[Pending] = []
+        size = 0
         for item in list(self.queue):
             if item.options != first.options or (batch and size + len(item.texts) > self.max_batch):
                 continue

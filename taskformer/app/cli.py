@@ -5,11 +5,13 @@ code 2; ``taskformer --debug ...`` shows the traceback instead.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import click
 from rich.console import Console
@@ -20,6 +22,9 @@ from taskformer.core import progress
 from taskformer.core.errors import TaskformerError
 from taskformer.plugins.manager import plugins
 from taskformer.plugins.sections import metric_list
+
+if TYPE_CHECKING:
+    from taskformer.app.prepare import TrainRequest
 
 # Loaded by the first command that uses them: they load torch, which `taskformer tasks` and --help do without.
 C, decoding, export = lazy("taskformer.core.config"), lazy("taskformer.core.decoding"), lazy("taskformer.core.export")
@@ -184,7 +189,7 @@ def alone_with_resume(what: str, record: str, options: dict) -> None:
                               f"{', '.join(given)} cannot be given with it")
 
 
-def train_and_report(request: prepare.TrainRequest, quiet: bool, shard: tuple[int, int] = (0, 1)) -> None:
+def train_and_report(request: TrainRequest, quiet: bool, shard: tuple[int, int] = (0, 1)) -> None:
     """One rank's work: train with a progress display; rank 0 prints and saves the report."""
     with console.ProgressDisplay(quiet or shard[0] != 0) as display:
         run = training.train(request, on_event=display, shard=shard)
@@ -346,7 +351,7 @@ def stdin_batches(size: int):
     """
     pending, number = b"", 0
     while True:
-        chunk = sys.stdin.buffer.read1(1 << 16)
+        chunk = cast(io.BufferedReader, sys.stdin.buffer).read1(1 << 16)  # typed BinaryIO, which lacks read1
         *raw_lines, pending = (pending + chunk).split(b"\n")
         if not chunk and pending:  # the last line had no newline
             raw_lines, pending = raw_lines + [pending], b""

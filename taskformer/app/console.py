@@ -10,7 +10,7 @@ import sys
 import time
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TaskID, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
 from taskformer.core import checkpoint
 from taskformer.plugins.sections import fmt
@@ -24,8 +24,11 @@ class ProgressDisplay:
     def __init__(self, quiet: bool = False):
         self.console = Console(stderr=True, log_path=False)
         self.live = not quiet and self.console.is_terminal
-        self.quiet, self.stages, self.train_bar = quiet, [], None
-        self.last_val, self.drawn, self.begun = "", 0.0, None  # begun: (monotonic, seconds since the command began)
+        self.quiet = quiet
+        self.stages: list[TaskID] = []
+        self.train_bar: TaskID | None = None
+        self.last_val, self.drawn = "", 0.0
+        self.begun: tuple[float, float] | None = None  # (monotonic, seconds since the command began)
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
                                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=self.console)
 

@@ -23,6 +23,7 @@ import tempfile
 from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
+from typing import cast
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -105,7 +106,7 @@ def encoded(data: TaskData, split: str, max_len: int, variant: str) -> Encoded:
         memo[name] = read_encoded(path)
     else:
         memo[name] = encode(data, split, max_len, variant)
-        if path and (entry / MARK).is_file():
+        if path and (path.parent / MARK).is_file():
             write_encoded(path, memo[name])
     return memo[name]
 
@@ -154,8 +155,9 @@ def write_encoded(path: Path, enc: Encoded) -> None:
     tensors = {"src": torch.tensor([t for row in enc.src for t in row], dtype=torch.int32),
                "src_lengths": torch.tensor([len(row) for row in enc.src], dtype=torch.int64)}
     if nested:
-        tensors.update(tgt=torch.tensor([t for row in enc.tgt for t in row], dtype=torch.int32),
-                       tgt_lengths=torch.tensor([len(row) for row in enc.tgt], dtype=torch.int64))
+        targets = cast("list[list[int]]", enc.tgt)
+        tensors.update(tgt=torch.tensor([t for row in targets for t in row], dtype=torch.int32),
+                       tgt_lengths=torch.tensor([len(row) for row in targets], dtype=torch.int64))
     else:
         tensors["tgt"] = torch.tensor(enc.tgt, dtype=torch.int64)
     if enc.owners is not None:

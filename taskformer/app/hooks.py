@@ -62,7 +62,7 @@ def check_head(model: Transformer, where: str) -> None:
     expected = kind.logits_shape(1, src.size(1), tgt_in.size(1), model.cfg.vocab_size, model.cfg.num_classes)
     model.eval()  # no dropout: the check draws no random numbers
     try:
-        shape = tuple((model(src, tgt_in) if kind.decoder else model(src)).shape)
+        shape: tuple[int, ...] | str = tuple((model(src, tgt_in) if kind.decoder else model(src)).shape)
     except Exception as e:
         shape = f"an error ({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__})"
     finally:
@@ -85,7 +85,7 @@ def normalize(task: Task, texts: list) -> list:
     return [tuple(map(one, text)) if is_pair(text) else one(text) for text in texts]
 
 
-def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, config: RunConfig,
+def decode_texts(task: Task, model: Transformer | Ensemble, tokenizer: Tokenizer, labels, config: RunConfig,
                  texts: list, name: str = "decoding", purpose: str = "evaluate"):
     """Decode raw sources (texts, or a pair task's pairs of texts) through the task's decoder, batched
     by source length; blank inputs give blank outputs.
@@ -95,31 +95,31 @@ def decode_texts(task: Task, model: Transformer, tokenizer: Tokenizer, labels, c
     ``purpose`` tells the decoder why: ``"evaluate"`` (a val or test evaluation) or ``"predict"`` (a user's inputs).
     """
     kind = model.cfg.kind  # a CPU copy: packed, or int8 (fp32 inputs); compiled where the outputs are searched
-    model = inference.for_decoding(model.eval(), config.decode.quantize, config.decode.compile and kind.decoder)
+    net = inference.for_decoding(model.eval(), config.decode.quantize, config.decode.compile and kind.decoder)
     blank = Label("", 0.0) if kind.labelled and not kind.per_word else ""  # one type of answer per task
     outputs: list[Prediction] = [blank] * len(texts)
     todo = [i for i, t in enumerate(texts) if not is_blank(t)]
     inputs = [texts[i] for i in todo]
     if kind.per_word:
-        src, words, cut = encode_words(tokenizer, inputs, model.cfg.max_len)
+        src, words, cut = encode_words(tokenizer, inputs, net.cfg.max_len)
     else:
         words = None
-        src, cut = encode_sources(tokenizer, inputs, model.cfg.max_len, classify=kind.labelled, prompt=not kind.encoder)
-    dc, device = config.decode, next(model.parameters()).device
+        src, cut = encode_sources(tokenizer, inputs, net.cfg.max_len, classify=kind.labelled, prompt=not kind.encoder)
+    dc, device = config.decode, next(net.parameters()).device
     # A batch holds sources of one length. Padding changes a row's rounding (in bf16, its words), and a
     # sentence must decode to the same output alone, in eval's batches or beside a stranger's on a server.
     # Longest sources first: workers take batches in turn, and a long batch left for last would leave
     # the other workers idle while it runs.
-    chunks = []
-    for _, same in itertools.groupby(sorted(range(len(todo)), key=lambda j: -len(src[j])), lambda j: len(src[j])):
-        same = list(same)
+    chunks: list[list[int]] = []
+    for _, group in itertools.groupby(sorted(range(len(todo)), key=lambda j: -len(src[j])), lambda j: len(src[j])):
+        same = list(group)
         chunks += [same[start : start + dc.batch_size] for start in range(0, len(same), dc.batch_size)]
 
     def run(chunk: list[int]) -> list[Prediction]:
         batch = pad([src[j] for j in chunk]).to(device)
         starts = None if words is None else [words[j] for j in chunk]
         with autocast(config.train.bf16 if dc.quantize == "none" else False, device):
-            plugin, outs = plugins().first("taskformer_decode", task, model=model, src=batch, tokenizer=tokenizer,
+            plugin, outs = plugins().first("taskformer_decode", task, model=net, src=batch, tokenizer=tokenizer,
                                            labels=labels, words=starts, config=config, purpose=purpose)
         wrong = "not a list" if not isinstance(outs, list) else (
             f"{len(outs)} for {len(chunk)} rows" if len(outs) != len(chunk) else

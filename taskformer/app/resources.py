@@ -103,9 +103,9 @@ def check_memory(task: Task, config: RunConfig, vocab_size: int, num_classes: in
     try:
         with torch.device("meta"):
             net = Transformer(replace(config.model, vocab_size=vocab_size, num_classes=num_classes))
-            params = config.model.members * net.num_parameters()
+            params: float = config.model.members * net.num_parameters()
             # buffers are not trained but take memory: the positional table is model.max_len x model.d_model
-            buffers = config.model.members * sum(b.numel() for b in net.buffers())
+            buffers: float = config.model.members * sum(b.numel() for b in net.buffers())
     except RuntimeError:  # sizes whose product overflows 64 bits: torch cannot even describe the tensors
         params = buffers = math.inf
     model = params * (BYTES_PER_PARAMETER if training else 4) + buffers * 4

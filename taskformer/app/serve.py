@@ -10,11 +10,15 @@ import ipaddress
 import math
 import re
 import socket
+from typing import TYPE_CHECKING
 
 import click
 
 from taskformer.app import lazy
 from taskformer.core.errors import TaskformerError
+
+if TYPE_CHECKING:
+    from taskformer.plugins.run import Run
 
 runner = lazy("taskformer.app.runner")  # loaded when a server starts, not for --help
 resources = lazy("taskformer.app.resources")
@@ -32,7 +36,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def named_runs(specs: tuple[str, ...]) -> dict[str, runner.Run]:
+def named_runs(specs: tuple[str, ...]) -> dict[str, Run]:
     """``RUN_DIR`` or ``NAME=RUN_DIR`` -> loaded runs by name (a run's default name is its task's)."""
     runs = {}
     for spec in specs:
@@ -140,4 +144,4 @@ def command(run_dirs, host, port, max_batch, max_wait_ms, max_inputs, max_chars,
     shown = f"[{host}]" if ":" in host else host
     banner = (f"serving {', '.join(runs)} on http://{shown}:{sock.getsockname()[1]}/ with {torch.get_num_threads()} "
               "decoding thread(s) (Ctrl-C or SIGTERM stops)")
-    Uvicorn(uvicorn.Config(app, log_level="warning", access_log=False), banner).run(sockets=[sock])
+    Uvicorn(uvicorn.Config(app, log_level="warning", access_log=False), banner, app.state.served).run(sockets=[sock])

@@ -13,6 +13,7 @@ import secrets
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
@@ -27,7 +28,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.sse import EventSourceResponse, format_sse_event
 from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, StringConstraints, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, StringConstraints, Tag, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from taskformer.app import hooks, runner
@@ -62,9 +63,9 @@ class Uvicorn(uvicorn.Server):
     at once, as that signal asks (uvicorn itself would wait for every open connection on SIGTERM, and
     for the decode thread in any case)."""
 
-    def __init__(self, config: uvicorn.Config, banner: str):
+    def __init__(self, config: uvicorn.Config, banner: str, served: dict[str, "Served"]):
         super().__init__(config)
-        self.banner = banner
+        self.banner, self.served = banner, served
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
@@ -76,7 +77,7 @@ class Uvicorn(uvicorn.Server):
             signal.signal(sig, signal.SIG_DFL)
             signal.raise_signal(sig)
         super().handle_exit(sig, frame)
-        for model in self.config.app.state.served.values():
+        for model in self.served.values():
             model.batcher.flush()
 
 
@@ -86,7 +87,7 @@ class ApiError(Exception):
         self.status, self.message, self.field, self.headers = status, message, field, headers
 
 
-def error(status: int, message: str, field: str | None = None, headers: dict | None = None) -> JSONResponse:
+def error(status: int, message: str, field: str | None = None, headers: Mapping[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": message, "field": field}, status, headers=headers)
 
 
@@ -137,7 +138,7 @@ class Served:
 
     async def continuation(self, i: int, text: str, config):
         """The events of input ``i``: its pieces as the search writes them, then its result."""
-        loop, pieces = asyncio.get_running_loop(), asyncio.Queue()
+        loop, pieces = asyncio.get_running_loop(), asyncio.Queue[str | None]()
         gone = False
 
         def on_text(piece: str) -> None:
@@ -193,7 +194,8 @@ class Served:
     @torch.no_grad()
     def distributions(self, texts: list) -> list[dict[str, float] | None]:
         """Every label's probability for each text or pair (the page's bars), each on its own."""
-        run, found = self.run, []
+        run = self.run
+        found: list[dict[str, float] | None] = []
         for text in hooks.normalize(run.task, texts):
             if is_blank(text):
                 found.append(None)
@@ -201,7 +203,7 @@ class Served:
             src, _ = encode_sources(run.tokenizer, [text], run.model.cfg.max_len, classify=True)
             with autocast(run.config.train.bf16, run.device):
                 probs = decoding.classify(run.model, pad(src).to(run.device))[0].tolist()
-            found.append(dict(zip(run.labels, probs)))
+            found.append(dict(zip(run.labels or [], probs)))
         return found
 
 
@@ -307,7 +309,7 @@ def libretranslate_fields(headers: dict, body: bytes) -> dict:
     return fields
 
 
-def unparseable(e: Exception) -> ApiError:
+def unparseable(e: BaseException) -> ApiError:
     """The answer to a body no parser takes, whichever parser (json's, in FastAPI or here) found out: the
     nesting is bounded by the interpreter's recursion limit, numbers by its 4,300 digits, the size by
     ``Limits.max_body``."""
@@ -520,7 +522,7 @@ def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None 
         fields = libretranslate_fields(dict(request.scope["headers"]), await request.body())
         try:
             body = TranslateRequest.model_validate(fields)
-        except ValueError as e:
+        except ValidationError as e:
             raise RequestValidationError(e.errors()) from None
         texts = body.q if isinstance(body.q, list) else [body.q]
         if len(texts) > limits.max_inputs:
