@@ -15,7 +15,9 @@ from __future__ import annotations
 import itertools
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 
@@ -46,21 +48,33 @@ def time_limit_layer(train_defaults: dict) -> dict:
     return {"train": {"epochs": 0, "patience": train_defaults.get("patience") or TIME_LIMIT_PATIENCE}}
 
 
-def check_table(recipes, owner: str) -> list[tuple[float, dict, str]]:
-    """The rows of a recipe table in order of their minimum, refusing a malformed one."""
-    rows = []
-    for row in recipes:
-        ok = isinstance(row, (tuple, list)) and len(row) == 3
-        minimum, overrides, reason = row if ok else (None, None, None)
-        if not (ok and isinstance(minimum, (int, float)) and not isinstance(minimum, bool) and minimum >= 0
+class Recipe(NamedTuple):
+    """A row of a task's recipe table (``Task.recipes``): from a budget of ``minimum`` target tokens, the
+    ``overrides`` ``{section: {key: value}}`` of sections ``RECIPE_SECTIONS``, for the one-line ``reason``.
+    A plugin declares a row as the plain tuple ``(minimum, overrides, reason)``."""
+
+    minimum: float
+    overrides: dict[str, dict[str, Any]]
+    reason: str
+
+    @classmethod
+    def of(cls, row: object, owner: str) -> Recipe:
+        """``row`` as declared (a tuple or list of three), refused with ``owner`` named where malformed."""
+        minimum, overrides, reason = row if isinstance(row, (tuple, list)) and len(row) == 3 else (None, None, None)
+        if not (isinstance(minimum, (int, float)) and not isinstance(minimum, bool) and minimum >= 0
                 and isinstance(overrides, dict) and isinstance(reason, str) and set(overrides) <= set(RECIPE_SECTIONS)):
             raise TaskformerError(f"{owner}: each recipe is (minimum target tokens >= 0, {{section: {{key: value}}}} "
                                   f"with sections {', '.join(RECIPE_SECTIONS)}, a one-line reason), got {row!r:.120}")
-        rows.append((float(minimum), overrides, reason))
-    return sorted(rows, key=lambda r: r[0])
+        return cls(float(minimum), overrides, reason)
 
 
-def choose(recipes, owner: str, pace: float, seconds_for, source: str, batching) -> dict:
+def check_table(recipes: Iterable[object], owner: str) -> list[Recipe]:
+    """The rows of a recipe table in order of their minimum, refusing a malformed one."""
+    return sorted((Recipe.of(row, owner) for row in recipes), key=lambda r: r.minimum)
+
+
+def choose(recipes: Iterable[object], owner: str, pace: float, seconds_for: Callable[[dict], float], source: str,
+           batching: Callable[[dict], tuple[float, int]]) -> dict:
     """The recipe for ``pace`` target tokens/s, as the record a run keeps.
 
     ``seconds_for(overrides)`` is the training time a row leaves (what remains of the time limit
@@ -72,7 +86,7 @@ def choose(recipes, owner: str, pace: float, seconds_for, source: str, batching)
     the budget, the overrides picked (the warm-up cut to ``WARMUP_SHARE`` of the planned updates
     where it was longer) and ``why``, one line a person reads.
     """
-    rows = check_table(recipes, owner) or [(0.0, {}, "the task declares no recipes by budget")]
+    rows = check_table(recipes, owner) or [Recipe(0.0, {}, "the task declares no recipes by budget")]
     for minimum, overrides, reason in reversed(rows):  # noqa: B007 -- else: the smallest row, short of its budget
         seconds = seconds_for(overrides)
         if minimum <= pace * seconds:

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -78,7 +79,7 @@ class Layers:
         yours += [("--seed", {"train": {"seed": seed}})] if seed is not None else []
         return cls(task, time_limit, yours)
 
-    def build(self, recipe: dict | None = None, leave_out: set[tuple[str, str]] = frozenset()) -> RunConfig:
+    def build(self, recipe: dict | None = None, leave_out: Collection[tuple[str, str]] = frozenset()) -> RunConfig:
         """The config with ``recipe``'s layer in its place; ``leave_out``: keys of yours not applied."""
         cfg = C.defaults(self.task)
         if self.time_limit:
@@ -144,6 +145,7 @@ def prepare(request: TrainRequest, shard: tuple[int, int] = (0, 1)) -> Prepared:
     """Everything a new run settles before training; writes nothing. See the module's docstring."""
     started = request.started or time.monotonic()
     task, time_limit = request.task, request.time_limit
+    assert task is not None, "a new run names its task (a resumed one is not prepared anew)"
     check_time_limit(time_limit)
     layers = Layers.of(task, request.config_file, request.overrides, request.seed, time_limit, request.settings)
     config = layers.build()
@@ -157,6 +159,7 @@ def prepare(request: TrainRequest, shard: tuple[int, int] = (0, 1)) -> Prepared:
     with progress.stage("loading data and training the tokenizer"):
         data = datacache.load(task, config, request.data_dir, lambda: load_data(task, config, request.data_dir))
     if request.distill:
+        assert request.claimed is not None, "a distillation's student has claimed its run directory"
         data = distilled(data, request.distill, request.claimed)
     run = Prepared(task, config, data, request.data_dir, pick_device(), time_limit, started, distill=request.distill)
     if time_limit:
@@ -181,12 +184,13 @@ def distilled(data: TaskData, record: dict, run_dir: Path) -> TaskData:
     if len(rows) != len(train):
         raise TaskformerError(f"{path}: {len(rows):,} teacher outputs for the {len(train):,} rows of the task's train "
                               "split; the data is not what the teacher decoded (another --data-dir or data option?)")
-    taught = []
-    for number, (row, (source, _, *fields)) in enumerate(zip(rows, train), 1):
+    taught: list[tuple] = []
+    for number, (row, example) in enumerate(zip(rows, train), 1):
+        source = example[0]
         if row.get("source") != source or not isinstance(row.get("output"), str):
             raise TaskformerError(f"{path}:{number}: not the teacher's output for train row {number} of this data "
                                   f"(its source is {str(row.get('source'))[:60]!r}, the data's {source[:60]!r})")
-        taught.append((source, row["output"], *fields))
+        taught.append((source, row["output"], *example[2:]))  # the fields a row may carry
     return replace(data, splits={**data.splits, "train": [*train, *taught] if mix else taught})
 
 
@@ -196,7 +200,8 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
     tokens of the task's own model, so the keys it sets are measured at the task's values, not yours
     (a ``model.members=4`` of yours would measure a quarter of the pace); your other settings stand.
     With several processes rank 0 measures and every rank takes its plan."""
-    task, record = run.task, [None]
+    task = run.task
+    record: list[dict[str, Any] | None] = [None]  # rank 0's plan, which every rank takes
     if shard[0] == 0:
         probed = layers.build(leave_out=set(table_keys(task)))
         train_enc = datacache.encoded(run.data, "train", probed.model.max_len, task.variant)
@@ -213,21 +218,24 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
                 return own.per_example * examples
             return per_example * examples * layers.build(overrides).model.members / probed.model.members
 
-        record[0] = budget.choose(task.recipes, table_owner(task), pace,
-                                  lambda o: run.seconds_left() - final(o) * (1 + budget.RESERVE_MARGIN), source,
-                                  batching(layers, train_enc, probed, pace, timer))
-        chosen = final(record[0]["overrides"])
-        if record[0]["train_seconds"] <= 0:
+        left = run.seconds_left
+        plan = budget.choose(task.recipes, table_owner(task), pace,
+                             lambda o: (left() or 0.0) - final(o) * (1 + budget.RESERVE_MARGIN), source,
+                             batching(layers, train_enc, probed, pace, timer))  # left(): a time limit's, never None
+        chosen = final(plan["overrides"])
+        if plan["train_seconds"] <= 0:
             raise TaskformerError(f"--time-limit {run.time_limit:g} leaves no time to train: the start took "
                                   f"{time.monotonic() - run.started:.0f} s and the final evaluation needs about "
                                   f"{chosen:.0f} s here; give more minutes")
-        record[0].update(final_seconds=round(chosen, 1), reserve_seconds=round(chosen * (1 + budget.RESERVE_MARGIN), 1),
-                         search_ratio=round(ratio, 3))
-        if overridden := yours_over(task, layers, record[0]["overrides"]):
-            record[0]["overridden"] = overridden
-            record[0]["why"] += f"; overridden by your settings: {', '.join(overridden)}"
+        plan.update(final_seconds=round(chosen, 1), reserve_seconds=round(chosen * (1 + budget.RESERVE_MARGIN), 1),
+                    search_ratio=round(ratio, 3))
+        if overridden := yours_over(task, layers, plan["overrides"]):
+            plan["overridden"] = overridden
+            plan["why"] += f"; overridden by your settings: {', '.join(overridden)}"
+        record[0] = plan
     if shard[1] > 1:
         torch.distributed.broadcast_object_list(record, src=0)
+    assert record[0] is not None
     return record[0]
 
 
@@ -243,8 +251,9 @@ def probe(run: Prepared, probed: RunConfig, train_enc: Encoded, ranks: int,
         pace, source = probed.train.pace, "train.pace"
         if not pace:
             pace, source = budget.measure_pace(model, probed.train, train_enc, run.device) * ranks, "measured"
-        per_example, ratio = decode_seconds(Run(None, run.task, probed, run.data.tokenizer, run.data.labels, model),
-                                            run.data)
+        # a probe's run has no directory (nothing of it is written)
+        probe_run = Run(None, run.task, probed, run.data.tokenizer, run.data.labels, model)  # type: ignore[arg-type]
+        per_example, ratio = decode_seconds(probe_run, run.data)
     return pace, source, per_example, ratio
 
 
