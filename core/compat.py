@@ -36,7 +36,7 @@ def label_from_line(output: str) -> Label:
     return Label(label, float(probability or "nan"))
 
 
-def unbound_run(run_dir: Path) -> None:
+def unbound_run(run_dir: Path) -> dict[str, str] | None:
     """A run without a binding record loads unchecked (``None``: no stamp to check), and says so."""
     warnings.warn(f"{run_dir} was written before taskformer recorded which task, tokenizer and weights "
                   "belong together; they are loaded without that check", stacklevel=2)

@@ -34,7 +34,7 @@ from taskformer.core.tokenize import SPECIALS
 if TYPE_CHECKING:
     import torch
 
-    from taskformer.core.model import Transformer
+    from taskformer.core.model import Ensemble, Transformer
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
                  "bfloat16")
@@ -53,8 +53,9 @@ def _numpy(t: torch.Tensor):
     return t.detach().cpu().float().numpy()
 
 
-def check_exportable(model: Transformer) -> None:
-    """Refuse models CTranslate2's ``TransformerSpec`` cannot express, before any work is done."""
+def check_exportable(model: Transformer | Ensemble) -> Transformer:
+    """Refuse models CTranslate2's ``TransformerSpec`` cannot express, before any work is done; returns the
+    network that exports."""
     from taskformer.core.model import Ensemble, Generator
 
     if not model.cfg.kind.exportable:
@@ -69,6 +70,7 @@ def check_exportable(model: Transformer) -> None:
     if type(model.head) is not Generator:
         raise ExportError(f"the task's plugin gives the model its own output head ({type(model.head).__name__}); "
                           "CTranslate2 has only a linear projection to the vocabulary")
+    return model
 
 
 def _load_ctranslate2():
@@ -222,7 +224,7 @@ def _replaceable(out_dir: Path, overwrite: bool) -> list[str]:
     return files
 
 
-def to_ctranslate2(model: Transformer, tokenizer: Tokenizer, out_dir: str | Path, quantization: str = "float32",
+def to_ctranslate2(model: Transformer | Ensemble, tokenizer: Tokenizer, out_dir: str | Path, quantization: str = "float32",
                    overwrite: bool = False, info: dict | None = None) -> Path:
     """Write ``model`` as a CTranslate2 model in ``out_dir``, with ``tokenizer.json`` beside it.
 
@@ -236,12 +238,12 @@ def to_ctranslate2(model: Transformer, tokenizer: Tokenizer, out_dir: str | Path
 
     from taskformer.core.checkpoint import write_json
 
-    check_exportable(model)
+    net = check_exportable(model)
     if quantization not in QUANTIZATIONS:
         raise ExportError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, not {quantization!r}")
     out_dir = Path(out_dir)
     earlier = _replaceable(out_dir, overwrite)
-    converter = _converter_class()(model.eval(), vocabulary(tokenizer, model.cfg.vocab_size))
+    converter = _converter_class()(net.eval(), vocabulary(tokenizer, net.cfg.vocab_size))
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.export-"))

@@ -171,7 +171,7 @@ def evaluate_split(run: Run, pairs: list[tuple[str, str]], config: RunConfig | N
         Output(row[0], h, row[1], row[2] if len(row) > 2 else None) for row, h in zip(pairs, hyps)]
 
 
-def load_data(task: Task, config: RunConfig, data_dir: str | None, splits=SPLITS,
+def load_data(task: Task, config: RunConfig, data_dir: str | Path | None, splits=SPLITS,
               tokenizer: Tokenizer | None = None) -> TaskData:
     """The task's data, checked: a wrong answer is an error naming the plugin and what was expected.
 
