@@ -360,7 +360,7 @@ def save_training_state(ckpt_root: Path, step: int, model, optimizer, scheduler,
                               "this checkpoint (nothing was written)")
     tmp = Path(tempfile.mkdtemp(dir=ckpt_root, prefix=".tmp-"))
     try:
-        save_model(model, tmp / WEIGHTS, metadata=stamp)
+        save_model(model, str(tmp / WEIGHTS), metadata=stamp)
         optimizer_state.save(tmp / optimizer_state.FILE, optimizer, scheduler)
         (tmp / "state.json").write_text(json.dumps(state), encoding="utf-8")
         (tmp / CHECKPOINT_MARK).write_text(json.dumps({"step": step}), encoding="utf-8")

@@ -74,6 +74,7 @@ def train(request: DistillRequest, on_event=lambda e: None) -> Run:
             lock.enter_context(rundir.locked(run_dir))
             asked = read_request(run_dir)
         else:
+            assert request.teacher is not None  # a new distillation names its teacher
             asked = {"teacher": str(Path(request.teacher).absolute()), "data_dir": request.data_dir,
                      "time_limit": request.time_limit, "seed": request.seed, "overrides": list(request.overrides),
                      "teacher_set": list(request.teacher_set)}
@@ -123,6 +124,7 @@ def check_student(request: TrainRequest) -> None:
     """Refuse, before the decode, what the student's run would refuse at its start: a bad setting or
     time limit, or no budget."""
     check_time_limit(request.time_limit)
+    assert request.task is not None  # the student's task is the teacher's
     config = Layers.of(request.task, None, request.overrides, request.seed, request.time_limit,
                        request.settings).build()
     check_budget(config, request.time_limit)

@@ -6,6 +6,7 @@ ones from the built-in plugin :mod:`taskformer.plugins.builtin.report_sections`,
 from __future__ import annotations
 
 import base64
+import io
 import math
 import os
 import re
@@ -14,7 +15,7 @@ import warnings
 from dataclasses import replace
 from pathlib import Path
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -29,7 +30,7 @@ from taskformer.plugins.manager import PluginError, plugins
 from taskformer.plugins.sections import fmt, save_figure, save_file, simple_table
 
 
-def sections(run) -> list[tuple[str, object]]:
+def sections(run) -> list[tuple[str, RenderableType]]:
     out = []
     for plugin, part in plugins().answers("taskformer_report_sections", run.task, run=run):
         if not isinstance(part, list) or not all(isinstance(p, tuple) and len(p) == 2 for p in part):
@@ -185,14 +186,14 @@ def _render(run, console: Console | None) -> None:
     plot_training(run)
     title, where = f"{run.task.name}: {run.task.description}", f"run directory: {visible(run.dir)}"
     parts = sections(shown(run))
-    body = [Text(title, style="bold"), Text(where)]
+    body: list[RenderableType] = [Text(title, style="bold"), Text(where)]
     for name, renderable in parts:
         body += [Text(""), Text(name, style="bold cyan"), renderable]
     after = _pngs(run.dir)
     plots = sorted((n for n in after if after[n] != before.get(n)), key=lambda n: (n != "training.png", n))
     panel = Panel(Group(*body), title="taskformer report", border_style="cyan")
     (console or Console(markup=False, emoji=False)).print(panel, markup=False)
-    record = Console(record=True, width=110, file=_Null(), markup=False, emoji=False)
+    record = Console(record=True, width=110, file=io.StringIO(), markup=False, emoji=False)
     record.print(panel)
     save_file(run.dir / "report.txt", record.export_text(clear=False))
     save_file(run.dir / "report.html", report_html.page(title, where, parts, _figures(run.dir, plots)))
@@ -221,11 +222,3 @@ def finite(value):
     if isinstance(value, list):
         return [finite(v) for v in value]
     return value
-
-
-class _Null:
-    def write(self, s):
-        return len(s)
-
-    def flush(self):
-        pass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import io
+from collections.abc import Sequence
 
 from rich.console import Console, Group
 from rich.table import Table
@@ -37,7 +38,7 @@ STYLE = """
 """
 
 
-def page(title: str, subtitle: str, sections: list[tuple[str, object]], figures: list[tuple[str, str]]) -> str:
+def page(title: str, subtitle: str, sections: Sequence[tuple[str, object]], figures: list[tuple[str, str]]) -> str:
     """The whole page: a title, ``sections`` (title, rich renderable) in order, then ``figures``
     (name, PNG as base64)."""
     parts = [f"<section><h2>{html.escape(name)}</h2>{element(renderable)}</section>" for name, renderable in sections]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime as dt
 import fcntl
 import hashlib
-import itertools
 import json
 import os
 import shutil
@@ -33,7 +32,7 @@ from taskformer.core import checkpoint as ckpt
 from taskformer.core import compat
 from taskformer.core.decoding import Label
 from taskformer.core.errors import TaskformerError
-from taskformer.core.model import Transformer
+from taskformer.core.model import Ensemble, Transformer
 from taskformer.core.tokenize import check_specials
 from taskformer.plugins.hookspecs import Output
 from taskformer.plugins.run import Prediction
@@ -125,10 +124,11 @@ def default_run_dir(task: str) -> Path:
     The directory is created here, exclusively, so two processes can never be handed the same one."""
     stamp = Path("runs") / task / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     make_dir(stamp.parent, exist_ok=True)
-    for n in itertools.count(1):
-        path = stamp if n == 1 else stamp.with_name(f"{stamp.name}-{n}")
-        if make_dir(path, exist_ok=False):
-            return path
+    path, n = stamp, 1
+    while not make_dir(path, exist_ok=False):
+        n += 1
+        path = stamp.with_name(f"{stamp.name}-{n}")
+    return path
 
 
 def make_dir(path: Path, exist_ok: bool) -> bool:
@@ -441,7 +441,7 @@ def read_tokenizer(run_dir: Path) -> Tokenizer:
     return tokenizer
 
 
-def load_run_weights(model: Transformer, run_dir: Path, stamp: dict[str, str] | None) -> None:
+def load_run_weights(model: Transformer | Ensemble, run_dir: Path, stamp: dict[str, str] | None) -> None:
     """The run's model.safetensors into ``model``, refused if its stamp is not this run's (checked
     after the weights themselves, so that a damaged file is named as such)."""
     ckpt.load_weights(model, run_dir / ckpt.WEIGHTS)

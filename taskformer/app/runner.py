@@ -107,10 +107,10 @@ def with_search(config: RunConfig, beam: int | None = None, batch_size: int | No
     """``config`` with another beam size (1 = greedy; a search, so sampling is off) or decoding batch
     size, as predict's options ask."""
     decode = config.decode
-    if whole_number("beam", beam) is not None:
+    if (beam := whole_number("beam", beam)) is not None:
         refuse_unused(type(decode), "beam", config.model.variant, "beam")
         decode = replace(decode, strategy="beam" if beam > 1 else "greedy", beam=beam, temperature=0.0)
-    if whole_number("batch_size", batch_size) is not None:
+    if (batch_size := whole_number("batch_size", batch_size)) is not None:
         decode = replace(decode, batch_size=batch_size)
     return replace(config, decode=decode)
 
@@ -124,7 +124,7 @@ def generation_settings(config: RunConfig) -> dict:
     return {**how, "max_new_tokens": d.max_new_tokens}
 
 
-def whole_number(name: str, value):
+def whole_number(name: str, value: object) -> int | None:
     """``value`` of a caller's option (the API's, the server's): unset (None) or a whole number of at least 1.
     ``True`` is not a number here, though Python counts it as 1."""
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):

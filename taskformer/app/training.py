@@ -145,6 +145,7 @@ def begin(prepared: Prepared, out: str | None, shard: tuple[int, int], lock: Exi
         shared = [run_dir]
         torch.distributed.broadcast_object_list(shared, src=0)
         run_dir = shared[0]
+    assert run_dir is not None
     torch.manual_seed(config.train.seed)
     model = build_model(task, config, data.tokenizer.get_vocab_size(), data.labels, training=True).to(prepared.device)
     stamp = None
@@ -164,6 +165,7 @@ def begin(prepared: Prepared, out: str | None, shard: tuple[int, int], lock: Exi
 def resumed(request: TrainRequest, shard: tuple[int, int], lock: ExitStack) -> Begun:
     """An interrupted run as its config.json, tokenizer and data say, to continue from its last checkpoint."""
     started = time.monotonic()
+    assert request.resume is not None
     run_dir = Path(request.resume)
     if not run_dir.is_dir():
         raise TaskformerError(f"{run_dir}: no such run directory")
@@ -198,11 +200,12 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
     test and to the final search (the probe's ratio of the two searches' times)."""
     run, data, config = begun.run, begun.data, begun.run.config
     device, task, train_enc, val_enc = run.device, run.task, begun.train, begun.val
+    assert train_enc is not None and val_enc is not None  # encoded as it began
     eval_config = replace(config, decode=replace(config.decode, strategy=config.decode.eval_strategy))
     final_examples = len(data.splits["val"]) + len(data.splits["test"])
     recipe = begun.recipe or {}
     reserve = [recipe.get("reserve_seconds", 0.0)]  # the probe's estimate until the first validation
-    ratio = [None]  # the final search's time per example over the validations', once measured
+    ratio: list[float | None] = [None]  # the final search's time per example over the validations', once measured
 
     def evaluate() -> dict:
         begun_at = time.monotonic()
@@ -260,6 +263,7 @@ def finish(begun: Begun, state: dict) -> Run:
     """Evaluate the best weights on val and test with the run's search; write the outputs and result.json."""
     run, data, config = begun.run, begun.data, begun.run.config
     model, run_dir, task = run.model, run.dir, run.task
+    assert begun.train is not None and begun.val is not None  # encoded as it began
     load_run_weights(model, run_dir, begun.stamp)
     for split in ("val", "test"):
         if split == "test" and data.splits["test"] == data.splits["val"]:  # a task whose test is its val text
