@@ -368,7 +368,7 @@ class ResultRecord:
                   ("info.date", isinstance(shape.get("date", ""), str))]
         if wrong := next((key for key, ok in checks if not ok), None):
             raise ValueError(f"{wrong} is not what taskformer writes")
-        return cls(task=saved["task"], metric=saved["metric"], metrics=metrics, samples=saved.get("samples", {}),
+        return cls(task=saved["task"], metric=saved["metric"], metrics=saved["metrics"], samples=saved.get("samples", {}),
                    info=info, weights_sha256=saved.get("weights_sha256"))
 
 
