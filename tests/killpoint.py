@@ -80,7 +80,7 @@ class Points:
     def wrap(self, moment: str, function):
         def wrapped(*args, **kwargs):
             self.seen[moment] += 1
-            step = args[1] if moment == "checkpoint" else args[0].state["step"]  # save_training_state(root, step, ...)
+            step = args[1] if moment == "checkpoint" else args[0].state.step  # save_training_state(root, step, ...)
             self.stack.append([moment, self.seen[moment], step, 0, 0])
             self.listen()
             try:
