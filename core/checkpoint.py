@@ -418,6 +418,14 @@ def load_training_state(path: Path, model, optimizer, scheduler) -> dict:
                                and all(map(_count, cooldown)) and cooldown[1] > 0)):
         raise TaskformerError(f"{path / 'state.json'}: cooldown must be [] or [first step, updates], got {cooldown!r}; "
                               "the checkpoint is damaged")
+    best, kept = state.get("best"), state.get("best_weights", [])
+    if not (best is None or (isinstance(best, list) and len(best) == 2
+                             and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in best))):
+        raise TaskformerError(f"{path / 'state.json'}: best must be null or [score, -loss], got {best!r:.80}; "
+                              "the checkpoint is damaged")
+    if not (isinstance(kept, list) and all(map(_count, kept))):
+        raise TaskformerError(f"{path / 'state.json'}: best_weights must be a list of steps, got {kept!r:.80}; "
+                              "the checkpoint is damaged")
     return state
 
 

@@ -182,6 +182,9 @@ def test_damaged_run_files_are_named(finished, tmp_path, cli, command, edit, exp
     ("cooldown", [3, -2], "state.json: cooldown must be"),
     ("cooldown", [True, 4], "state.json: cooldown must be"),
     ("cooldown", 7, "state.json: cooldown must be"),
+    ("best", 0, "state.json: best must be"),
+    ("best", [1.0, "x"], "state.json: best must be"),
+    ("best_weights", 3, "state.json: best_weights must be"),
     ("epoch", 1000, "state.json: epoch 1000, batch"),  # once "finished" early with exit 0
     ("batch", 5, "do not agree with"),
 ])
