@@ -83,20 +83,21 @@ class PackedLinear(nn.Module):
 
 
 def padded_rows(rows: int) -> int:
-    """The rows a product is computed for: 1, 2, 4, ..., 64, then 96, 128, 192, 256, ... (the next at or above ``rows``).
+    """The rows a product is computed for: ``rows`` itself up to 16, above it the next multiple of an
+    eighth of the next power of two (17 -> 20, 100 -> 112, 640 -> 640).
 
     oneDNN makes, and keeps, a kernel of its own for every number of rows it is given, about 0.6 MB
     each, and its caches hold a thousand or more. Every batch a server decodes, and every step of a
     batch whose finished sentences have left it, brings a new number of rows: the memory of
-    ``taskformer serve`` would grow by hundreds of megabytes under load, and evicted kernels would be
-    made again. Rounded up to these sizes, a layer needs a few dozen kernels; the zero rows added cost
-    little (up to 64 rows a product costs what reading the weights costs, and above it they add at
-    most half as many again).
+    ``taskformer serve`` would grow by hundreds of megabytes under load. Rounded so, a product shape
+    has at most 16 + 4 row counts per doubling. One sentence's steps (1 row, or a beam's 5) and the
+    usual batch sizes are computed as they come; the zero rows added elsewhere cost at most a quarter
+    more (docs/benchmarks.md measured both roundings).
     """
-    if rows <= 64:
-        return 1 << max(rows - 1, 0).bit_length()
-    power = 1 << (rows - 1).bit_length()
-    return power * 3 // 4 if rows <= power * 3 // 4 else power
+    if rows <= 16:
+        return rows
+    step = (1 << (rows - 1).bit_length()) // 8
+    return -(-rows // step) * step
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:
