@@ -83,19 +83,21 @@ class PackedLinear(nn.Module):
 
 
 def padded_rows(rows: int) -> int:
-    """The rows a product is computed for: ``rows`` itself up to 16, above it the next multiple of an
-    eighth of the next power of two (17 -> 20, 100 -> 112, 640 -> 640).
+    """The rows a product is computed for: ``rows`` itself up to 8, the next power of two up to 64,
+    above it the next multiple of an eighth of the next power of two (10 -> 16, 100 -> 112, 640 -> 640).
 
     oneDNN makes, and keeps, a kernel of its own for every number of rows it is given, about 0.6 MB
     each, and its caches hold a thousand or more. Every batch a server decodes, and every step of a
     batch whose finished sentences have left it, brings a new number of rows: the memory of
     ``taskformer serve`` would grow by hundreds of megabytes under load. Rounded so, a product shape
-    has at most 16 + 4 row counts per doubling. One sentence's steps (1 row, or a beam's 5) and the
-    usual batch sizes are computed as they come; the zero rows added elsewhere cost at most a quarter
-    more (docs/benchmarks.md measured both roundings).
+    has at most 11 row counts up to 64 and 4 per doubling above. One sentence's steps (1 row, or a
+    beam's 5) and the usual batch sizes are computed as they come; up to 64 rows a product costs what
+    reading the weights costs, and above it the zero rows add at most a quarter (docs/benchmarks.md).
     """
-    if rows <= 16:
+    if rows <= 8:
         return rows
+    if rows <= 64:
+        return 1 << (rows - 1).bit_length()
     step = (1 << (rows - 1).bit_length()) // 8
     return -(-rows // step) * step
 
