@@ -142,20 +142,44 @@ def packed(model: Net) -> Net:
 
 
 def int8(model: Net) -> Net:
-    """An inference copy of ``model`` with int8 linear layers (on CPU, in eval mode)."""
-    # importing torchao logs the GPU kernels a CPU torch cannot load and a registration torch frowns on
+    """An inference copy of ``model`` with int8 linear layers (on CPU, in eval mode): int8 products of
+    int8 inputs where this CPU computes them exactly (:func:`_int8_products_exact`), else int8 weights
+    read into fp32 products (``Int8WeightOnlyConfig``)."""
+    quantize_, dynamic, weight_only = _torchao()
+    twin = _split(copy.deepcopy(model).cpu().eval())
+    quantize_(twin, dynamic() if _int8_products_exact() else weight_only())
+    return twin
+
+
+def _torchao():
+    """torchao's ``quantize_`` and its two int8 configs. Importing it logs the GPU kernels a CPU torch
+    cannot load and a registration torch frowns on, which a user need not read."""
     loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.ERROR)
     try:
-        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
-    twin = _split(copy.deepcopy(model).cpu().eval())
-    quantize_(twin, Int8DynamicActivationInt8WeightConfig())
-    return twin
+    return quantize_, Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig
+
+
+@functools.cache
+def _int8_products_exact() -> bool:
+    """Whether int8 x int8 products come out right here. Without VNNI instructions (an AVX2 CPU, or
+    one held to AVX2 by ONEDNN_MAX_CPU_ISA) oneDNN adds pairs of products in 16 bits, which saturate
+    for inputs near the ends of the int8 range, where torchao's per-token scales put them: most
+    outputs then differ from fp32. Checked once on a layer whose inputs and weights quantize to 127."""
+    quantize_, dynamic, _ = _torchao()
+    layer = nn.Linear(64, 8, bias=False)
+    with torch.no_grad():
+        layer.weight.fill_(1.0)
+        x = torch.ones(2, 64)
+        quantized = copy.deepcopy(layer)
+        quantize_(quantized, dynamic())
+        return torch.allclose(quantized(x), layer(x), rtol=1e-2)
 
 
 def forget(model: nn.Module) -> None:
