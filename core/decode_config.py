@@ -50,8 +50,8 @@ class DecodeConfig:
                            "seconds). Pays where a step is mostly dispatch (a small model, one input at a time); "
                            "not for the translation defaults (docs/benchmarks.md).", variants=SEARCHED)
     quantize: str = option("none", "int8: decode with int8 linear layers (torchao, CPU: per-row weights; inputs "
-                           "per token where the CPU multiplies int8 exactly (VNNI), else fp32). Smaller weights, but on CPU slower than fp32 "
-                           "(faster with decode.compile); for fast int8, export to CTranslate2 "
+                           "per token where the CPU multiplies int8 exactly (VNNI), else fp32). Smaller weights, "
+                           "but on CPU slower than fp32 (faster with decode.compile); for fast int8, export to CTranslate2 "
                            "(docs/benchmarks.md).", choices=QUANTIZE)
 
     def validate(self) -> None:
