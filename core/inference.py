@@ -10,7 +10,8 @@ and streamed cold weights at a third of its speed, which is most of a step at on
 ``decode.quantize=int8`` instead gives a copy quantized by torchao
 (``Int8DynamicActivationInt8WeightConfig``): every ``nn.Linear`` gets int8 weights with a scale per
 output row, and its input is quantized on the fly with a scale per token, the granularity of
-CTranslate2's int8; embeddings, layer norms and attention stay fp32. Run as it is, each such layer
+CTranslate2's int8 (on a CPU without VNNI, whose int8 products saturate, the weights only: see
+:func:`int8`); embeddings, layer norms and attention stay fp32. Run as it is, each such layer
 is a handful of tensor operations, slower than fp32 at one sentence; with ``decode.compile`` the
 compiler fuses them into the step (docs/benchmarks.md has both).
 
@@ -71,10 +72,11 @@ class PackedLinear(nn.Module):
             return F.linear(x, self.weight, self.bias)
         bias = None if self.bias is None else self.bias.to(dtype)
         rows = x.shape[:-1].numel()
-        if padded_rows(rows) == rows:  # one sentence's step, a full batch: as it comes, no copy
+        extra = padded_rows(rows) - rows
+        if not extra:  # one sentence's step, a full batch: as it comes, no copy
             return torch.ops.mkldnn._linear_pointwise(x.to(dtype), self.packed[dtype], bias, "none", [], "")
         flat = x.to(dtype).reshape(rows, x.size(-1))
-        flat = F.pad(flat, (0, 0, 0, padded_rows(rows) - rows))  # zero rows, whose outputs are dropped
+        flat = F.pad(flat, (0, 0, 0, extra))  # zero rows, whose outputs are dropped
         return torch.ops.mkldnn._linear_pointwise(flat, self.packed[dtype], bias, "none", [], "")[:rows].view(
             *x.shape[:-1], -1)
 
