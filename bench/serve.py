@@ -17,9 +17,12 @@ with a fixed seed) replaced by a bad one: malformed or deeply nested JSON, a bod
 types, an unknown model, a client that sends its request and leaves, and a slow sender that trickles its
 body. It reports the good requests that failed, the p99 latency of the good ones against the clean
 run's (a ratio), the bad requests the server answered with a 5xx, RSS after the warm-up and at the
-end, and whether the server still answers `/health`.
+end, and whether the server still answers `/health`. With `--rounds N` the clean and the hostile
+load alternate in N parts of SECONDS/N each, the p99s pooling each side's parts, so that the machine
+slowing down or speeding up during the measurement falls on both sides alike; RSS is then read
+after every part too, which shows whether memory levels off or keeps growing.
 
-    python bench/serve.py runs/copy/bench --hostile 60      # about 3 minutes
+    python bench/serve.py runs/copy/bench --hostile 60 --rounds 4      # about 3 minutes
 
 The clients are aiohttp's, all in this process, and share the machine with the server; each row
 says how much of a core they took (`client_cpu`). They are lean on purpose: httpx's client, used
@@ -127,11 +130,13 @@ async def bad_request(kind: str, url: str, name: str, http: aiohttp.ClientSessio
 
 
 async def load(url: str, name: str, sentences: list[str], clients: int, seconds: float, bad_share: float = 0.0,
-               seed: int = 0) -> dict:
+               seed: int = 0, latencies: list[float] | None = None) -> dict:
     """``clients`` concurrent clients, each on its own connection, sending one sentence per request
     until ``seconds`` pass; a ``bad_share`` of the requests (drawn with ``seed``) is a bad one instead,
-    of a kind of :data:`BAD_KINDS`, and counted apart."""
-    latencies, failures, server_errors = [], 0, 0
+    of a kind of :data:`BAD_KINDS`, and counted apart. The good requests' latencies (seconds) are
+    added to ``latencies`` where given, so parts of a measurement can be pooled."""
+    latencies = [] if latencies is None else latencies
+    failures, server_errors = 0, 0
     bad, draw = {kind: 0 for kind in BAD_KINDS}, random.Random(seed)
     deadline = time.perf_counter() + seconds
     target = f"{url}/v1/models/{name}/predict"
@@ -162,36 +167,51 @@ async def load(url: str, name: str, sentences: list[str], clients: int, seconds:
                 failures += 1
             i += clients
 
-    started, cpu = time.perf_counter(), time.process_time()
+    before, started, cpu = len(latencies), time.perf_counter(), time.process_time()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients),
                                      timeout=aiohttp.ClientTimeout(total=300)) as http:
         await asyncio.gather(*(client(k, http) for k in range(clients)))
-    elapsed = time.perf_counter() - started
-    q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [float("nan")] * 99
-    return {"clients": clients, "requests": len(latencies), "failed": failures,
-            "sentences_per_s": len(latencies) / elapsed, "p50_ms": 1000 * q[49], "p95_ms": 1000 * q[94],
+    elapsed, succeeded = time.perf_counter() - started, len(latencies) - before
+    mine = latencies[len(latencies) - succeeded :]
+    q = statistics.quantiles(mine, n=100) if len(mine) > 1 else [float("nan")] * 99
+    return {"clients": clients, "requests": len(mine), "failed": failures,
+            "sentences_per_s": len(mine) / elapsed, "p50_ms": 1000 * q[49], "p95_ms": 1000 * q[94],
             "p99_ms": 1000 * q[98], "client_cpu": (time.process_time() - cpu) / elapsed,
             **({"bad_requests": bad, "bad_answered_5xx": server_errors} if bad_share else {})}
 
 
-def hostile(run_dir: Path, sentences: list[str], clients: int, seconds: float, serve_options: str) -> dict:
-    """The clean run and the hostile run on one server; the figures docs/robustness.md records."""
+def hostile(run_dir: Path, sentences: list[str], clients: int, seconds: float, serve_options: str,
+            rounds: int) -> dict:
+    """The clean and the hostile load on one server, ``seconds`` of each, alternating in ``rounds``
+    parts so that a drift in the machine's speed falls on both alike; the p99s pool each side's parts.
+    RSS is read after the warm-up and after every part. The figures docs/robustness.md records."""
     server = Server(run_dir, *shlex.split(serve_options))
+    clean_s: list[float] = []
+    rough_s: list[float] = []
+    parts, rss = [], []
     try:
         asyncio.run(load(server.url, server.name, sentences, clients, min(5.0, seconds)))  # warm-up
-        start_rss = rss_kib(server.process.pid)
-        clean = asyncio.run(load(server.url, server.name, sentences, clients, seconds))
-        rough = asyncio.run(load(server.url, server.name, sentences, clients, seconds, bad_share=0.1))
-        end_rss = rss_kib(server.process.pid)
+        rss.append(rss_kib(server.process.pid))
+        for r in range(rounds):
+            clean = asyncio.run(load(server.url, server.name, sentences, clients, seconds / rounds, latencies=clean_s))
+            rss.append(rss_kib(server.process.pid))
+            rough = asyncio.run(load(server.url, server.name, sentences, clients, seconds / rounds, bad_share=0.1,
+                                     seed=r, latencies=rough_s))
+            rss.append(rss_kib(server.process.pid))
+            parts.append((clean, rough))
         with urllib.request.urlopen(f"{server.url}/health", timeout=60) as answer:
             up = server.process.poll() is None and answer.status == 200
     finally:
         server.stop()
-    return {"clients": clients, "seconds": seconds, "clean_p99_ms": clean["p99_ms"], "clean_failed": clean["failed"],
-            "good_requests": rough["requests"], "good_failed": rough["failed"], "p99_ms": rough["p99_ms"],
-            "bad_requests": rough["bad_requests"], "bad_answered_5xx": rough["bad_answered_5xx"],
-            "p99_ratio": rough["p99_ms"] / clean["p99_ms"], "rss_start_mib": start_rss / 1024,
-            "rss_end_mib": end_rss / 1024, "server_up_at_end": up}
+    p99 = {side: 1000 * statistics.quantiles(s, n=100)[98] for side, s in (("clean", clean_s), ("rough", rough_s))}
+    bad = {kind: sum(rough["bad_requests"][kind] for _, rough in parts) for kind in BAD_KINDS}
+    return {"clients": clients, "seconds": seconds, "rounds": rounds, "clean_p99_ms": p99["clean"],
+            "clean_failed": sum(clean["failed"] for clean, _ in parts), "good_requests": len(rough_s),
+            "good_failed": sum(rough["failed"] for _, rough in parts), "p99_ms": p99["rough"], "bad_requests": bad,
+            "bad_answered_5xx": sum(rough["bad_answered_5xx"] for _, rough in parts),
+            "p99_ratio": p99["rough"] / p99["clean"], "part_p99_ms": [[c["p99_ms"], r["p99_ms"]] for c, r in parts],
+            "rss_start_mib": rss[0] / 1024, "rss_end_mib": rss[-1] / 1024, "rss_mib": [k / 1024 for k in rss],
+            "server_up_at_end": up}
 
 
 def predict_bar(run_dir: Path, sentences: list[str]) -> float:
@@ -216,20 +236,24 @@ def main() -> None:
     parser.add_argument("--hostile", type=float, default=0, metavar="SECONDS",
                         help="measure the server under hostile traffic instead: SECONDS clean, then SECONDS with "
                              "one request in ten a bad one")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="with --hostile, alternate the clean and the hostile load in this many parts each")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
     clients = [int(c) for c in args.clients.split(",")]
     sentences = sentences_of(args.run_dir, args.sentences)
     if args.hostile:
         figures = {"cpu": os.cpu_count(), "cpu_name": cpu_name(), **hostile(args.run_dir, sentences, max(clients),
-                                                                             args.hostile, args.serve_options)}
+                                                                             args.hostile, args.serve_options,
+                                                                             args.rounds)}
         print(f"hostile traffic, {max(clients)} clients, {args.hostile:.0f} s clean then {args.hostile:.0f} s with 10% "
               f"bad requests ({', '.join(f'{k} {n}' for k, n in figures['bad_requests'].items())}): "
               f"{figures['good_failed']} of {figures['good_requests'] + figures['good_failed']} good requests failed; "
               f"p99 of the good {figures['p99_ms']:.0f} ms against {figures['clean_p99_ms']:.0f} ms clean "
               f"({figures['p99_ratio']:.2f}x); bad requests answered 5xx: {figures['bad_answered_5xx']}; RSS "
               f"{figures['rss_start_mib']:.0f} MiB after the warm-up, {figures['rss_end_mib']:.0f} MiB at the end "
-              f"({100 * (figures['rss_end_mib'] / figures['rss_start_mib'] - 1):+.1f}%); server up at the end: "
+              f"({100 * (figures['rss_end_mib'] / figures['rss_start_mib'] - 1):+.1f}%; after each part: "
+              f"{', '.join(f'{m:.0f}' for m in figures['rss_mib'][1:])}); server up at the end: "
               f"{figures['server_up_at_end']}", flush=True)
         if args.json:
             args.json.write_text(json.dumps(figures, indent=2))
