@@ -55,8 +55,9 @@ class DistillConfig:
     student's config.json; the teacher's search is its own ``decode`` section, changed with
     ``--teacher-set decode.KEY=VALUE`` (e.g. its beam and length penalty)."""
 
-    mix: bool = option(False, "Train on the references too: every train source twice, once with the teacher's "
-                       "output and once with its reference; false: on the teacher's outputs alone.")
+    mix: bool = option(True, "Train on the references too: every train source twice, once with the teacher's "
+                       "output and once with its reference (chosen on val: docs/results.md); false: on the "
+                       "teacher's outputs alone.")
 
 
 def section_types(task) -> dict[str, type]:

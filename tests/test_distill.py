@@ -45,7 +45,7 @@ def predicted(cli, run_dir: Path, sources: list[str]) -> list[str]:
 
 def test_the_student_writes_the_teachers_outputs_not_the_references(teacher, cli, tmp_path):
     out = tmp_path / "student"
-    result = cli("distill", str(teacher), "--out", str(out), *STUDENT)
+    result = cli("distill", str(teacher), "--out", str(out), *STUDENT, "--set", "distill.mix=false")
     assert result.exit_code == 0, result.output
     rows = targets(out)
     sources, taught = [r["source"] for r in rows], [r["output"] for r in rows]
@@ -64,9 +64,9 @@ def test_the_student_writes_the_teachers_outputs_not_the_references(teacher, cli
     assert taskformer.load(out).evaluate("test")  # a normal run
 
 
-def test_mix_trains_on_the_references_beside_the_teachers_outputs(teacher, cli, tmp_path):
+def test_by_default_the_student_trains_on_the_references_beside_the_teachers_outputs(teacher, cli, tmp_path):
     out = tmp_path / "student"
-    result = cli("distill", str(teacher), "--out", str(out), *TINY_STUDENT, "--set", "distill.mix=true")
+    result = cli("distill", str(teacher), "--out", str(out), *TINY_STUDENT)
     assert result.exit_code == 0, result.output
     info = json.loads((out / "result.json").read_text())["info"]
     assert info["distill"]["mix"] is True and info["data"]["train"] == 16

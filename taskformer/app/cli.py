@@ -207,7 +207,7 @@ def train_and_report(request: TrainRequest, quiet: bool, shard: tuple[int, int] 
               help="The student's training budget in minutes, as `run --time-limit`, counted from the end of "
                    "the teacher's decode.")
 @click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
-              help="distill.mix=true, or one of the student's settings (its size and recipe; default the task's).")
+              help="distill.mix=false, or one of the student's settings (its size and recipe; default the task's).")
 @click.option("--seed", type=int, help="The student's random seed (default: the teacher's train.seed).")
 @click.option("--data-dir", type=click.Path(file_okay=False), help="The task's data folder (default: the teacher's).")
 @click.option("--resume", type=click.Path(file_okay=False),
@@ -217,8 +217,8 @@ def distill_cmd(teacher, data_dir, out, time_limit, seed, overrides, teacher_set
     """Train one network on TEACHER's outputs (sequence-level knowledge distillation).
 
     TEACHER, a finished run (an ensemble, say), decodes its task's train sources with its own
-    search; a student run of the same task then trains on those outputs instead of the references
-    (with them: --set distill.mix=true). The student is a normal run, which predict, eval, serve and
+    search; a student run of the same task then trains on those outputs beside the references
+    (instead of them: --set distill.mix=false). The student is a normal run, which predict, eval, serve and
     export take; its result names the teacher and the distillation data.
     """
     if not teacher and not resume:

@@ -1,9 +1,9 @@
 """``taskformer distill``: sequence-level knowledge distillation (Kim & Rush, 2016).
 
 A finished teacher run -- one network or an ensemble -- translates its task's train sources with its
-own search, and a student, a new run of the same task, trains on those translations in place of the
-references (or beside them, ``distill.mix``). The student learns the mode of the teacher's
-distribution, which a single network fits more easily than the references' spread of
+own search, and a student, a new run of the same task, trains on those translations beside the
+references (``distill.mix``, the default) or in their place. The student learns the mode of the
+teacher's distribution, which a single network fits more easily than the references' spread of
 translations, so one network comes close to the teacher and needs less beam.
 
 The student's run directory holds the teacher's outputs. The train sources are decoded longest
