@@ -50,8 +50,8 @@ class RunConfig:
 @dataclass
 class DistillConfig:
     """What a student of ``taskformer distill`` learns from: the teacher's outputs for the train
-    sources (sequence-level knowledge distillation, Kim & Rush 2016), alone or beside the
-    references. Given as ``--set distill.KEY=VALUE`` to that command only, and recorded in the
+    sources (sequence-level knowledge distillation, Kim & Rush 2016; a classifier's are its label
+    distributions, soft targets), alone or beside the references. Given as ``--set distill.KEY=VALUE`` to that command only, and recorded in the
     student's config.json; the teacher's search is its own ``decode`` section, changed with
     ``--teacher-set decode.KEY=VALUE`` (e.g. its beam and length penalty)."""
 

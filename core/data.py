@@ -34,6 +34,8 @@ class TaskData:
     from ``labels`` per whitespace-separated word of the source, separated by spaces
     (``("Anna lives in Paris", "B-PER O O B-LOC")``). A classifier of pairs (``Task(pairs=True)``)
     has a tuple of two texts as its source: ``(("A man sleeps.", "A person rests."), "entailment")``.
+    A distillation's student of a classifier has, in place of a train row's label, its teacher's
+    distribution over ``labels`` (a dict of label to probability: soft targets, Hinton et al., 2015).
     For a decoder-only model the source is a
     prompt, read but never scored (a loss mask), and the target the text that follows it: rows
     with a prompt end in EOS, while the rows without one are running text, joined into one stream
@@ -130,6 +132,7 @@ class Encoded:
     owners: list[list[int]] | None = None  # decoder-only: the split's row each scored target belongs to
     stream: list[int] | None = None  # decoder-only training: the running text its first blocks are cut from
     block: int = 0  # and their length
+    soft: list[list[float]] | None = None  # a classifier's target distributions, where any row has one (distillation)
 
     def for_epoch(self, epoch: int, seed: int) -> Encoded:
         """The examples of training epoch ``epoch``. A language model's running text is cut at another
@@ -308,7 +311,12 @@ def encode(data: TaskData, split: str, max_len: int, variant: str) -> Encoded:
         return Encoded(src, tgt, cut, target_pad=IGNORE)
     src, cut = encode_sources(data.tokenizer, [row[0] for row in pairs], max_len, classify=kind.labelled)
     if kind.labelled:
-        return Encoded(src, [index[row[1]] for row in pairs], cut)
+        classes = [index[max(row[1], key=row[1].get) if isinstance(row[1], dict) else row[1]] for row in pairs]
+        if not any(isinstance(row[1], dict) for row in pairs):
+            return Encoded(src, classes, cut)
+        soft = [[row[1].get(name, 0.0) for name in index] if isinstance(row[1], dict)
+                else [float(c == k) for k in range(len(index))] for row, c in zip(pairs, classes)]
+        return Encoded(src, classes, cut, soft=soft)
     room = max_len - 2
     tgt = [[BOS] + ids[:room] + [EOS] for ids, _ in encode_as_text(data.tokenizer, [row[1] for row in pairs])]
     return Encoded(src, tgt, cut)
@@ -353,9 +361,13 @@ def pad(seqs: list[list[int]], value: int = PAD) -> torch.Tensor:
 
 
 def collate(enc: Encoded, index: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch's padded sources and its targets: padded id rows, class ids, or a classifier's target
+    distributions ``(B, C)`` where the split has soft targets."""
     import torch
 
     src = pad([enc.src[i] for i in index])
+    if enc.soft is not None:
+        return src, torch.tensor([enc.soft[i] for i in index], dtype=torch.float32)
     if isinstance(enc.tgt[0], list):
         return src, pad([enc.tgt[i] for i in index], enc.target_pad)
     return src, torch.tensor([enc.tgt[i] for i in index], dtype=torch.long)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 import torch
+import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from taskformer.core import checkpoint as ckpt
@@ -134,7 +135,10 @@ def teacher_forced(model: SequenceModel) -> bool:
 
 def target_count(tgt: torch.Tensor, shifted: bool) -> int:
     """Targets a batch is scored on: the shifted non-padding tokens of sequences, else every target
-    that is not ``IGNORE`` (one per example for classes, one per tagged word for tagging)."""
+    that is not ``IGNORE`` (one per example for classes, one per tagged word for tagging), one per row
+    of target distributions."""
+    if tgt.is_floating_point():
+        return len(tgt)
     return int((tgt[:, 1:] != PAD).sum()) if shifted else int((tgt != IGNORE).sum())
 
 
@@ -198,7 +202,9 @@ def batch_loss(model: SequenceModel | DistributedDataParallel, src: torch.Tensor
     reads ``tgt[:, :-1]`` and predicts ``tgt[:, 1:]``, padding skipped. Other models' logits are
     scored against the targets as they are: class targets ``(B,)`` once per example, tag targets
     and a decoder-only model's next tokens ``(B, S)`` at every position that is not ``IGNORE`` (0 is
-    a real class or tag there; a language model's prompt and padding are ``IGNORE``).
+    a real class or tag there; a language model's prompt and padding are ``IGNORE``). A classifier's
+    targets may be distributions ``(B, C)`` instead (a distillation's soft targets), scored by the
+    library's cross-entropy against probabilities: with a handful of classes the loss costs nothing.
     """
     inner = unwrapped(model)
     shifted = teacher_forced(inner)
@@ -209,6 +215,10 @@ def batch_loss(model: SequenceModel | DistributedDataParallel, src: torch.Tensor
         gold, logits, skip = tgt, model(src), IGNORE
     members = len(inner.members) if isinstance(inner, Ensemble) and inner.training else 1  # stacked: (K, ...)
     gold = gold.expand(members, *gold.shape) if members > 1 else gold
+    if gold.is_floating_point():
+        loss = F.cross_entropy(logits.flatten(0, -2).float(), gold.reshape(-1, gold.size(-1)),
+                               label_smoothing=smoothing, reduction="sum")
+        return loss / members, count
     loss = SmoothedCrossEntropy.apply(logits.flatten(0, -2), gold.reshape(-1), smoothing, skip)
     return loss / members, count
 

@@ -122,21 +122,46 @@ def test_run_resume_of_a_student_reads_the_teachers_outputs(teacher, cli, tmp_pa
 
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory) -> Path:
+    """A two-member agnews ensemble of a few updates: unsure of every text, and wrong about many."""
     out = tmp_path_factory.mktemp("agnews") / "run"
     fixture = Path(__file__).parent / "data" / "ag_news"
     result = run_cli("run", "agnews", "--data-dir", str(fixture), "--out", str(out), "--quiet",
                      "--set", "model.d_model=32", "--set", "model.n_heads=2", "--set", "model.enc_layers=1",
-                     "--set", "model.d_ff=64", "--set", "model.members=1", "--set", "data.vocab_size=300",
-                     "--set", "train.epochs=0", "--set", "train.max_steps=1")
+                     "--set", "model.d_ff=64", "--set", "model.members=2", "--set", "data.vocab_size=300",
+                     "--set", "train.epochs=0", "--set", "train.max_steps=20", "--set", "train.lr=3e-3",
+                     "--set", "train.bf16=false")
     assert result.returncode == 0, result.stderr
     return out
 
 
-def test_a_classifier_teacher_is_refused_saying_why(classifier, cli, tmp_path):
-    line = one_error(cli("distill", str(classifier), "--out", str(tmp_path / "student"), "--quiet"),
-                     "agnews", "no search", "word-level distillation", "not built")
-    assert "val" in line
-    assert not (tmp_path / "student").exists()
+def test_a_classifier_student_learns_its_teachers_label_distribution(classifier, cli, tmp_path):
+    out = tmp_path / "student"
+    result = cli("distill", str(classifier), "--out", str(out), "--set", "model.members=1", "--set",
+                 "distill.mix=false", "--set", "train.label_smoothing=0", *STUDENT[1:])
+    assert result.exit_code == 0, result.output
+    rows = targets(out)
+    sources, references = [r["source"] for r in rows], [r["reference"] for r in rows]
+    taught = [r["output"] for r in rows]
+    labels = ["World", "Sports", "Business", "Sci/Tech"]
+    assert all(sorted(p) == sorted(labels) and abs(sum(p.values()) - 1) < 1e-4 for p in taught)
+    best = [max(p, key=p.get) for p in taught]
+    said = [line.split("\t") for line in predicted(cli, classifier, sources)]  # the teacher's label, its probability
+    assert [label for label, _ in said] == best
+    assert all(abs(float(p) - t[label]) < 1e-3 for (label, p), t in zip(said, taught))
+    assert sum(b != r for b, r in zip(best, references)) >= len(rows) / 3  # so what the student says is the teacher's
+    assert max(max(p.values()) for p in taught) < 0.9  # and unsure: soft targets, far from one-hot
+
+    student = [line.split("\t") for line in predicted(cli, out, sources)]
+    assert sum(label == b for (label, _), b in zip(student, best)) >= 0.9 * len(rows)
+    gap = sum(abs(float(p) - t[label]) for (label, p), t in zip(student, taught)) / len(rows)
+    assert gap < 0.1  # as unsure as its teacher, where a student of one-hot labels would grow nearly sure
+    info = json.loads((out / "result.json").read_text())["info"]
+    assert info["distill"]["teacher_search"] == {"strategy": "distribution"} and info["distill"]["teacher_members"] == 2
+
+    one_at_a_time = tmp_path / "one-at-a-time"  # what a resumed decode relies on: no output depends on its batch
+    assert cli("distill", str(classifier), "--out", str(one_at_a_time), "--teacher-set", "decode.batch_size=1",
+               *TINY_STUDENT).exit_code == 0
+    assert [r["output"] for r in targets(one_at_a_time)] == taught
 
 
 @pytest.mark.parametrize("damage", ["missing", "empty", "not a run", "unfinished"])

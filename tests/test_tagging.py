@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 import tagging_plugin
 import taskformer
+from test_hostile import one_error
 from taskformer import BOS, ClassificationHead, Task, TaskData, characters, encode_words, hookimpl, symbols
 from taskformer.core.data import IGNORE, collate, encode
 from taskformer.core.engine import batch_loss
@@ -45,6 +46,24 @@ def test_tagging_model_scores_every_position_and_the_loss_only_tagged_ones():
     assert torch.allclose(loss, expected, rtol=1e-5)
 
 
+def test_a_classifier_learns_a_distribution_as_it_learns_a_label():
+    """Soft targets (a distillation's) give the loss of the one-hot label where they are one-hot, and
+    otherwise the cross-entropy against the distribution, label smoothing included."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(variant="encoder-only", vocab_size=12, num_classes=3, d_model=16, n_heads=2,
+                                    enc_layers=1, d_ff=32, dropout=0.0)).eval()
+    data = TaskData(tokenizer=characters(["abc"]), labels=["X", "Y", "Z"],
+                    splits={"train": [("ab", "Y"), ("cab", {"X": 0.5, "Y": 0.25, "Z": 0.25}), ("b", "Z")]})
+    src, soft = collate(encode(data, "train", 16, "encoder-only"), [0, 1, 2])
+    assert soft.tolist() == [[0, 1, 0], [0.5, 0.25, 0.25], [0, 0, 1]]
+    loss, count = batch_loss(model, src, soft, 0.1)
+    logp = torch.log_softmax(model(src), -1)
+    smoothed = 0.9 * soft + 0.1 / 3
+    assert count == 3 and torch.allclose(loss, -(smoothed * logp).sum(), rtol=1e-5)
+    hard, _ = batch_loss(model, src[[0, 2]], torch.tensor([1, 2]), 0.1)
+    assert torch.allclose(hard, -(smoothed[[0, 2]] * logp[[0, 2]]).sum(), rtol=1e-5)
+
+
 def test_a_tagging_task_trains_predicts_evaluates_and_reports_through_the_cli(register, cli, tmp_path):
     register(tagging_plugin, "truecase-fixture")
     out = tmp_path / "run"
@@ -57,6 +76,8 @@ def test_a_tagging_task_trains_predicts_evaluates_and_reports_through_the_cli(re
     rows = [json.loads(line) for line in (out / "outputs-test.jsonl").read_text().splitlines()]
     assert len(rows) == 100 and all(len(r["output"].split()) == len(r["source"].split()) for r in rows)
     assert "token_accuracy" in (out / "report.txt").read_text()
+    one_error(cli("distill", str(out), "--out", str(tmp_path / "student"), "--quiet"), "tagger", "not built")
+    assert not (tmp_path / "student").exists()
 
     lines = ["Anna met the BBC in London.", "", "the river " * 40]  # normalized for the model; the last is cut
     predicted = cli("predict", str(out), input="\n".join(lines) + "\n")

@@ -214,11 +214,12 @@ def train_and_report(request: TrainRequest, quiet: bool, shard: tuple[int, int] 
               help="Continue an interrupted distillation: the decode where it stopped, then the student.")
 @click.option("--quiet", is_flag=True, help="No progress display.")
 def distill_cmd(teacher, data_dir, out, time_limit, seed, overrides, teacher_set, resume, quiet) -> None:
-    """Train one network on TEACHER's outputs (sequence-level knowledge distillation).
+    """Train one network on TEACHER's outputs (knowledge distillation).
 
     TEACHER, a finished run (an ensemble, say), decodes its task's train sources with its own
-    search; a student run of the same task then trains on those outputs beside the references
-    (instead of them: --set distill.mix=false). The student is a normal run, which predict, eval, serve and
+    search, or, a classifier, gives its probability of every label for each; a student run of the
+    same task then trains on those outputs beside the references (instead of them: --set
+    distill.mix=false). The student is a normal run, which predict, eval, serve and
     export take; its result names the teacher and the distillation data.
     """
     if not teacher and not resume:

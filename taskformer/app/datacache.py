@@ -147,7 +147,9 @@ def read_encoded(path: Path) -> Encoded:
     tgt = rows("tgt") if meta["nested"] else tensors["tgt"].tolist()
     owners = rows("owners") if "owners" in tensors else None  # a language model's: see encode_text
     stream = tensors["stream"].tolist() if "stream" in tensors else None
-    return Encoded(rows("src"), tgt, meta["truncated"], meta["target_pad"], owners, stream, meta.get("block", 0))
+    soft = tensors["soft"].tolist() if "soft" in tensors else None
+    return Encoded(rows("src"), tgt, meta["truncated"], meta["target_pad"], owners, stream, meta.get("block", 0),
+                   soft)
 
 
 def write_encoded(path: Path, enc: Encoded) -> None:
@@ -165,6 +167,8 @@ def write_encoded(path: Path, enc: Encoded) -> None:
                        owners_lengths=torch.tensor([len(row) for row in enc.owners], dtype=torch.int64))
     if enc.stream:
         tensors["stream"] = torch.tensor(enc.stream, dtype=torch.int32)
+    if enc.soft is not None:
+        tensors["soft"] = torch.tensor(enc.soft, dtype=torch.float32)
     try:
         ckpt.atomic_write(path.with_suffix(".json"), json.dumps(
             {"nested": nested, "truncated": enc.truncated, "target_pad": enc.target_pad, "block": enc.block}))

@@ -15,16 +15,27 @@ them), and the student is a normal run of the task: ``prepare.distilled`` puts t
 of the train split's targets, for the new run and for ``taskformer run --resume`` alike, and
 config.json and result.json name the teacher and the file.
 
-Any task whose outputs are searched from an encoder's source gets this without code of its own.
+A classifier's teacher gives, in place of a translation, its distribution over the labels for each
+train source (word-level knowledge distillation; Hinton et al., 2015): an ensemble's averaged
+probabilities say which other labels a text resembles, which a one-hot label does not. The student
+learns it by cross-entropy against those probabilities (soft targets), with ``distill.mix`` the
+one-hot references beside them as for a translation.
+
+Any task whose outputs are searched from an encoder's source, and any classifier, gets this without
+code of its own.
 """
 from __future__ import annotations
 
+import copy
+import itertools
 import json
 import os
 import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import torch
 
 from taskformer.app import datacache, rundir, runner, training
 from taskformer.app.hooks import decode_texts, load_data
@@ -36,13 +47,15 @@ from taskformer.core import progress
 from taskformer.core.data import TaskData, encode_sources
 from taskformer.core.decoding import decode_workers
 from taskformer.core.errors import TaskformerError
+from taskformer.core.model import SequenceModel
 from taskformer.core.options import check
 from taskformer.plugins.hookspecs import Output
 from taskformer.plugins.run import Run
 
 REQUEST = "distill.json"  # the command as given, which a resume continues
-DECODING = "distill-decoding.jsonl"  # the teacher's outputs as they come: {"row": train row, "output": text}
+DECODING = "distill-decoding.jsonl"  # the teacher's outputs as they come: {"row": train row, "output": ...}
 TARGETS = "distill-train.jsonl"  # all of them in train order: {"source", "output", "reference"[, "fields"]}
+# where an output is a text, or a classifier's {label: probability}
 FILES = frozenset({REQUEST, DECODING, TARGETS})  # a distillation's own files in its student's run directory
 
 
@@ -135,11 +148,10 @@ def load_teacher(path: str, teacher_set: list[str]) -> Run:
     ``--teacher-set`` applied to its search; refused where its task's outputs are not searched."""
     teacher = runner.load(path)
     kind = teacher.model.cfg.kind
-    if not kind.decoder:
-        raise TaskformerError(
-            f"task {teacher.task.name!r} is {teacher.task.variant}: it has no search, so there are no teacher "
-            "outputs to train on; word-level distillation for classifiers and taggers (the student learning the "
-            "teacher's label distribution) is not built, as whether it beats one network on val is not measured")
+    if kind.per_word:
+        raise TaskformerError(f"task {teacher.task.name!r} is a tagger: distilling one (the student learning the "
+                              "teacher's tag distribution at every word) is not built; classifiers and tasks with "
+                              "a search are")
     if not kind.encoder:
         raise TaskformerError(f"task {teacher.task.name!r} is a language model: its train split is running text, not "
                               "sources for the teacher to translate; distilling it is not built")
@@ -191,7 +203,9 @@ def teacher_data(teacher: Run, data_dir: str | None) -> TaskData:
 
 
 def search_of(teacher: Run) -> dict:
-    """The teacher's search as the record names it."""
+    """The teacher's search as the record names it; a classifier's outputs are its label distributions."""
+    if teacher.model.cfg.kind.classifies:
+        return {"strategy": "distribution"}
     d = teacher.config.decode
     return {"strategy": d.strategy, "beam": d.beam if d.strategy == "beam" else 1, "length_penalty": d.length_penalty}
 
@@ -210,27 +224,33 @@ def decode(teacher: Run, data: TaskData, run_dir: Path) -> dict:
         return {"decoded_rows": 0, "decode_seconds": 0.0}
     outputs = decoded_so_far(done_path, len(train))
     sources = [row[0] for row in train]
-    ids, _ = encode_sources(teacher.tokenizer, sources, teacher.model.cfg.max_len)
+    kind = teacher.model.cfg.kind
+    ids, _ = encode_sources(teacher.tokenizer, sources, teacher.model.cfg.max_len, classify=kind.classifies)
     order = [i for i in sorted(range(len(train)), key=lambda i: -len(ids[i])) if i not in outputs]
     dc = teacher.config.decode
     block = dc.batch_size * decode_workers(dc.workers, teacher.device, len(train))
+    exact = copy.deepcopy(teacher.model).eval().double() if kind.classifies else None  # see distributions()
     begun = time.monotonic()
     with progress.stage("decoding the train split with the teacher", len(train)) as advance:
         advance(len(outputs))
         for start in range(0, len(order), block):
             rows = order[start : start + block]
             try:
-                with progress.listening(lambda e: None):  # one bar for the whole split, not one per block
-                    outs, _ = decode_texts(teacher.task, teacher.model, teacher.tokenizer, teacher.labels,
-                                           teacher.config, [sources[i] for i in rows])
+                if exact is not None:
+                    outs: list = distributions(exact, teacher.labels or [], [ids[i] for i in rows], dc.batch_size)
+                else:
+                    with progress.listening(lambda e: None):  # one bar for the whole split, not one per block
+                        texts, _ = decode_texts(teacher.task, teacher.model, teacher.tokenizer, teacher.labels,
+                                                teacher.config, [sources[i] for i in rows])
+                    outs = [str(out) for out in texts]
             except KeyboardInterrupt:
                 stopped = TaskformerError(f"decoding interrupted; {len(outputs):,} of {len(train):,} teacher outputs "
                                           f"are saved. Resume with: taskformer distill --resume {run_dir}")
                 stopped.exit_code = 130
                 raise stopped from None
-            ckpt.append_line(done_path, "\n".join(json.dumps({"row": i, "output": str(out)}, ensure_ascii=False)
+            ckpt.append_line(done_path, "\n".join(json.dumps({"row": i, "output": out}, ensure_ascii=False)
                                                   for i, out in zip(rows, outs)))
-            outputs.update(zip(rows, map(str, outs)))
+            outputs.update(zip(rows, outs))
             advance(len(rows))
     ckpt.atomic_write(run_dir / TARGETS, "".join(
         json.dumps(row_json(Output(row[0], outputs[i], row[1], row[2] if len(row) > 2 else None)),
@@ -239,7 +259,25 @@ def decode(teacher: Run, data: TaskData, run_dir: Path) -> dict:
     return {"decoded_rows": len(order), "decode_seconds": round(time.monotonic() - begun, 1)}
 
 
-def decoded_so_far(path: Path, rows: int) -> dict[int, str]:
+@torch.no_grad()
+def distributions(model: SequenceModel, labels: list[str], ids: list[list[int]], size: int) -> list[dict[str, float]]:
+    """A classifier's probability of each of ``labels`` for every framed source, rounded to six places,
+    in batches of up to ``size`` sources of one length (no padding). ``model`` is in float64, so the
+    rounded values do not depend on a source's batch: in fp32 another batch size moves the last
+    place, and a resumed decode's batches may differ from an uninterrupted one's."""
+    device = next(model.parameters()).device
+    out: list[dict[str, float]] = [{} for _ in ids]
+    for _, group in itertools.groupby(sorted(range(len(ids)), key=lambda j: len(ids[j])), lambda j: len(ids[j])):
+        same = list(group)
+        for start in range(0, len(same), size):
+            rows = same[start : start + size]
+            probs = torch.softmax(model(torch.tensor([ids[j] for j in rows], device=device)).double(), -1)
+            for j, p in zip(rows, probs.tolist()):
+                out[j] = {label: round(x, 6) for label, x in zip(labels, p)}
+    return out
+
+
+def decoded_so_far(path: Path, rows: int) -> dict[int, str | dict[str, float]]:
     """The outputs an interrupted decode appended to ``path``, by train row. A line the interruption
     cut short is dropped from the file, and its rows are decoded again."""
     if not path.exists():
@@ -257,7 +295,7 @@ def decoded_so_far(path: Path, rows: int) -> dict[int, str]:
     outputs = {}
     for number, row in enumerate(ckpt.read_jsonl(path), 1):
         i, out = row.get("row"), row.get("output")
-        if not (type(i) is int and 0 <= i < rows and isinstance(out, str)):
+        if not (type(i) is int and 0 <= i < rows and isinstance(out, (str, dict))):
             raise TaskformerError(f"{path}:{number}: not a teacher output of this train split ({rows:,} rows); the "
                                   "file is damaged")
         outputs[i] = out

@@ -186,12 +186,22 @@ def distilled(data: TaskData, record: dict, run_dir: Path) -> TaskData:
                               "split; the data is not what the teacher decoded (another --data-dir or data option?)")
     taught: list[tuple] = []
     for number, (row, example) in enumerate(zip(rows, train), 1):
-        source = example[0]
-        if row.get("source") != source or not isinstance(row.get("output"), str):
+        source, given = example[0], row.get("source")
+        if given != source and not (isinstance(given, list) and tuple(given) == source):  # JSON's pair is a list
             raise TaskformerError(f"{path}:{number}: not the teacher's output for train row {number} of this data "
-                                  f"(its source is {str(row.get('source'))[:60]!r}, the data's {source[:60]!r})")
+                                  f"(its source is {str(given)[:60]!r}, the data's {str(source)[:60]!r})")
+        if not (is_distribution(row.get("output"), data.labels) if data.labels else isinstance(row.get("output"), str)):
+            raise TaskformerError(f"{path}:{number}: the teacher's output is not " + (
+                "a probability for each of the task's labels" if data.labels else "a text") + "; the file is damaged")
         taught.append((source, row["output"], *example[2:]))  # the fields a row may carry
     return replace(data, splits={**data.splits, "train": [*train, *taught] if mix else taught})
+
+
+def is_distribution(output, labels: list[str] | None) -> bool:
+    """A classifier teacher's output: a probability for each of ``labels``, summing to one."""
+    return (isinstance(output, dict) and labels is not None and sorted(output) == sorted(labels)
+            and all(type(p) in (int, float) and 0 <= p <= 1 for p in output.values())
+            and abs(sum(output.values()) - 1) < 1e-3)
 
 
 def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
