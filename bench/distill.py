@@ -1,4 +1,4 @@
-"""Sequence-level distillation end to end: a student of a teacher run, against the teacher.
+"""Knowledge distillation end to end: a student of a teacher run, against the teacher.
 
 Given a finished teacher run (the translate-de-en hour's 3-member ensemble, say), the script runs
 ``taskformer distill TEACHER --out OUT [--time-limit MIN] [--set ...] [--teacher-set ...]`` (or
@@ -9,8 +9,10 @@ and then measures on the same machine:
   difference on the task's metric;
 - speed: seconds to decode the same sentences (the test sources) with the teacher's own search (as
   it is served, not the --teacher-set of the decode) and with the student's, each the best of
-  ``--rounds``, as ``taskformer predict`` decodes, and their ratio; also the student greedy;
-- export: with ctranslate2 installed, the student exported in float32 and its greedy outputs against
+  ``--rounds``, as ``taskformer predict`` decodes, and their ratio; also the student greedy where
+  its outputs are searched (a classifier has no search: its ratio is the one network's against the
+  ensemble's);
+- export: where the outputs are searched and ctranslate2 is installed, the student exported in float32 and its greedy outputs against
   ``predict --beam 1`` in fp32 on the same sentences (how many are equal);
 - cost in minutes: the teacher's run (its wall time), the decode of the train split, the student's
   run, and their sum, against the teacher alone.
@@ -120,12 +122,15 @@ def main() -> None:
     teacher, student = runner.load(args.teacher), runner.load(student_dir)
     metric = student_result["metric"]
     sources = [json.loads(line)["source"] for line in (student_dir / "outputs-test.jsonl").read_text().splitlines()]
+    searched = student.model.cfg.kind.decoder
     speed = {"sentences": len(sources),
              "teacher_s": best_seconds(teacher, sources, teacher.config, args.rounds),
-             "student_s": best_seconds(student, sources, student.config, args.rounds),
-             "student_greedy_s": best_seconds(student, sources, runner.with_search(student.config, beam=1), args.rounds)}
+             "student_s": best_seconds(student, sources, student.config, args.rounds)}
     speed["ratio"] = speed["teacher_s"] / max(speed["student_s"], 1e-9)
-    speed["ratio_greedy"] = speed["teacher_s"] / max(speed["student_greedy_s"], 1e-9)
+    if searched:
+        speed["student_greedy_s"] = best_seconds(student, sources, runner.with_search(student.config, beam=1),
+                                                 args.rounds)
+        speed["ratio_greedy"] = speed["teacher_s"] / max(speed["student_greedy_s"], 1e-9)
     minutes = {"teacher": teacher_result["info"]["wall_seconds"] / 60,
                "decode": record["decode_seconds"] / 60,
                "student": student_result["info"]["wall_seconds"] / 60}
@@ -137,7 +142,7 @@ def main() -> None:
         "teacher_metrics": teacher_result["metrics"], "student_metrics": student_result["metrics"],
         "student_minus_teacher": {s: student_result["metrics"][s][metric] - teacher_result["metrics"][s][metric]
                                   for s in ("val", "test")},
-        "speed": speed, "minutes": minutes, "export": exported_agreement(student, sources),
+        "speed": speed, "minutes": minutes, "export": exported_agreement(student, sources) if searched else None,
     }
     print(json.dumps(figures, indent=1))
     if args.json:

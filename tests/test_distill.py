@@ -158,10 +158,12 @@ def test_a_classifier_student_learns_its_teachers_label_distribution(classifier,
     info = json.loads((out / "result.json").read_text())["info"]
     assert info["distill"]["teacher_search"] == {"strategy": "distribution"} and info["distill"]["teacher_members"] == 2
 
-    one_at_a_time = tmp_path / "one-at-a-time"  # what a resumed decode relies on: no output depends on its batch
-    assert cli("distill", str(classifier), "--out", str(one_at_a_time), "--teacher-set", "decode.batch_size=1",
-               *TINY_STUDENT).exit_code == 0
-    assert [r["output"] for r in targets(one_at_a_time)] == taught
+    # A second word-dropped copy of train for the teacher to label, one source at a time: the first
+    # copy's outputs are as before, as a resumed decode's are (no output depends on its batch).
+    more = tmp_path / "more"
+    assert cli("distill", str(classifier), "--out", str(more), "--teacher-set", "decode.batch_size=1",
+               "--set", "data.augment=2", *TINY_STUDENT).exit_code == 0
+    assert len(targets(more)) == len(rows) * 3 // 2 and [r["output"] for r in targets(more)][: len(rows)] == taught
 
 
 @pytest.mark.parametrize("damage", ["missing", "empty", "not a run", "unfinished"])

@@ -32,7 +32,7 @@ import json
 import os
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -98,7 +98,7 @@ def train(request: DistillRequest, on_event=lambda e: None) -> Run:
                                                     "train": {"seed": teacher.config.train.seed}}),)
         student = TrainRequest(task, data_dir, None, asked["time_limit"], asked["seed"], None, tuple(student_sets),
                                settings=inherited)
-        check_student(student)  # a typo in --set is refused now, not after the decode
+        options = check_student(student)  # a typo in --set is refused now, not after the decode
         if request.resume:
             check_teacher(teacher, asked, run_dir)
             if not rundir.remove_started(run_dir, FILES):  # a student that stopped before its first checkpoint
@@ -107,7 +107,7 @@ def train(request: DistillRequest, on_event=lambda e: None) -> Run:
         else:
             rundir.check_out(request.out)
             asked["teacher_weights_sha256"] = ckpt.sha256(teacher.dir / ckpt.WEIGHTS)
-        data = teacher_data(teacher, data_dir)
+        data = teacher_data(teacher, data_dir, options)
         if not request.resume:  # made only now: a teacher, settings or data refused leave no folder
             run_dir = rundir.new_run_dir(task.name, request.out, lock)
             ckpt.write_json(run_dir / REQUEST, asked)
@@ -133,14 +133,15 @@ def settings(overrides: list[str]) -> tuple[bool, list[str]]:
     return chosen.mix, [item for item in overrides if item not in own]
 
 
-def check_student(request: TrainRequest) -> None:
+def check_student(request: TrainRequest) -> C.RunConfig:
     """Refuse, before the decode, what the student's run would refuse at its start: a bad setting or
-    time limit, or no budget."""
+    time limit, or no budget. Returns the student's configuration."""
     check_time_limit(request.time_limit)
     assert request.task is not None  # the student's task is the teacher's
     config = Layers.of(request.task, None, request.overrides, request.seed, request.time_limit,
                        request.settings).build()
     check_budget(config, request.time_limit)
+    return config
 
 
 def load_teacher(path: str, teacher_set: list[str]) -> Run:
@@ -194,9 +195,13 @@ def fits(value, kind) -> bool:
         not isinstance(value, list) or all(isinstance(x, str) for x in value))
 
 
-def teacher_data(teacher: Run, data_dir: str | None) -> TaskData:
-    """The task's data as the teacher's run read it: its data options, encoded with its tokenizer."""
-    task, config, tokenizer = teacher.task, teacher.config, teacher.tokenizer
+def teacher_data(teacher: Run, data_dir: str | None, student: C.RunConfig) -> TaskData:
+    """The task's data as the student will read it, encoded with the teacher's tokenizer: the data
+    options are the teacher's unless the student's ``--set data.KEY=VALUE`` changes them (more
+    augmented copies for the teacher to label, say); the seed, which may choose the val rows, stays
+    the teacher's, so that no row the teacher trained on becomes the student's val."""
+    task, tokenizer = teacher.task, teacher.tokenizer
+    config = replace(teacher.config, data=student.data)
     with progress.stage("loading the teacher's data"):
         return datacache.load(task, config, data_dir, lambda: load_data(task, config, data_dir, tokenizer=tokenizer),
                               tokenizer)
