@@ -157,6 +157,8 @@ def test_a_classifier_student_learns_its_teachers_label_distribution(classifier,
     assert gap < 0.1  # as unsure as its teacher, where a student of one-hot labels would grow nearly sure
     info = json.loads((out / "result.json").read_text())["info"]
     assert info["distill"]["teacher_search"] == {"strategy": "distribution"} and info["distill"]["teacher_members"] == 2
+    report = " ".join((out / "report.txt").read_text().replace("│", " ").split())  # as one line, unwrapped
+    assert "(2 members): its label distributions for the 152 train sources" in report
 
     # A second word-dropped copy of train for the teacher to label, one source at a time: the first
     # copy's outputs are as before, as a resumed decode's are (no output depends on its batch).

@@ -70,5 +70,6 @@ def distilled_from(record) -> str | None:
     how = [f"{members} members" if isinstance(members, int) and members > 1 else "one network",
            *([f"beam {beam}" if beam != 1 else "greedy"] if beam is not None else [])]
     mixed = ", with the references" if record.get("mix") is True else ""
-    return (f"{record.get('teacher')} ({', '.join(how)}): its outputs for the "
+    outputs = "label distributions" if isinstance(search, dict) and search.get("strategy") == "distribution" else "outputs"
+    return (f"{record.get('teacher')} ({', '.join(how)}): its {outputs} for the "
             f"{fmt(record.get('count'))} train sources, in {record.get('file')}{mixed}")
