@@ -51,9 +51,10 @@ class RunConfig:
 class DistillConfig:
     """What a student of ``taskformer distill`` learns from: the teacher's outputs for the train
     sources (sequence-level knowledge distillation, Kim & Rush 2016; a classifier's are its label
-    distributions, soft targets), alone or beside the references. Given as ``--set distill.KEY=VALUE`` to that command only, and recorded in the
-    student's config.json; the teacher's search is its own ``decode`` section, changed with
-    ``--teacher-set decode.KEY=VALUE`` (e.g. its beam and length penalty)."""
+    distributions, soft targets), alone or beside the references. Given as ``--set
+    distill.KEY=VALUE`` to that command only, and recorded in the student's config.json; the
+    teacher's search is its own ``decode`` section, changed with ``--teacher-set
+    decode.KEY=VALUE`` (e.g. its beam and length penalty)."""
 
     mix: bool = option(True, "Train on the references too: every train source twice, once with the teacher's "
                        "output and once with its reference (chosen on val: docs/results.md); false: on the "

@@ -146,7 +146,7 @@ def check_student(request: TrainRequest) -> C.RunConfig:
 
 def load_teacher(path: str, teacher_set: list[str]) -> Run:
     """The finished teacher run (its safetensors weights, checked as ``predict`` checks them) with
-    ``--teacher-set`` applied to its search; refused where its task's outputs are not searched."""
+    ``--teacher-set`` applied to its search; a tagger or a language model is refused."""
     teacher = runner.load(path)
     kind = teacher.model.cfg.kind
     if kind.per_word:
