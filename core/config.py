@@ -59,6 +59,10 @@ class DistillConfig:
     mix: bool = option(True, "Train on the references too: every train source twice, once with the teacher's "
                        "output and once with its reference (chosen on val: docs/results.md); false: on the "
                        "teacher's outputs alone.")
+    temperature: float = option(1.0, "A classifier teacher's probabilities, softened to softmax(log p / T) before the "
+                                "student learns them (Hinton et al., 2015): above 1, the labels the teacher finds "
+                                "less likely weigh more; 1 keeps them as they are.", above=0.0, at_most=100.0,
+                                variants=("encoder-only",))
 
 
 def section_types(task) -> dict[str, type]:

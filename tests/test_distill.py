@@ -5,6 +5,7 @@ student that writes them learnt from the teacher, not from the data."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -156,7 +157,7 @@ def test_a_classifier_student_learns_its_teachers_label_distribution(classifier,
     gap = sum(abs(float(p) - t[label]) for (label, p), t in zip(student, taught)) / len(rows)
     assert gap < 0.1  # as unsure as its teacher, where a student of one-hot labels would grow nearly sure
     info = json.loads((out / "result.json").read_text())["info"]
-    assert info["distill"]["teacher_search"] == {"strategy": "distribution"} and info["distill"]["teacher_members"] == 2
+    assert info["distill"]["teacher_search"] == {"strategy": "distribution", "temperature": 1.0} and info["distill"]["teacher_members"] == 2
     report = " ".join((out / "report.txt").read_text().replace("│", " ").split())  # as one line, unwrapped
     assert "(2 members): its label distributions for the 152 train sources" in report
 
@@ -166,6 +167,13 @@ def test_a_classifier_student_learns_its_teachers_label_distribution(classifier,
     assert cli("distill", str(classifier), "--out", str(more), "--teacher-set", "decode.batch_size=1",
                "--set", "data.augment=2", *TINY_STUDENT).exit_code == 0
     assert len(targets(more)) == len(rows) * 3 // 2 and [r["output"] for r in targets(more)][: len(rows)] == taught
+
+    softer = tmp_path / "softer"  # temperature 2: softmax(log p / 2)
+    assert cli("distill", str(classifier), "--out", str(softer), "--set", "distill.temperature=2",
+               *TINY_STUDENT).exit_code == 0
+    for p, q in zip(taught, [r["output"] for r in targets(softer)]):
+        roots = {label: math.sqrt(x) for label, x in p.items()}
+        assert all(abs(q[label] - root / sum(roots.values())) < 1e-4 for label, root in roots.items())
 
 
 @pytest.mark.parametrize("damage", ["missing", "empty", "not a run", "unfinished"])
@@ -200,6 +208,8 @@ def test_a_non_empty_out_is_refused_and_left_as_it_was(teacher, cli, tmp_path):
     (["--set", "distill.mix=maybe"], "distill.mix"),
     (["--set", "train.lrr=1"], "train.lrr"),
     (["--teacher-set", "train.lr=1"], "--teacher-set"),
+    (["--set", "distill.temperature=0"], "distill.temperature"),
+    (["--set", "distill.temperature=2"], "distill.temperature"),  # a copy teacher has no probabilities to soften
 ])
 def test_bad_settings_are_refused_before_the_decode(teacher, cli, tmp_path, args, named):
     one_error(cli("distill", str(teacher), "--out", str(tmp_path / "student"), "--quiet", *args), named)

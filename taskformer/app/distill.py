@@ -91,8 +91,11 @@ def train(request: DistillRequest, on_event=lambda e: None) -> Run:
             asked = {"teacher": str(Path(request.teacher).absolute()), "data_dir": request.data_dir,
                      "time_limit": request.time_limit, "seed": request.seed, "overrides": list(request.overrides),
                      "teacher_set": list(request.teacher_set)}
-        mix, student_sets = settings(asked["overrides"])
+        chosen, student_sets = settings(asked["overrides"])
         teacher = load_teacher(asked["teacher"], asked["teacher_set"])
+        if chosen.temperature != 1 and not teacher.model.cfg.kind.classifies:
+            raise TaskformerError(f"distill.temperature softens a classifier teacher's label probabilities; task "
+                                  f"{teacher.task.name!r} searches its outputs, so there are none to soften")
         task, data_dir = teacher.task, asked["data_dir"] or rundir.read_config(teacher.dir).data_dir
         inherited = (("the teacher's config.json", {"data": teacher.config.to_dict()["data"],
                                                     "train": {"seed": teacher.config.train.seed}}),)
@@ -111,18 +114,18 @@ def train(request: DistillRequest, on_event=lambda e: None) -> Run:
         if not request.resume:  # made only now: a teacher, settings or data refused leave no folder
             run_dir = rundir.new_run_dir(task.name, request.out, lock)
             ckpt.write_json(run_dir / REQUEST, asked)
-        decoded = decode(teacher, data, run_dir)
-        student.distill = {"teacher": asked["teacher"], "teacher_search": search_of(teacher),
-                           "teacher_members": teacher.model.cfg.members, "mix": mix, "file": TARGETS,
+        decoded = decode(teacher, data, run_dir, chosen.temperature)
+        student.distill = {"teacher": asked["teacher"], "teacher_search": search_of(teacher, chosen.temperature),
+                           "teacher_members": teacher.model.cfg.members, "mix": chosen.mix, "file": TARGETS,
                            "count": len(data.splits["train"]), **decoded}
         del teacher, data  # the student trains without them in memory
         student.claimed, student.started = run_dir, time.monotonic()  # the time limit is the student's own
         return training.train(student, on_event)
 
 
-def settings(overrides: list[str]) -> tuple[bool, list[str]]:
+def settings(overrides: list[str]) -> tuple[C.DistillConfig, list[str]]:
     """``--set`` split into the distillation's own options (``distill.KEY=VALUE``, checked) and the
-    student's; returns ``distill.mix`` and the student's settings."""
+    student's; returns the first and the student's settings."""
     own = [item for item in overrides if item.partition("=")[0].strip().partition(".")[0] == "distill"]
     values = C.merge({"distill": asdict(C.DistillConfig())}, C.parse_overrides(own), "--set")["distill"]
     chosen = C.DistillConfig(**values)
@@ -130,7 +133,7 @@ def settings(overrides: list[str]) -> tuple[bool, list[str]]:
         check("distill", chosen)
     except ValueError as e:
         raise TaskformerError(f"config: {e}") from None
-    return chosen.mix, [item for item in overrides if item not in own]
+    return chosen, [item for item in overrides if item not in own]
 
 
 def check_student(request: TrainRequest) -> C.RunConfig:
@@ -207,17 +210,18 @@ def teacher_data(teacher: Run, data_dir: str | None, student: C.RunConfig) -> Ta
                               tokenizer)
 
 
-def search_of(teacher: Run) -> dict:
+def search_of(teacher: Run, temperature: float) -> dict:
     """The teacher's search as the record names it; a classifier's outputs are its label distributions."""
     if teacher.model.cfg.kind.classifies:
-        return {"strategy": "distribution"}
+        return {"strategy": "distribution", "temperature": temperature}
     d = teacher.config.decode
     return {"strategy": d.strategy, "beam": d.beam if d.strategy == "beam" else 1, "length_penalty": d.length_penalty}
 
 
-def decode(teacher: Run, data: TaskData, run_dir: Path) -> dict:
-    """The teacher's outputs for every train source, in :data:`TARGETS`; returns how many rows this
-    command decoded and in how many seconds (none where an earlier one finished them).
+def decode(teacher: Run, data: TaskData, run_dir: Path, temperature: float = 1.0) -> dict:
+    """The teacher's outputs for every train source, in :data:`TARGETS` (a classifier's probabilities
+    softened by ``temperature``); returns how many rows this command decoded and in how many seconds
+    (none where an earlier one finished them).
 
     Sources go longest first, as :func:`decode_texts` batches them, in blocks of one decoding batch
     per worker; each block is appended to :data:`DECODING` when done, so an interruption loses one
@@ -242,7 +246,8 @@ def decode(teacher: Run, data: TaskData, run_dir: Path) -> dict:
             rows = order[start : start + block]
             try:
                 if exact is not None:
-                    outs: list = distributions(exact, teacher.labels or [], [ids[i] for i in rows], dc.batch_size)
+                    outs: list = distributions(exact, teacher.labels or [], [ids[i] for i in rows], dc.batch_size,
+                                               temperature)
                 else:
                     with progress.listening(lambda e: None):  # one bar for the whole split, not one per block
                         texts, _ = decode_texts(teacher.task, teacher.model, teacher.tokenizer, teacher.labels,
@@ -265,18 +270,21 @@ def decode(teacher: Run, data: TaskData, run_dir: Path) -> dict:
 
 
 @torch.no_grad()
-def distributions(model: SequenceModel, labels: list[str], ids: list[list[int]], size: int) -> list[dict[str, float]]:
-    """A classifier's probability of each of ``labels`` for every framed source, rounded to six places,
-    in batches of up to ``size`` sources of one length (no padding). ``model`` is in float64, so the
-    rounded values do not depend on a source's batch: in fp32 another batch size moves the last
-    place, and a resumed decode's batches may differ from an uninterrupted one's."""
+def distributions(model: SequenceModel, labels: list[str], ids: list[list[int]], size: int,
+                  temperature: float = 1.0) -> list[dict[str, float]]:
+    """A classifier's probability of each of ``labels`` for every framed source, softened to
+    ``softmax(log p / temperature)`` and rounded to six places, in batches of up to ``size`` sources
+    of one length (no padding). ``model`` is a float64 copy, so the rounded values do not depend on a
+    source's batch: in fp32 another batch size moves the last place, and a resumed decode's batches
+    may differ from an uninterrupted one's."""
     device = next(model.parameters()).device
     out: list[dict[str, float]] = [{} for _ in ids]
     for _, group in itertools.groupby(sorted(range(len(ids)), key=lambda j: len(ids[j])), lambda j: len(ids[j])):
         same = list(group)
         for start in range(0, len(same), size):
             rows = same[start : start + size]
-            probs = torch.softmax(model(torch.tensor([ids[j] for j in rows], device=device)).double(), -1)
+            logits = model(torch.tensor([ids[j] for j in rows], device=device)).double()  # an ensemble's: mean log p
+            probs = torch.softmax(torch.log_softmax(logits, -1) / temperature, -1)
             for j, p in zip(rows, probs.tolist()):
                 out[j] = {label: round(x, 6) for label, x in zip(labels, p)}
     return out
