@@ -12,8 +12,9 @@ and then measures on the same machine:
   ``--rounds``, as ``taskformer predict`` decodes, and their ratio; also the student greedy where
   its outputs are searched (a classifier has no search: its ratio is the one network's against the
   ensemble's);
-- export: where the outputs are searched and ctranslate2 is installed, the student exported in float32 and its greedy outputs against
-  ``predict --beam 1`` in fp32 on the same sentences (how many are equal);
+- export: where the outputs are searched and ctranslate2 is installed, the student exported in
+  float32 and its greedy outputs against ``predict --beam 1`` in fp32 on the same sentences (how
+  many are equal);
 - cost in minutes: the teacher's run (its wall time), the decode of the train split, the student's
   run, and their sum, against the teacher alone.
 

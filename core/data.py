@@ -311,12 +311,11 @@ def encode(data: TaskData, split: str, max_len: int, variant: str) -> Encoded:
         return Encoded(src, tgt, cut, target_pad=IGNORE)
     src, cut = encode_sources(data.tokenizer, [row[0] for row in pairs], max_len, classify=kind.labelled)
     if kind.labelled:
-        classes = [index[max(row[1], key=row[1].get) if isinstance(row[1], dict) else row[1]] for row in pairs]
-        if not any(isinstance(row[1], dict) for row in pairs):
-            return Encoded(src, classes, cut)
-        soft = [[row[1].get(name, 0.0) for name in index] if isinstance(row[1], dict)
-                else [float(c == k) for k in range(len(index))] for row, c in zip(pairs, classes)]
-        return Encoded(src, classes, cut, soft=soft)
+        targets = [row[1] for row in pairs]
+        if not any(isinstance(t, dict) for t in targets):
+            return Encoded(src, [index[t] for t in targets], cut)
+        soft = [[t.get(name, 0.0) if isinstance(t, dict) else float(name == t) for name in index] for t in targets]
+        return Encoded(src, [max(range(len(p)), key=p.__getitem__) for p in soft], cut, soft=soft)
     room = max_len - 2
     tgt = [[BOS] + ids[:room] + [EOS] for ids, _ in encode_as_text(data.tokenizer, [row[1] for row in pairs])]
     return Encoded(src, tgt, cut)

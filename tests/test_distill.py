@@ -138,7 +138,7 @@ def classifier(tmp_path_factory) -> Path:
 def test_a_classifier_student_learns_its_teachers_label_distribution(classifier, cli, tmp_path):
     out = tmp_path / "student"
     result = cli("distill", str(classifier), "--out", str(out), "--set", "model.members=1", "--set",
-                 "distill.mix=false", "--set", "train.label_smoothing=0", *STUDENT[1:])
+                 "distill.mix=false", "--set", "train.label_smoothing=0", *STUDENT)
     assert result.exit_code == 0, result.output
     rows = targets(out)
     sources, references = [r["source"] for r in rows], [r["reference"] for r in rows]

@@ -218,7 +218,7 @@ def search_of(teacher: Run, temperature: float) -> dict:
     return {"strategy": d.strategy, "beam": d.beam if d.strategy == "beam" else 1, "length_penalty": d.length_penalty}
 
 
-def decode(teacher: Run, data: TaskData, run_dir: Path, temperature: float = 1.0) -> dict:
+def decode(teacher: Run, data: TaskData, run_dir: Path, temperature: float) -> dict:
     """The teacher's outputs for every train source, in :data:`TARGETS` (a classifier's probabilities
     softened by ``temperature``); returns how many rows this command decoded and in how many seconds
     (none where an earlier one finished them).
@@ -271,12 +271,13 @@ def decode(teacher: Run, data: TaskData, run_dir: Path, temperature: float = 1.0
 
 @torch.no_grad()
 def distributions(model: SequenceModel, labels: list[str], ids: list[list[int]], size: int,
-                  temperature: float = 1.0) -> list[dict[str, float]]:
+                  temperature: float) -> list[dict[str, float]]:
     """A classifier's probability of each of ``labels`` for every framed source, softened to
     ``softmax(log p / temperature)`` and rounded to six places, in batches of up to ``size`` sources
-    of one length (no padding). ``model`` is a float64 copy, so the rounded values do not depend on a
-    source's batch: in fp32 another batch size moves the last place, and a resumed decode's batches
-    may differ from an uninterrupted one's."""
+    of one length (no padding). ``model`` is a float64 copy (an ensemble still averages its members'
+    log-probabilities in fp32, row by row), so the rounded values do not depend on a source's batch:
+    in fp32 another batch size moves the last place, and a resumed decode's batches may differ from
+    an uninterrupted one's."""
     device = next(model.parameters()).device
     out: list[dict[str, float]] = [{} for _ in ids]
     for _, group in itertools.groupby(sorted(range(len(ids)), key=lambda j: len(ids[j])), lambda j: len(ids[j])):

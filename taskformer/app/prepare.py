@@ -190,16 +190,17 @@ def distilled(data: TaskData, record: dict, run_dir: Path) -> TaskData:
         if given != source and not (isinstance(given, list) and tuple(given) == source):  # JSON's pair is a list
             raise TaskformerError(f"{path}:{number}: not the teacher's output for train row {number} of this data "
                                   f"(its source is {str(given)[:60]!r}, the data's {str(source)[:60]!r})")
-        if not (is_distribution(row.get("output"), data.labels) if data.labels else isinstance(row.get("output"), str)):
-            raise TaskformerError(f"{path}:{number}: the teacher's output is not " + (
-                "a probability for each of the task's labels" if data.labels else "a text") + "; the file is damaged")
+        output = row.get("output")
+        wanted = "a probability for each of the task's labels" if data.labels else "a text"
+        if not (is_distribution(output, data.labels) if data.labels else isinstance(output, str)):
+            raise TaskformerError(f"{path}:{number}: the teacher's output is not {wanted}; the file is damaged")
         taught.append((source, row["output"], *example[2:]))  # the fields a row may carry
     return replace(data, splits={**data.splits, "train": [*train, *taught] if mix else taught})
 
 
-def is_distribution(output, labels: list[str] | None) -> bool:
+def is_distribution(output, labels: list[str]) -> bool:
     """A classifier teacher's output: a probability for each of ``labels``, summing to one."""
-    return (isinstance(output, dict) and labels is not None and sorted(output) == sorted(labels)
+    return (isinstance(output, dict) and sorted(output) == sorted(labels)
             and all(type(p) in (int, float) and 0 <= p <= 1 for p in output.values())
             and abs(sum(output.values()) - 1) < 1e-3)
 
