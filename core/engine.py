@@ -544,6 +544,10 @@ class Trainer:
         started = time.monotonic() - st.elapsed
         self.net.train()
         lengths = self.train_data.lengths()
+        if not self.epoch_updates(lengths):  # every epoch has as many: none would count epochs forever
+            raise TaskformerError(f"the train split gives this process no update in an epoch ({len(lengths):,} "
+                                  f"examples, {self.world} processes, train.accumulate={cfg.accumulate}); give more "
+                                  "data or fewer processes")
         self.total_steps = self.planned_updates()
         self.reserve = reserve
         last_log, tokens_since = time.monotonic(), 0

@@ -55,6 +55,11 @@ def fmt(v) -> str:
     return str(v)
 
 
+def count(n: int, noun: str, nouns: str = "") -> str:
+    """``n`` with its noun: "1 update", "3 updates" (``nouns`` where the plural is not ``noun + "s"``)."""
+    return f"{n:,} {noun if n == 1 else nouns or noun + 's'}"
+
+
 def metric_list(metrics: dict[str, dict], main: str = "", groups: dict[str, list[str]] | None = None) -> Table:
     """Metrics as a list, one metric per row and one column per split, never cut however many there are.
 

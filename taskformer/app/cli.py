@@ -164,7 +164,7 @@ def run_cmd(task, data_dir, out, time_limit, seed, config_file, overrides, resum
         if resume:
             raise TaskformerError("--dry-run checks a new run; it cannot be given with --resume")
         with console.ProgressDisplay(quiet) as display, progress.listening(display):
-            checked = plan.dry_run(task, data_dir, config_file, overrides, seed, time_limit, out)
+            checked = plan.dry_run(task, data_dir, config_file, overrides, seed, time_limit, out, nproc)
         click.echo(plan.describe(checked))
         return
     if resume:
@@ -173,7 +173,7 @@ def run_cmd(task, data_dir, out, time_limit, seed, config_file, overrides, resum
                                                  "--config": config_file, "--set": overrides})
     request = prepare.TrainRequest(plugins().task(task) if task else None,  # an unknown name fails here, once
                            data_dir, out, time_limit, seed, config_file, overrides, resume,
-                           started=resources.command_started())
+                           started=resources.command_started(), nproc=nproc)
     if nproc > 1:
         if not out and not resume:
             request.out = str(rundir.default_run_dir(request.task.name))

@@ -16,10 +16,10 @@ from taskformer.plugins.manager import plugins
 
 def dry_run(task_name: str, data_dir: str | None = None, config_file: str | None = None,
             overrides: tuple[str, ...] = (), seed: int | None = None, time_limit: float | None = None,
-            out: str | None = None) -> dict:
+            out: str | None = None, nproc: int = 1) -> dict:
     """What ``taskformer run`` would do with these arguments, as a dict (see :func:`describe`)."""
     task = plugins().task(task_name)
-    prepared = prepare(TrainRequest(task, data_dir, out, time_limit, seed, config_file, tuple(overrides)))
+    prepared = prepare(TrainRequest(task, data_dir, out, time_limit, seed, config_file, tuple(overrides), nproc=nproc))
     config, data, recipe = prepared.config, prepared.data, prepared.recipe
     model = hooks.build_model(task, config, data.tokenizer.get_vocab_size(), data.labels, training=True)
     train = datacache.encoded(data, "train", config.model.max_len, task.variant)

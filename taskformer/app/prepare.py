@@ -26,7 +26,7 @@ import torch
 from taskformer.app import datacache, rundir
 from taskformer.app.hooks import build_model, evaluate_split, load_data
 from taskformer.app.resources import check_memory, pick_device, use_threads
-from taskformer.core import budget, progress
+from taskformer.core import budget, progress, variants
 from taskformer.core import checkpoint as ckpt
 from taskformer.core import config as C
 from taskformer.core.config import RunConfig
@@ -36,6 +36,7 @@ from taskformer.core.errors import TaskformerError
 from taskformer.core.options import unused
 from taskformer.plugins.hookspecs import Task
 from taskformer.plugins.run import Run
+from taskformer.plugins.sections import count
 
 
 @dataclass
@@ -52,6 +53,7 @@ class TrainRequest:
     overrides: tuple[str, ...] = ()  # --set SECTION.KEY=VALUE
     resume: str | None = None
     started: float | None = None  # time.monotonic() when the command began (the time limit counts from it); None: now
+    nproc: int = 1  # training processes (--nproc): every one of them needs a batch in every epoch
     # A distillation's student (app/distill.py): the run directory it decoded its targets into, already
     # made, marked and locked by this process; the teacher's settings under yours, each (where from,
     # {section: {key: value}}); and the record of its targets (see :func:`distilled`).
@@ -161,11 +163,39 @@ def prepare(request: TrainRequest, shard: tuple[int, int] = (0, 1)) -> Prepared:
     if request.distill:
         assert request.claimed is not None, "a distillation's student has claimed its run directory"
         data = distilled(data, request.distill, request.claimed)
+    world = shard[1] if shard[1] > 1 else request.nproc
+    check_batches(task, config, data, world)  # before the probe, which would train on them
     run = Prepared(task, config, data, request.data_dir, pick_device(), time_limit, started, distill=request.distill)
     if time_limit:
         run.recipe = plan_time(run, layers, shard)
         run.config = layers.build(run.recipe["overrides"])
+        check_batches(task, run.config, data, world)  # the recipe may set another max_len or batch size
     return run
+
+
+def check_batches(task: Task, config: RunConfig, data: TaskData, world: int = 1) -> None:
+    """Refuse data that gives a process no update in an epoch, or val or test nothing to score:
+    training would count empty epochs forever (or wait for a process that has no batch), and an
+    evaluation of nothing has no loss. Only a language model's text or a tagger's words can encode
+    to no target; any other row has one."""
+    kind = variants.of(task.variant)
+    splits = ("train", "val", "test") if not kind.encoder or kind.per_word else ("train",)
+    for split in splits:
+        if split == "test" and data.splits["test"] == data.splits["val"]:
+            continue
+        if not datacache.encoded(data, split, config.model.max_len, task.variant).targets():
+            why = ("a language model's text needs at least 2 tokens, one to read and the next to predict"
+                   if not kind.encoder else f"no word keeps a tag within model.max_len={config.model.max_len}")
+            raise TaskformerError(f"task {task.name!r}: the {split} split ({count(len(data.splits[split]), 'row')}) gives "
+                                  f"nothing to {'train on' if split == 'train' else 'score'} once encoded ({why}); "
+                                  "give more data")
+    cfg, lengths = config.train, datacache.encoded(data, "train", config.model.max_len, task.variant).lengths()
+    if world > 1 and not epoch_updates(cfg, lengths, 0, world - 1, world):  # the last process gets the fewest
+        batches = len(epoch_updates(replace(cfg, accumulate=1), lengths))
+        raise TaskformerError(f"the train split gives {count(batches, 'batch', 'batches')} of at most train.max_tokens="
+                              f"{cfg.max_tokens:,} tokens an epoch: too few for {world} training processes that "
+                              f"each need {cfg.accumulate} (train.accumulate); use --nproc "
+                              f"{-(-batches // cfg.accumulate)}, a smaller train.max_tokens or more data")
 
 
 def distilled(data: TaskData, record: dict, run_dir: Path) -> TaskData:

@@ -15,7 +15,14 @@ import torch
 
 from taskformer.app import datacache
 from taskformer.app.hooks import build_model, evaluate_split, load_data
-from taskformer.app.prepare import Prepared, TrainRequest, distilled, prepare, seconds_per_example
+from taskformer.app.prepare import (
+    Prepared,
+    TrainRequest,
+    check_batches,
+    distilled,
+    prepare,
+    seconds_per_example,
+)
 from taskformer.app.resources import pick_device, use_threads
 from taskformer.app.rundir import (
     ConfigRecord,
@@ -185,6 +192,7 @@ def resumed(request: TrainRequest, shard: tuple[int, int], lock: ExitStack) -> B
                               lambda: load_data(task, config, saved.data_dir, tokenizer=tokenizer), tokenizer)
     if saved.distill is not None:  # a distillation's student learns its teacher's outputs, resumed too
         data = distilled(data, saved.distill if isinstance(saved.distill, dict) else {}, run_dir)
+    check_batches(task, config, data, shard[1])  # the data folder may have changed since
     torch.manual_seed(config.train.seed)
     model = build_model(task, config, data.tokenizer.get_vocab_size(), data.labels, training=True).to(pick_device())
     run = Run(run_dir, task, config, data.tokenizer, data.labels, model, read_history=partial(read_metrics, run_dir))

@@ -1,0 +1,71 @@
+"""Robustness, round five: the new surfaces (sampling, distill, the data cache, streams) held to the
+old standard -- one ``Error:`` line naming the culprit, nothing of the user's lost, no hang, no raw
+control character on a terminal, a record that says what ran."""
+
+import pytest
+import torch
+from conftest import run_cli
+
+from taskformer.core.data import Encoded
+from taskformer.core.engine import TrainConfig, Trainer
+from taskformer.core.errors import TaskformerError
+from taskformer.core.model import ModelConfig, Transformer
+
+LM = ["--set", "train.max_steps=3", "--set", "model.max_len=16", "--set", "model.d_model=16",
+      "--set", "model.n_heads=2", "--set", "model.d_ff=32", "--quiet"]
+TEXT = "".join(f"Line {i} of a small play, said twice.\n" for i in range(40))
+
+
+def text_dir(tmp_path, text, name="d"):
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "input.txt").write_text(text)
+    return folder
+
+
+def one_error_line(result, *words):
+    """The command was refused as bad input: exit 2, one ``Error:`` line holding ``words``, no traceback."""
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    for word in words:
+        assert word in errors[0], errors[0]
+    return errors[0]
+
+
+# -- a split that yields no batch: refused before training, never an endless count of empty epochs ----------
+
+@pytest.mark.parametrize("dry", [False, True])
+def test_a_text_shorter_than_one_block_is_refused_before_training(tmp_path, dry):
+    data = text_dir(tmp_path, "a")
+    out = tmp_path / "run"
+    result = run_cli("run", "shakespeare-char", "--data-dir", str(data), "--out", str(out), *LM,
+                     *(["--dry-run"] if dry else []), timeout=120)
+    one_error_line(result, "train split", "at least 2 tokens")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("dry", [False, True])
+def test_a_val_text_with_nothing_to_score_is_refused_before_training(tmp_path, dry):
+    data = text_dir(tmp_path, TEXT)
+    out = tmp_path / "run"
+    result = run_cli("run", "shakespeare-char", "--data-dir", str(data), "--out", str(out), *LM,
+                     "--set", "data.val_fraction=0.0001", *(["--dry-run"] if dry else []), timeout=120)
+    one_error_line(result, "val split", "nothing to score")
+    assert not out.exists()
+
+
+def test_more_processes_than_batches_is_refused_by_the_dry_run(tmp_path):
+    data = text_dir(tmp_path, TEXT)  # one batch of blocks an epoch: a second process would have none
+    result = run_cli("run", "shakespeare-char", "--data-dir", str(data), *LM, "--set", "train.max_tokens=4096",
+                     "--nproc", "2", "--dry-run",
+                     timeout=120)
+    one_error_line(result, "1 batch of", "2 training processes", "--nproc 1")
+
+
+def test_the_training_loop_refuses_data_that_gives_no_update(tmp_path):
+    model = Transformer(ModelConfig(vocab_size=25, d_model=16, n_heads=2, enc_layers=1, dec_layers=1, d_ff=32))
+    trainer = Trainer(model, TrainConfig(epochs=0, max_steps=3), Encoded(src=[], tgt=[]), lambda: {"loss": 1.0},
+                      ("loss", False), tmp_path, torch.device("cpu"))
+    with pytest.raises(TaskformerError, match="no update"):
+        trainer.fit()
