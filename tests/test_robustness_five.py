@@ -2,10 +2,14 @@
 old standard -- one ``Error:`` line naming the culprit, nothing of the user's lost, no hang, no raw
 control character on a terminal, a record that says what ran."""
 
+import json
+import os
+
 import pytest
 import torch
 from conftest import run_cli
 
+from taskformer.app.datacache import KEEP, MARK
 from taskformer.core.data import Encoded
 from taskformer.core.engine import TrainConfig, Trainer
 from taskformer.core.errors import TaskformerError
@@ -69,3 +73,35 @@ def test_the_training_loop_refuses_data_that_gives_no_update(tmp_path):
                       ("loss", False), tmp_path, torch.device("cpu"))
     with pytest.raises(TaskformerError, match="no update"):
         trainer.fit()
+
+
+# -- the data cache prunes only what it named and wrote -----------------------------------------------------
+
+def test_pruning_the_cache_removes_only_its_own_entries(cli, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TASKFORMER_CACHE", str(cache))
+    data = cache / "data"
+    data.mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / MARK).write_text("{}")
+    (outside / "thesis.tex").write_text("years of work")
+    mine = {"photos": "{}", "0" * 32: '{"format": 1}', "1" * 32: '{"format": 1, "key": "another"}'}
+    for name, mark in mine.items():  # a user's folders that look a little like entries: a mark, a key's name
+        (data / name).mkdir()
+        (data / name / MARK).write_text(mark)
+        (data / name / "notes.txt").write_text("mine")
+    (data / ("2" * 32)).symlink_to(outside, target_is_directory=True)
+    genuine = [f"{i:x}" * 32 for i in range(3, 3 + KEEP)]
+    for name in genuine:  # entries of the cache's own format, newer than the user's folders
+        (data / name).mkdir()
+        (data / name / MARK).write_text(json.dumps({"format": 1, "key": name}))
+    for age, path in enumerate([*(data / n for n in mine), data / ("2" * 32), *(data / n for n in genuine)]):
+        os.utime(path, (1_000_000 + age, 1_000_000 + age), follow_symlinks=False)
+    result = cli("run", "shakespeare-char", "--data-dir", str(text_dir(tmp_path, TEXT)), "--out",
+                 str(tmp_path / "run"), *LM)
+    assert result.exit_code == 0, result.output
+    for name in mine:
+        assert (data / name / "notes.txt").read_text() == "mine"
+    assert (outside / "thesis.tex").read_text() == "years of work" and (data / ("2" * 32)).is_symlink()
+    assert not (data / genuine[0]).exists() and all((data / n).exists() for n in genuine[1:])

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import asdict
@@ -129,7 +130,7 @@ def write_entry(entry: Path, data: TaskData) -> None:
                  "labels": fields["labels"], "notes": fields["notes"]}
         (tmp / "data.json").write_text(json.dumps(saved, ensure_ascii=False, default=str), encoding="utf-8")
         (tmp / TOKENIZER).write_text(data.tokenizer.to_str(), encoding="utf-8")
-        (tmp / MARK).write_text(json.dumps({"format": VERSION}), encoding="utf-8")
+        (tmp / MARK).write_text(json.dumps({"format": VERSION, "key": entry.name}), encoding="utf-8")
         os.replace(tmp, entry)
     except OSError:  # a cache that cannot be written costs time, never the run
         shutil.rmtree(tmp, ignore_errors=True)
@@ -179,8 +180,20 @@ def write_encoded(path: Path, enc: Encoded) -> None:
 
 
 def prune(folder: Path) -> None:
-    """Keep the newest :data:`KEEP` entries; only folders with this module's mark are removed."""
-    entries = sorted((p for p in folder.iterdir() if not p.is_symlink() and (p / MARK).is_file()),
-                     key=lambda p: p.stat().st_mtime, reverse=True)
+    """Keep the newest :data:`KEEP` entries. Only what this module named and wrote is removed: a folder
+    (not a link) named as a key, whose mark (not a link) holds that key; anything else is the user's."""
+    entries = sorted((p for p in folder.iterdir() if ours(p)), key=lambda p: p.stat().st_mtime, reverse=True)
     for old in entries[KEEP:]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def ours(entry: Path) -> bool:
+    """Whether ``entry`` is a cache entry this module wrote (see :func:`prune`)."""
+    mark = entry / MARK
+    if not re.fullmatch(r"[0-9a-f]{32}", entry.name) or entry.is_symlink() or not entry.is_dir() \
+            or mark.is_symlink() or not mark.is_file():
+        return False
+    try:
+        return json.loads(mark.read_text(encoding="utf-8")) == {"format": VERSION, "key": entry.name}
+    except (OSError, ValueError):
+        return False
