@@ -55,6 +55,19 @@ def fmt(v) -> str:
     return str(v)
 
 
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")  # C0/C1 but tab and newline; bidi
+
+
+def visible(text, as_json: bool = False) -> str:
+    """``text`` with its control characters shown as escapes (ESC as ``\\x1b``, or ``\\u001b`` in
+    JSON, which stays valid): text from data, a model, a run's files or a client must not clear the
+    screen, set the terminal's title or reorder what is around it. Tab and newline stay: where a
+    line break is not meant, the caller says so."""
+    if as_json:
+        return CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", str(text))
+    return CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
+
+
 def count(n: int, noun: str, nouns: str = "") -> str:
     """``n`` with its noun: "1 update", "3 updates" (``nouns`` where the plural is not ``noun + "s"``)."""
     return f"{n:,} {noun if n == 1 else nouns or noun + 's'}"

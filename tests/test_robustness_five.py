@@ -4,6 +4,9 @@ control character on a terminal, a record that says what ran."""
 
 import json
 import os
+import re
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -105,3 +108,88 @@ def test_pruning_the_cache_removes_only_its_own_entries(cli, tmp_path, monkeypat
         assert (data / name / "notes.txt").read_text() == "mine"
     assert (outside / "thesis.tex").read_text() == "years of work" and (data / ("2" * 32)).is_symlink()
     assert not (data / genuine[0]).exists() and all((data / n).exists() for n in genuine[1:])
+
+
+# -- text from a file, a model or a client reaches a terminal with its control characters visible -----------
+
+HOSTILE = "\x1b]0;PWN\x07\x1b[2J\x9b31m\u202e"
+CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e]")
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory):
+    """A finished tiny language model whose text (and so its vocabulary) is full of control characters."""
+    data = tmp_path_factory.mktemp("hostile-text")
+    (data / "input.txt").write_text((f"{HOSTILE} said {HOSTILE}\n") * 60)
+    out = tmp_path_factory.mktemp("runs") / "lm"
+    result = run_cli("run", "shakespeare-char", "--data-dir", str(data), "--out", str(out), *LM,
+                     "--set", "train.max_tokens=256", "--set", "decode.max_new_tokens=40")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_a_run_record_with_control_characters_is_reported_with_them_visible(lm_run, tmp_path):
+    run = Path(shutil.copytree(lm_run, tmp_path / "run"))
+    result_file = run / "result.json"
+    record = json.loads(result_file.read_text())
+    record["info"]["distill"] = {"teacher": HOSTILE, "teacher_search": {"beam": 1}, "teacher_members": 1,
+                                 "count": 3, "file": "distill-train.jsonl", "mix": True}
+    record["info"]["device"] = HOSTILE
+    result_file.write_text(json.dumps(record))
+    config_file = run / "config.json"
+    config_file.write_text(config_file.read_text().replace('"data_dir": ', f'"data_dir": {json.dumps(HOSTILE)}, "x": '))
+    result = run_cli("report", str(run))
+    assert result.returncode == 0, result.stderr
+    for shown in (result.stdout, (run / "report.txt").read_text(), (run / "report.html").read_text()):
+        assert not CONTROL.search(shown)
+        assert "\\x1b]0;PWN\\x07" in shown
+
+
+def test_predict_on_a_terminal_shows_a_models_control_characters_as_escapes(lm_run):
+    import pty
+    import subprocess
+    import sys
+
+    for json_flag in ([], ["--json"]):
+        leader, follower = pty.openpty()
+        proc = subprocess.Popen([sys.executable, "-m", "taskformer", "predict", str(lm_run), "said", *json_flag,
+                                 "--set", "decode.temperature=2.0"], stdout=follower, stderr=subprocess.PIPE)
+        os.close(follower)
+        said = b""
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the child closed its end
+                break
+            if not chunk:
+                break
+            said += chunk
+        os.close(leader)
+        assert proc.wait(timeout=120) == 0, proc.stderr.read()
+        text = said.decode()
+        assert "\\x1b" in text or "\\u001b" in text, text  # the model wrote ESC: shown, not sent
+        assert not CONTROL.search(text.replace("\r\n", "\n")), text
+        if json_flag:
+            json.loads(text)
+
+
+def test_an_error_naming_a_file_shows_its_control_characters_as_escapes(tmp_path):
+    result = run_cli("run", "copy", "--config", str(tmp_path / f"{HOSTILE}.toml"), "--quiet")
+    line = one_error_line(result)
+    assert not CONTROL.search(result.stderr) and "\\x1b]0;PWN\\x07" in line
+
+
+def test_the_server_log_shows_a_clients_control_characters_as_escapes(capfd):
+    import logging.config
+
+    from taskformer.app import serve
+
+    logging.config.dictConfig(serve.LOGGING)
+    try:
+        logging.getLogger("uvicorn.error").warning("a client sent %s", HOSTILE)
+        logging.getLogger("asyncio").error("a task failed on %s", HOSTILE)
+    finally:
+        logging.config.dictConfig({"version": 1, "disable_existing_loggers": False,
+                                   "root": {"handlers": [], "level": "WARNING"}})
+    err = capfd.readouterr().err
+    assert err.count("\\x1b]0;PWN\\x07") == 2 and not CONTROL.search(err), err

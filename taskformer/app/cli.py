@@ -21,7 +21,7 @@ from taskformer.app import lazy, scaffold, serve
 from taskformer.core import progress
 from taskformer.core.errors import TaskformerError
 from taskformer.plugins.manager import plugins
-from taskformer.plugins.sections import metric_list
+from taskformer.plugins.sections import metric_list, visible
 
 if TYPE_CHECKING:
     from taskformer.app.prepare import TrainRequest
@@ -62,7 +62,7 @@ class CLI(click.Group):
         except TaskformerError as e:
             if ctx.params.get("debug"):
                 raise
-            click.echo(f"Error: {e}", err=True)
+            click.echo(f"Error: {visible(e)}", err=True)  # it may quote a file, a name or a path
             ctx.exit(getattr(e, "exit_code", 2))
         except KeyboardInterrupt:
             click.echo("Error: interrupted", err=True)
@@ -70,7 +70,8 @@ class CLI(click.Group):
         except Exception as e:  # a bug: still one line, unless --debug
             if ctx.params.get("debug"):
                 raise
-            click.echo(f"Error: internal error {type(e).__name__}: {e} (rerun with --debug for the traceback)", err=True)
+            click.echo(f"Error: internal error {type(e).__name__}: {visible(e)} (rerun with --debug for the traceback)",
+                       err=True)
             ctx.exit(1)
 
 
@@ -84,7 +85,7 @@ def main(debug: bool) -> None:
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """Library warnings (e.g. an emulated bf16) reach the user as one stderr line, without source lines."""
-    click.echo(f"warning: {message}", err=True)
+    click.echo(f"warning: {visible(message)}", err=True)
 
 
 def listing_console() -> Console:
@@ -289,6 +290,7 @@ def predict_cmd(run_dir, text, beam, overrides, as_json, threads) -> None:
     tagger, pairs, cut, done = run.model.cfg.kind.per_word, run.model.cfg.pairs, 0, 0
     settings = None if run.model.cfg.kind.encoder else runner.generation_settings(config)
     texts = [t.encode("utf-8", "surrogateescape").decode("utf-8", "replace") for t in text]  # as stdin's lines
+    terminal = sys.stdout.isatty()  # a model's text reaches a terminal with its control characters visible
     for i in (i for i, (t, clean) in enumerate(zip(text, texts), 1) if t != clean):
         click.echo(f"warning: TEXT argument {i} is not valid UTF-8; its undecodable bytes were replaced by U+FFFD",
                    err=True)
@@ -300,7 +302,8 @@ def predict_cmd(run_dir, text, beam, overrides, as_json, threads) -> None:
             outputs, n = runner.predict(run, inputs, config)
             cut += n
             for line, out in zip(inputs, outputs):
-                click.echo(shown(line, out, tagger, as_json, settings))  # click.echo flushes: each reaches the pipe at once
+                said = shown(line, out, tagger, as_json, settings)
+                click.echo(visible(said, as_json) if terminal else said)  # flushes: each reaches a pipe at once
             if refused:
                 raise refused
     except BrokenPipeError:  # the reader went away (`| head -1`): stop quietly, like any pipe filter

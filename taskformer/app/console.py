@@ -10,10 +10,12 @@ import sys
 import time
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TaskProgressColumn, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from taskformer.core import checkpoint
-from taskformer.plugins.sections import fmt
+from taskformer.plugins.sections import fmt, visible
 
 REDRAW = 0.25  # seconds between redraws of the training bar: an update can take a millisecond
 
@@ -42,8 +44,9 @@ class ProgressDisplay:
             self.progress.stop()
 
     def _say(self, line: str) -> None:
+        line = visible(line)  # it may name a file or a run directory: neither markup nor control characters
         if self.live:
-            self.console.log(line)
+            self.console.log(Text(line))
         elif not self.quiet:
             print(line, file=sys.stderr, flush=True)
 
@@ -51,7 +54,7 @@ class ProgressDisplay:
         kind = e.get("event")
         if kind == "stage":
             if self.live:  # a stage of unknown size gets a pulsing bar
-                self.stages.append(self.progress.add_task(e["name"], total=e["total"], info=""))
+                self.stages.append(self.progress.add_task(escape(visible(e["name"])), total=e["total"], info=""))
             else:
                 self._say(e["name"] + " ...")
         elif kind == "advance" and self.live and self.stages:

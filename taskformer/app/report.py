@@ -9,7 +9,6 @@ import base64
 import io
 import math
 import os
-import re
 import stat
 import warnings
 from dataclasses import replace
@@ -17,6 +16,7 @@ from pathlib import Path
 
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
+from rich.segment import Segment, Segments
 from rich.table import Table
 from rich.text import Text
 
@@ -27,7 +27,7 @@ from taskformer.core.decoding import Label
 from taskformer.core.errors import TaskformerError
 from taskformer.plugins.hookspecs import Output
 from taskformer.plugins.manager import PluginError, plugins
-from taskformer.plugins.sections import fmt, save_figure, save_file, simple_table
+from taskformer.plugins.sections import fmt, save_figure, save_file, simple_table, visible
 
 
 def sections(run) -> list[tuple[str, RenderableType]]:
@@ -96,19 +96,10 @@ def plot_training(run) -> Path | None:
     return path
 
 
-CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")  # C0/C1 but tab and newline; bidi
-
-
-def visible(text) -> str:
-    """``text`` with its control characters shown as escapes (ESC as ``\\x1b``): text from data
-    must not clear the screen, set the terminal's title or reorder what is around it."""
-    return CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
-
-
 def shown(run):
-    """The run as the report shows it: every text that comes from data (sources, outputs,
-    references, labels, the data's notes) with its control characters visible. Report sections,
-    the task's included, read this copy."""
+    """The run as the report shows it: every text that comes from data or a run's files (sources,
+    outputs, references, labels, result.json's info, config.json's settings) with its control
+    characters visible. Report sections, the task's included, read this copy."""
     def row(r):
         source, prediction, reference = r
         prediction = (Label(visible(prediction.label), prediction.probability) if isinstance(prediction, Label)
@@ -116,10 +107,19 @@ def shown(run):
         source = tuple(map(visible, source)) if is_pair(source) else visible(source)
         return Output(source, prediction, visible(reference), getattr(r, "fields", None))
 
-    notes = {visible(k): visible(v) if isinstance(v, str) else v for k, v in run.info.get("notes", {}).items()}
+    def texts(value):  # result.json's info, at any depth (a distillation's teacher, the data's notes)
+        if isinstance(value, dict):
+            return {visible(k): texts(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [texts(v) for v in value]
+        return visible(value) if isinstance(value, str) else value
+
+    config = replace(run.config, **{name: replace(section, **{k: visible(v) for k, v in vars(section).items()
+                                                             if isinstance(v, str)})
+                                    for name, section in vars(run.config).items()})
     return replace(run, outputs={split: [row(r) for r in rows] for split, rows in run.outputs.items()},
                    labels=[visible(label) for label in run.labels] if run.labels else run.labels,
-                   info={**run.info, "notes": notes} if "notes" in run.info else run.info)
+                   info=texts(run.info), config=config)
 
 
 MAX_PLOT = 32 << 20  # bytes; a plot the report embeds is far smaller
@@ -192,11 +192,20 @@ def _render(run, console: Console | None) -> None:
     after = _pngs(run.dir)
     plots = sorted((n for n in after if after[n] != before.get(n)), key=lambda n: (n != "training.png", n))
     panel = Panel(Group(*body), title="taskformer report", border_style="cyan")
-    (console or Console(markup=False, emoji=False)).print(panel, markup=False)
+    console = console or Console(markup=False, emoji=False)
+    console.print(guarded(console, panel), markup=False)
     record = Console(record=True, width=110, file=io.StringIO(), markup=False, emoji=False)
-    record.print(panel)
+    record.print(guarded(record, panel))
     save_file(run.dir / "report.txt", record.export_text(clear=False))
     save_file(run.dir / "report.html", report_html.page(title, where, parts, _figures(run.dir, plots)))
+
+
+def guarded(console: Console, renderable: RenderableType) -> Segments:
+    """``renderable`` as ``console`` draws it, every text in it with its control characters visible:
+    the last guard for what a section made from a model or a file itself (a task's samples), which
+    :func:`shown` did not see; such text may then overrun its column."""
+    return Segments([segment if segment.control else Segment(visible(segment.text), segment.style)
+                     for segment in console.render(renderable)])
 
 
 def list_runs(runs: list[dict], root: Path) -> Table:

@@ -16,6 +16,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from taskformer.plugins.sections import visible
+
 STYLE = """
   body { font: 15px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, "Noto Sans", "Noto Sans CJK SC", sans-serif;
          color: #1d2330; background: #f5f7fb; margin: 0; }
@@ -38,17 +40,22 @@ STYLE = """
 """
 
 
+def escaped(text) -> str:
+    """Text for the page: HTML-escaped, its control characters visible (see :func:`visible`)."""
+    return html.escape(visible(text))
+
+
 def page(title: str, subtitle: str, sections: Sequence[tuple[str, object]], figures: list[tuple[str, str]]) -> str:
     """The whole page: a title, ``sections`` (title, rich renderable) in order, then ``figures``
     (name, PNG as base64)."""
-    parts = [f"<section><h2>{html.escape(name)}</h2>{element(renderable)}</section>" for name, renderable in sections]
+    parts = [f"<section><h2>{escaped(name)}</h2>{element(renderable)}</section>" for name, renderable in sections]
     if figures:
-        images = "".join(f'<figure><img alt="{html.escape(name.rsplit(".", 1)[0])}" src="data:image/png;base64,{data}">'
-                         f"<figcaption>{html.escape(name)}</figcaption></figure>" for name, data in figures)
+        images = "".join(f'<figure><img alt="{escaped(name.rsplit(".", 1)[0])}" src="data:image/png;base64,{data}">'
+                         f"<figcaption>{escaped(name)}</figcaption></figure>" for name, data in figures)
         parts.append(f"<section><h2>Figures</h2>{images}</section>")
-    return (f'<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{html.escape(title)}</title>\n'
+    return (f'<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{escaped(title)}</title>\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n<style>{STYLE}</style>\n</head>\n'
-            f"<body>\n<main>\n<header><h1>{html.escape(title)}</h1><p>{html.escape(subtitle)}</p></header>\n"
+            f"<body>\n<main>\n<header><h1>{escaped(title)}</h1><p>{escaped(subtitle)}</p></header>\n"
             + "\n".join(parts) + "\n</main>\n</body>\n</html>\n")
 
 
@@ -62,7 +69,7 @@ def element(renderable) -> str:
         return f'<p style="white-space: pre-wrap; margin: 0">{inline(renderable)}</p>'
     console = Console(record=True, width=110, markup=False, emoji=False, file=io.StringIO())
     console.print(renderable)
-    return f"<pre>{html.escape(console.export_text())}</pre>"
+    return f"<pre>{escaped(console.export_text())}</pre>"
 
 
 def table(t: Table) -> str:
@@ -84,13 +91,13 @@ def table(t: Table) -> str:
 def inline(cell) -> str:
     """A cell's text with its styles: a string as it is (never read as markup), a Text span by span."""
     if isinstance(cell, str):
-        return html.escape(cell)
+        return escaped(cell)
     if not isinstance(cell, Text):
         return element(cell)
     out = []
     for part in cell.render(Console(markup=False, emoji=False, file=io.StringIO()), end=""):
         css = part.style.get_html_style() if part.style else ""
-        text = html.escape(part.text)
+        text = escaped(part.text)
         out.append(f'<span style="{css}">{text}</span>' if css else text)
     return "".join(out)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import ipaddress
+import logging
 import math
 import re
 import socket
@@ -16,6 +17,7 @@ import click
 
 from taskformer.app import lazy
 from taskformer.core.errors import TaskformerError
+from taskformer.plugins.sections import visible
 
 if TYPE_CHECKING:
     from taskformer.plugins.run import Run
@@ -25,6 +27,23 @@ resources = lazy("taskformer.app.resources")
 
 API_KEY_ENV = "TASKFORMER_API_KEY"
 API_KEY_CHARS = re.compile(r"[!-~]+")  # visible ASCII: what an HTTP header carries unchanged
+
+
+class LogLines(logging.Formatter):
+    """The server's log lines with their control characters visible: an error may quote a client's
+    text, which must not reach the terminal (or a log viewer) raw."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return visible(super().format(record))
+
+
+LOGGING = {  # uvicorn's loggers and the rest (asyncio's), every record through LogLines
+    "version": 1, "disable_existing_loggers": False,
+    "formatters": {"lines": {"()": LogLines, "fmt": "%(levelname)s: %(message)s"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "lines", "stream": "ext://sys.stderr"}},
+    "loggers": {"uvicorn": {"handlers": ["stderr"], "level": "INFO", "propagate": False}},
+    "root": {"handlers": ["stderr"], "level": "WARNING"},
+}
 
 
 def is_loopback(host: str) -> bool:
@@ -144,4 +163,5 @@ def command(run_dirs, host, port, max_batch, max_wait_ms, max_inputs, max_chars,
     shown = f"[{host}]" if ":" in host else host
     banner = (f"serving {', '.join(runs)} on http://{shown}:{sock.getsockname()[1]}/ with {torch.get_num_threads()} "
               "decoding thread(s) (Ctrl-C or SIGTERM stops)")
-    Uvicorn(uvicorn.Config(app, log_level="warning", access_log=False), banner, app.state.served).run(sockets=[sock])
+    config = uvicorn.Config(app, log_level="warning", access_log=False, log_config=LOGGING)
+    Uvicorn(config, banner, app.state.served).run(sockets=[sock])
