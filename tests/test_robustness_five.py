@@ -193,3 +193,31 @@ def test_the_server_log_shows_a_clients_control_characters_as_escapes(capfd):
                                    "root": {"handlers": [], "level": "WARNING"}})
     err = capfd.readouterr().err
     assert err.count("\\x1b]0;PWN\\x07") == 2 and not CONTROL.search(err), err
+
+
+# -- each record states what actually ran ---------------------------------------------------------------
+
+COPY = ["--quiet", "--set", "data.train_size=8", "--set", "data.val_size=4", "--set", "data.test_size=4",
+        "--set", "data.length=4", "--set", "train.bf16=false"]
+STUDENT = ["--quiet", "--set", "train.epochs=0", "--set", "train.max_steps=1"]
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+    out = tmp_path_factory.mktemp("teacher") / "run"
+    result = run_cli("run", "copy", "--out", str(out), *COPY, "--set", "train.epochs=0", "--set", "train.max_steps=4")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_a_sampling_teacher_is_recorded_as_sampling_not_greedy(teacher, tmp_path):
+    out = tmp_path / "student"
+    result = run_cli("distill", str(teacher), "--out", str(out), *STUDENT, "--teacher-set", "decode.temperature=0.9",
+                     "--teacher-set", "decode.seed=7")
+    assert result.returncode == 0, result.stderr
+    search = json.loads((out / "result.json").read_text())["info"]["distill"]["teacher_search"]
+    assert search["strategy"] == "sample" and search["temperature"] == 0.9 and search["seed"] == 7, search
+    assert "beam" not in search
+    report = re.sub(r"[\s│]+", " ", (out / "report.txt").read_text())  # a table's cell, wrapped or not
+    said = report.split("distilled from")[1][:300]
+    assert "sampled at temperature 0.9" in said and "seed 7" in said and "greedy" not in said, said

@@ -66,10 +66,16 @@ def distilled_from(record) -> str | None:
     if not isinstance(record, dict):
         return None
     search, members = record.get("teacher_search"), record.get("teacher_members")
-    beam = search.get("beam") if isinstance(search, dict) else None
+    search = search if isinstance(search, dict) else {}
+    beam = search.get("beam")
     how = [f"{members} members" if isinstance(members, int) and members > 1 else "one network",
            *([f"beam {beam}" if beam != 1 else "greedy"] if beam is not None else [])]
+    if search.get("strategy") == "sample":
+        how.append(f"sampled at temperature {fmt(search.get('temperature'))}, top-k {fmt(search.get('top_k'))}, "
+                   f"top-p {fmt(search.get('top_p'))}, seed {fmt(search.get('seed'))}")
+    if search.get("quantize") not in (None, "none"):
+        how.append(f"{search['quantize']} weights")
     mixed = ", with the references" if record.get("mix") is True else ""
-    outputs = "label distributions" if isinstance(search, dict) and search.get("strategy") == "distribution" else "outputs"
+    outputs = "label distributions" if search.get("strategy") == "distribution" else "outputs"
     return (f"{record.get('teacher')} ({', '.join(how)}): its {outputs} for the "
             f"{fmt(record.get('count'))} train sources, in {record.get('file')}{mixed}")

@@ -211,11 +211,16 @@ def teacher_data(teacher: Run, data_dir: str | None, student: C.RunConfig) -> Ta
 
 
 def search_of(teacher: Run, temperature: float) -> dict:
-    """The teacher's search as the record names it; a classifier's outputs are its label distributions."""
+    """The teacher's search as it ran (its own, changed by ``--teacher-set``), as the record names it:
+    a sampling teacher's temperature, top-k, top-p and seed, a searching one's beam, and the limits
+    and weights that shaped either; a classifier's outputs are its label distributions."""
     if teacher.model.cfg.kind.classifies:
         return {"strategy": "distribution", "temperature": temperature}
     d = teacher.config.decode
-    return {"strategy": d.strategy, "beam": d.beam if d.strategy == "beam" else 1, "length_penalty": d.length_penalty}
+    how = ({"strategy": "sample", "temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p, "seed": d.seed}
+           if d.temperature > 0 else {"strategy": d.strategy, "beam": d.beam if d.strategy == "beam" else 1,
+                                      "length_penalty": d.length_penalty})
+    return {**how, "max_len_a": d.max_len_a, "max_len_b": d.max_len_b, "quantize": d.quantize}
 
 
 def decode(teacher: Run, data: TaskData, run_dir: Path, temperature: float) -> dict:
