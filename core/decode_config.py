@@ -14,6 +14,7 @@ from taskformer.core.variants import VARIANTS
 
 QUANTIZE = ("none", "int8")  # the weights decoding runs on: as trained, or int8 linear layers (core/inference.py)
 STRATEGIES = ("beam", "greedy")
+MAX_NEW_TOKENS = 100_000  # a continuation's bound: each token is a step of the model, and a request must end
 SEARCHED = tuple(v for v in VARIANTS if variants.of(v).decoder)  # outputs are searched: the search options apply
 SHIFTED = tuple(v for v in VARIANTS if variants.of(v).shifted)  # an output's length follows its source's
 PROMPTED = tuple(v for v in VARIANTS if not variants.of(v).encoder)  # an output continues a prompt
@@ -31,7 +32,8 @@ class DecodeConfig:
                               at_least=0, variants=SHIFTED)
     max_len_b: int = option(10, "See max_len_a.", at_least=0, variants=SHIFTED)
     max_new_tokens: int = option(256, "Most tokens written after the prompt (EOS ends a continuation sooner); past "
-                                 "model.max_len positions the context slides.", at_least=1, variants=PROMPTED)
+                                 "model.max_len positions the context slides.", at_least=1, at_most=MAX_NEW_TOKENS,
+                                 variants=PROMPTED)
     temperature: float = option(0.0, "0: search (decode.strategy); above 0: sample every token from the model's "
                                 "distribution at this temperature (below 1 sharper, above 1 flatter).", at_least=0.0,
                                 variants=SEARCHED)

@@ -240,15 +240,22 @@ def greedy(model: SequenceModel, src: torch.Tensor, max_len: torch.Tensor, const
 def truncate(logp: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """The distribution sampling draws from, as logits (N, V): ``logp`` divided by ``temperature``, cut to
     its ``top_k`` most likely tokens (0: all), then to the fewest whose probability reaches ``top_p``
-    (nucleus sampling, Holtzman et al., 2020; 1: all). The most likely token always stays."""
-    logits = logp / temperature
+    (nucleus sampling, Holtzman et al., 2020; 1: all). The most likely token always stays.
+
+    Any temperature or ``top_p`` in range gives a distribution: the most likely token's logit is 0
+    before the division, and the temperature is held within the dtype's finite, normal numbers, so
+    a tiny one is greedy search and a huge one uniform, never 0 / 0 or inf / inf."""
+    limits = torch.finfo(logp.dtype)
+    logits = (logp - logp.amax(-1, keepdim=True)) / min(max(temperature, limits.tiny), limits.max)
     if 0 < top_k < logits.size(-1):
         logits = logits.masked_fill(logits < logits.topk(top_k, dim=-1).values[:, -1:], float("-inf"))
     if top_p < 1.0:
         ranked, order = logits.sort(dim=-1, descending=True)
         probs = ranked.softmax(-1)
         before = probs.cumsum(-1) - probs  # the probability of the tokens ranked above each
-        logits = logits.scatter(-1, order, ranked.masked_fill(before >= top_p, float("-inf")))
+        cut = before >= top_p
+        cut[:, 0] = False  # the most likely token, whatever top_p rounds to in the dtype
+        logits = logits.scatter(-1, order, ranked.masked_fill(cut, float("-inf")))
     return logits
 
 

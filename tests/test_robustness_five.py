@@ -221,3 +221,44 @@ def test_a_sampling_teacher_is_recorded_as_sampling_not_greedy(teacher, tmp_path
     report = re.sub(r"[\s│]+", " ", (out / "report.txt").read_text())  # a table's cell, wrapped or not
     said = report.split("distilled from")[1][:300]
     assert "sampled at temperature 0.9" in said and "seed 7" in said and "greedy" not in said, said
+
+
+# -- requests are bounded, and every option in range gives an answer ---------------------------------------
+
+def test_sampling_at_the_ends_of_its_ranges_gives_an_answer_not_nan(lm_run):
+    import taskformer
+
+    model = taskformer.load(lm_run)
+    greedy = model.predict(["said"], temperature=1.0, top_k=1, max_new_tokens=8)
+    assert model.predict(["said"], temperature=1e-300, max_new_tokens=8) == greedy  # as cold as it gets: greedy
+    assert model.predict(["said"], temperature=1.0, top_p=1e-300, max_new_tokens=8) == greedy  # the top token only
+    for extreme in ({"temperature": 1e308}, {"temperature": 5e-324, "top_p": 5e-324}, {"temperature": 1e308, "top_k": 2}):
+        [out] = model.predict(["said"], max_new_tokens=8, **extreme)
+        assert isinstance(out, str), extreme
+
+
+def test_max_new_tokens_has_an_upper_bound_on_the_command_line(lm_run):
+    result = run_cli("predict", str(lm_run), "said", "--set", "decode.max_new_tokens=1000000000")
+    one_error_line(result, "max_new_tokens", "100000")
+
+
+def test_the_server_bounds_a_requests_length_and_refuses_a_per_request_compile(lm_run):
+    pytest.importorskip("fastapi", reason="taskformer serve needs the serve extra")
+    from fastapi.testclient import TestClient
+
+    import taskformer.app.runner as runner
+    from taskformer.app.server import Limits, create_app
+
+    app = create_app({"lm": runner.load(lm_run)}, Limits())
+    with TestClient(app) as client:
+        def ask(**options):
+            return client.post("/v1/models/lm/predict", json={"inputs": ["said"], **options})
+
+        for field, options in (("max_new_tokens", {"max_new_tokens": 1_000_000_000}),
+                               ("compile", {"compile": True, "max_new_tokens": 4})):
+            answer = ask(**options)
+            assert answer.status_code == 422 and answer.json()["field"] == field, answer.text
+        for options in ({"temperature": 1e-300}, {"temperature": 1e308}, {"top_p": 1e-300, "temperature": 1.0}):
+            answer = ask(max_new_tokens=4, **options)
+            assert answer.status_code == 200, (options, answer.text)
+        assert "compile" not in client.get("/v1/models").json()["models"][0]["options"]

@@ -169,8 +169,9 @@ def refuse_unused(kind: type, name: str, variant: str, given: str) -> None:
 
 
 # Decode options that only the whole process sets (`serve --set`, `predict --set`): the decoding batch, its
-# threads and its weights (an int8 copy), and the search of validations, which a request never runs.
-PROCESS_WIDE = ("batch_size", "workers", "quantize", "eval_strategy")
+# threads and its weights (an int8 copy, a compiled step, which would stall every other request for tens of
+# seconds), and the search of validations, which a request never runs.
+PROCESS_WIDE = ("batch_size", "workers", "quantize", "compile", "eval_strategy")
 
 
 def request_options(run: Run) -> dict[str, Field]:
@@ -196,6 +197,9 @@ def request_config(run: Run, settings: dict) -> RunConfig:
         return run.config
     offered = request_options(run)
     for key, value in settings.items():
+        if key in PROCESS_WIDE and hasattr(run.config.decode, key):
+            raise OptionError(key, f"{key}: set for the whole process, not per request (serve --set decode.{key}=..., "
+                                   "or predict --set)")
         if key not in offered:
             raise OptionError(key, f"{key}: not a decode option of task {run.task.name!r} ({run.task.variant}); "
                                    f"it takes {', '.join(offered) or 'none'}")
