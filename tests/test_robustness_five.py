@@ -262,3 +262,24 @@ def test_the_server_bounds_a_requests_length_and_refuses_a_per_request_compile(l
             answer = ask(max_new_tokens=4, **options)
             assert answer.status_code == 200, (options, answer.text)
         assert "compile" not in client.get("/v1/models").json()["models"][0]["options"]
+
+
+def test_a_client_that_leaves_a_stream_writes_no_traceback_in_the_server_log(lm_run):
+    httpx = pytest.importorskip("httpx", reason="the serve tests need the test extra")
+    import subprocess
+    import sys
+
+    server = subprocess.Popen([sys.executable, "-m", "taskformer", "serve", f"lm={lm_run}", "--port", "0",
+                               "--set", "decode.max_new_tokens=20000"], stderr=subprocess.PIPE, text=True)
+    try:
+        url = re.search(r"http://[\d.]+:\d+", server.stderr.readline()).group(0)
+        with httpx.Client(base_url=url, timeout=60) as client:
+            for _ in range(3):
+                with client.stream("POST", "/v1/models/lm/predict/stream", json={"inputs": ["said"]}) as stream:
+                    next(stream.iter_lines())  # the first piece, then the client leaves
+            assert client.get("/health").status_code == 200
+            assert client.post("/v1/models/lm/predict", json={"inputs": ["said"], "max_new_tokens": 3}).status_code == 200
+    finally:
+        server.terminate()
+        _, log = server.communicate(timeout=60)
+    assert "Traceback" not in log and "CancelledError" not in log and len(log.splitlines()) <= 3, log

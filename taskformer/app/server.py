@@ -146,8 +146,13 @@ class Served:
                 raise asyncio.CancelledError  # the client went away: end the search
             loop.call_soon_threadsafe(pieces.put_nowait, piece)
 
+        def ended(work: asyncio.Future) -> None:  # the search's end is read here, so a client that left logs nothing
+            if not work.cancelled():
+                work.exception()
+            loop.call_soon_threadsafe(pieces.put_nowait, None)
+
         work = loop.run_in_executor(None, runner.continue_prompt, self.run, text, config, on_text)
-        work.add_done_callback(lambda _: loop.call_soon_threadsafe(pieces.put_nowait, None))
+        work.add_done_callback(ended)
         try:
             while (piece := await pieces.get()) is not None:
                 yield format_sse_event(data_str=json.dumps({"index": i, "text": piece}, ensure_ascii=False))
