@@ -115,8 +115,16 @@ def describe(overrides: dict) -> str:
 
 
 def tokens(n: float) -> str:
-    """A token count as a person reads it: 36 M, 850 k."""
-    return f"{n / 1e6:,.0f} M" if n >= 1e6 else f"{n / 1e3:,.0f} k" if n >= 1e3 else f"{n:,.0f}"
+    """A token count as a person reads it: 36 M, 850 k, 19.9 M. Three significant digits, cut, never
+    rounded up: a budget just below a recipe's 20 M reads 19.9 M, not the 20 M it falls short of."""
+    n = max(int(n), 0)
+    if n < 1000:
+        return f"{n:,}"
+    cut = 10 ** max(len(str(n)) - 3, 0)
+    kept, (scale, unit) = n // cut * cut, (1e6, "M") if n >= 1e6 else (1e3, "k")
+    decimals = max(3 - len(str(int(kept // scale))), 0)
+    shown = f"{kept / scale:,.{decimals}f}"
+    return (shown.rstrip("0").rstrip(".") if decimals else shown) + f" {unit}"
 
 
 def measure_pace(model: Transformer | Ensemble, cfg: TrainConfig, train: Encoded, device: torch.device) -> float:

@@ -65,7 +65,7 @@ TASK = Task(
     # on a 2-core EPYC, docs/results.md); a smaller budget buys those epochs for fewer members,
     # each member costing a twentieth.
     recipes=(
-        (0, {"model": {"members": 1}}, "one network: too small a budget for three epochs of more"),
+        (0, {"model": {"members": 1}}, "one network: too small a budget for three epochs of several members"),
         (4e3, {"model": {"members": 3}}, "three members get about three epochs each"),
         (7e3, {"model": {"members": 5}}, "five members get about three epochs each"),
         (28e3, {}, "the twenty-member default gets about three epochs"),

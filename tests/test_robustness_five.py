@@ -283,3 +283,20 @@ def test_a_client_that_leaves_a_stream_writes_no_traceback_in_the_server_log(lm_
         server.terminate()
         _, log = server.communicate(timeout=60)
     assert "Traceback" not in log and "CancelledError" not in log and len(log.splitlines()) <= 3, log
+
+
+# -- words that tell the truth ------------------------------------------------------------------------------
+
+def test_a_token_budget_is_never_rounded_up_past_what_it_holds():
+    from taskformer.core.budget import tokens
+
+    assert tokens(19_960_000) == "19.9 M" and tokens(20_000_000) == "20 M"  # below a 20 M row: said so
+    assert [tokens(n) for n in (850_000, 1_234, 999, 1_500_000_000)] == ["850 k", "1.23 k", "999", "1,500 M"]
+
+
+def test_the_dry_run_counts_one_update_in_the_singular(tmp_path):
+    result = run_cli("run", "shakespeare-char", "--data-dir", str(text_dir(tmp_path, TEXT)), *LM,
+                     "--set", "train.max_steps=1", "--set", "train.max_tokens=4096", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "at most 1 update (train.max_steps)" in result.stdout and "planned 1 update," in result.stdout
+    assert "epochs of 1 update)" in result.stdout, result.stdout

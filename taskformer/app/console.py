@@ -15,7 +15,7 @@ from rich.progress import BarColumn, Progress, TaskID, TaskProgressColumn, TextC
 from rich.text import Text
 
 from taskformer.core import checkpoint
-from taskformer.plugins.sections import fmt, visible
+from taskformer.plugins.sections import count, fmt, visible
 
 REDRAW = 0.25  # seconds between redraws of the training bar: an update can take a millisecond
 
@@ -78,7 +78,7 @@ class ProgressDisplay:
                 self._say(f"warning: {e['short']}")
         elif kind == "cooldown":
             self._say(f"cool-down: after step {e['after']:,} the learning rate ({e['lr']:.2e}) falls linearly "
-                      f"to zero over {e['updates']:,} updates")
+                      f"to zero over {count(e['updates'], 'update')}")
         elif kind == "eval":
             keys = [k for k in e if k not in ("event", "split", "step", "epoch", "epochs", "improved", "averaged")]
             which = f" ({checkpoint.weights_name(e['averaged'])})" if "averaged" in e else ""

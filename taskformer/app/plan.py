@@ -12,6 +12,7 @@ from taskformer.app import datacache, hooks
 from taskformer.app.prepare import TrainRequest, prepare
 from taskformer.core.engine import epoch_updates, planned_updates
 from taskformer.plugins.manager import plugins
+from taskformer.plugins.sections import count
 
 
 def dry_run(task_name: str, data_dir: str | None = None, config_file: str | None = None,
@@ -46,16 +47,16 @@ def describe(plan: dict) -> str:
     """The plan as lines for a person: what would be trained, on what, for how long."""
     m, b = plan["model"], plan["budget"]
     layers = "+".join(str(n) for n in (m["enc_layers"], m["dec_layers"]) if n) + " layers"
-    budget = [f"{b['epochs']} epochs of {b['updates_per_epoch']:,} updates" if b["epochs"]
-              else f"no epoch cap (epochs of {b['updates_per_epoch']:,} updates)"]
+    budget = [f"{count(b['epochs'], 'epoch')} of {count(b['updates_per_epoch'], 'update')}" if b["epochs"]
+              else f"no epoch cap (epochs of {count(b['updates_per_epoch'], 'update')})"]
     if b["max_steps"]:
-        budget.append(f"at most {b['max_steps']:,} updates (train.max_steps)")
+        budget.append(f"at most {count(b['max_steps'], 'update')} (train.max_steps)")
     if b["time_limit_minutes"]:
         budget.append(f"at most {b['time_limit_minutes']:g} minutes for the whole run, its final evaluation "
                       "included (--time-limit: fewer updates on a busier machine)")
     if b["patience"]:
         budget.append(f"stop after {b['patience']} evaluations without improvement (train.patience)")
-    planned = (f"planned {b['planned_updates']:,} updates, the first {b['warmup']:,} warming up"
+    planned = (f"planned {count(b['planned_updates'], 'update')}, the first {b['warmup']:,} warming up"
                if b["planned_updates"] else "updates: as many as the time allows")
     recipe = plan["recipe"]
     lines = [

@@ -57,6 +57,7 @@ from taskformer.core.errors import TaskformerError
 from taskformer.plugins.hookspecs import Task
 from taskformer.plugins.manager import plugins
 from taskformer.plugins.run import SPLITS, Run
+from taskformer.plugins.sections import count
 
 
 def saved_config(task: Task, saved: dict, source: str) -> RunConfig:
@@ -256,7 +257,7 @@ def stopped_because(cfg: TrainConfig, state: dict) -> str:
         ended, lift = f"train.patience={cfg.patience} (no improvement)", "set train.patience=0 to train to train.max_steps"
     else:  # the time limit or a cool-down the user asked for: the reason says it
         return why
-    return f"stopped at {state['step']:,} updates: {ended} ended it before train.max_steps={cfg.max_steps}; {lift}"
+    return f"stopped at {count(state['step'], 'update')}: {ended} ended it before train.max_steps={cfg.max_steps}; {lift}"
 
 
 def search_ratio(run: Run, data: TaskData, per_example: float) -> float:
