@@ -85,11 +85,11 @@ def translate_plan(cli, *args):
 
 # The time limit is the whole command's: the start and the final evaluation take a little of the hour.
 @pytest.mark.parametrize("pace, picked", [(3000, r"the task's defaults: 3,000 tok/s \(train.pace\) × (59\.\d|60\.0) min "
-                                                 r"of training = 1[01] M"),
+                                                 r"of training = 1[01](\.\d)? M"),
                                           (6000, r"model.members=2: 6,000 tok/s \(train.pace\) × (59\.\d|60\.0) min "
-                                                 r"of training = 2[12] M"),
+                                                 r"of training = 2[12](\.\d)? M"),
                                           (10100, r"model.members=3: 10,100 tok/s \(train.pace\) × (59\.\d|60\.0) min "
-                                                  r"of training = 3[56] M")])
+                                                  r"of training = 3[56](\.\d)? M")])
 def test_a_given_pace_picks_the_translation_recipe_its_budget_reaches(cli, pace, picked):
     out = translate_plan(cli, "--time-limit", "60", "--set", f"train.pace={pace}")
     [line] = [line for line in out.splitlines() if line.startswith("recipe: ")]
@@ -107,8 +107,8 @@ def test_a_time_limited_run_records_its_recipe_and_why(cli, sorting, tmp_path):
     out = tmp_path / "run"
     result, recipe = paced_run(cli, sorting, out, 300)
     assert f"recipe: {recipe['why']}" in result.stderr  # said before training
-    assert recipe["why"].startswith(f"model.d_ff=96: 300 tok/s (train.pace) × {recipe['train_seconds'] / 60:.1f} min "
-                                    "of training = 1 M target tokens, about ")
+    assert re.match(re.escape(f"model.d_ff=96: 300 tok/s (train.pace) × {recipe['train_seconds'] / 60:.1f} min ")
+                    + r"of training = 1(\.\d+)? M target tokens, about ", recipe["why"]), recipe["why"]
     assert recipe["why"].endswith("updates (from 1 M: a wider FFN)")
     assert {k: recipe[k] for k in ("name", "overrides", "pace", "pace_source", "minimum_tokens")} == {
         "name": "model.d_ff=96", "overrides": {"model": {"d_ff": 96}}, "pace": 300, "pace_source": "train.pace",
@@ -281,14 +281,14 @@ def test_a_short_budget_cuts_the_warm_up_to_a_share_of_the_updates_it_buys(cli, 
 def test_a_budget_below_the_smallest_recipe_says_so_before_training_and_in_the_report(cli, short, tmp_path):
     out = tmp_path / "run"
     result, recipe = paced_run(cli, short, out, 10)
-    assert recipe["short"].startswith("the budget, 36 k target tokens, is below the 1 M that the task's smallest "
-                                      "recipe needs; about 1666.7 min of training would reach it")
+    assert re.match(r"the budget, 3[56](\.\d)? k target tokens, is below the 1 M that the task's smallest "
+                    "recipe needs; about 1666.7 min of training would reach it", recipe["short"]), recipe["short"]
     warned = result.stderr.index(f"warning: {recipe['short']}")
     assert warned < result.stderr.index("training: first update done")  # before training
     assert re.search(r"training: first update done [0-9.]+ s after the command started", result.stderr)
     assert "budget warning" in (out / "report.txt").read_text()
     plan = cli("run", short, "--dry-run", "--quiet", "--time-limit", "60", "--set", "train.pace=10")
-    assert plan.exit_code == 0 and f"warning: the budget, 36 k target tokens" in plan.stdout
+    assert plan.exit_code == 0 and re.search(r"warning: the budget, 3[56](\.\d)? k target tokens", plan.stdout)
 
 
 def test_your_warm_up_stands_and_is_named(cli, short, tmp_path):

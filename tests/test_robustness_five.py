@@ -300,3 +300,13 @@ def test_the_dry_run_counts_one_update_in_the_singular(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "at most 1 update (train.max_steps)" in result.stdout and "planned 1 update," in result.stdout
     assert "epochs of 1 update)" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("dry", [False, True])
+def test_more_processes_than_cores_is_refused_at_once(tmp_path, dry):
+    cores = len(os.sched_getaffinity(0))
+    out = tmp_path / "run"
+    result = run_cli("run", "copy", "--out", str(out), "--quiet", "--nproc", str(cores + 1),
+                     *(["--dry-run"] if dry else []), env={"CUDA_VISIBLE_DEVICES": ""}, timeout=120)
+    one_error_line(result, f"--nproc {cores + 1}", f"at most --nproc {cores}")
+    assert not out.exists()

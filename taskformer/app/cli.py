@@ -161,6 +161,7 @@ def run_cmd(task, data_dir, out, time_limit, seed, config_file, overrides, resum
     """Train TASK, evaluate the best checkpoint on val and test, and print the report."""
     if not task and not resume:
         raise click.UsageError("give a TASK to run, or --resume RUN_DIR")
+    resources.checked_processes(nproc)
     if dry_run:
         if resume:
             raise TaskformerError("--dry-run checks a new run; it cannot be given with --resume")

@@ -30,6 +30,15 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def checked_processes(nproc: int) -> int:
+    """``--nproc``, refused beyond the cores this process may use on a machine without GPUs (each
+    training process needs a core of its own; gloo's ranks time out waiting on each other otherwise)."""
+    if nproc > 1 and not torch.cuda.is_available() and nproc > usable_cores():
+        raise TaskformerError(f"--nproc {nproc}: this process may use {usable_cores()} core(s), and each training "
+                              f"process needs one; give at most --nproc {usable_cores()}")
+    return nproc
+
+
 def checked_threads(threads: int) -> int:
     """A command's ``--threads``, refused beyond the cores this process may use (OpenMP crashes far
     beyond the machine's cores)."""
