@@ -34,6 +34,8 @@ SPLIT_RULE = "a seeded shuffle of the rows (data.split_seed): data.val_fraction 
 TABLES = {".csv": "csv", ".tsv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 CONLL = (".conll", ".conll2003", ".bio", ".iob", ".iob2", ".ner")
 LANGUAGE = re.compile(r"[a-z]{2,3}([-_][A-Za-z]{2,4})?")  # a language code as a file suffix or column: de, pt-BR
+NOT_LANGUAGE = {"md", "py", "sh", "yml", "log", "pdf", "zip", "tar", "rst", "xml", "ini", "cfg", "htm", "doc",
+                "bak", "tmp", "out", "err", "png", "jpg", "bin", "pkl", "npy", "npz", "lock", "json", "jsonl"}
 MANY_FILES = 10  # plain-text files from which lm holds out whole files instead of the end of the text
 SHOWN = 3  # bad rows named per reason; the rest are counted
 
@@ -177,7 +179,7 @@ def kind_of(path: Path, lm: bool) -> str | None:
         return "conll"
     if ext == ".txt" or (lm and ext == "" and path.name != "README"):
         return "text"
-    if stem and LANGUAGE.fullmatch(ext[1:]):
+    if stem and LANGUAGE.fullmatch(ext[1:]) and ext[1:] not in NOT_LANGUAGE:
         return "lines"
     return None
 
@@ -291,7 +293,7 @@ def read_text(paths: list[Path], seed: int, val: float, test: float) -> tuple[di
                 f"whole files held out by a seeded shuffle (data.split_seed): {n_val} val, {n_test} test")
     text = "".join(whole_text(p) for p in paths)
     name = "+".join(p.name for p in paths)
-    cuts = [text.rfind("\n", 0, int(len(text) * f)) + 1 or int(len(text) * f) for f in (1 - val - test, 1 - test)]
+    cuts = [text.rfind("\n", 0, int(len(text) * f) + 1) + 1 or int(len(text) * f) for f in (1 - (val + test), 1 - test)]
     return ({"train": [text_part(text[: cuts[0]], name)], "val": [text_part(text[cuts[0] : cuts[1]], name)],
              "test": [text_part(text[cuts[1] :], name)]},
             f"the text in order: the last {val + test:.0%} of its characters held out, val then test")
@@ -435,8 +437,9 @@ def carve(source: Source, opts: ReadOptions) -> None:
     random.Random(opts.split_seed).shuffle(places)
     wanted = {s: f for s, f in (("val", opts.val_fraction), ("test", opts.test_fraction)) if s not in source.splits}
     taken: dict[str, list[tuple[int, int]]] = {}
+    total = len(places)
     for split, fraction in wanted.items():
-        n = min(max(1, round(fraction * len(places))), max(len(places) - 1, 0))
+        n = min(max(1, round(fraction * total)), max(len(places) - 1, 0))
         taken[split], places = places[:n], places[n:]
     taken["train"] = places
     for split, chosen in taken.items():

@@ -106,9 +106,9 @@ def noisy_copies(rows, copies: int, drop: float, seed: int) -> list[tuple[str, s
 def taskformer_data(task, config, data_dir, tokenizer):
     opts = config.data
     source = userdata.read(userdata.location(data_dir, task.name), opts)
-    label = source.pick("label", opts.label, LABEL)[0]
     texts = ([source.pick("text", opts.text, FIRST)[0], source.pick("text_pair", opts.text_pair, SECOND)[0]]
              if task.pairs else source.pick("text", opts.text, TEXT, several=True))
+    label = source.pick("label", opts.label, LABEL)[0]
     names = userdata.LabelNames(source, label, opts.label_names)
     splits = {}
     for split in userdata.SPLITS:
