@@ -94,7 +94,7 @@ def test_table_formats_and_gzip(cli, tmp_path, name):
 def test_headerless_csv_needs_its_columns_named(cli, tmp_path):
     path = tmp_path / "ag.csv"
     path.write_text("".join(f'"{i % 2 + 1}","{r["headline"]}","{r["body"]}"\n' for i, r in enumerate(news())))
-    refused(cli("run", "classify", "--data", str(path), "--dry-run"), "no label column", "data.columns=a,b,c")
+    refused(cli("run", "classify", "--data", str(path), "--dry-run"), "no text column", "data.columns=a,b,c")
     out = dry(cli, "classify", path, "data.columns=label,title,description", "data.text=title,description",
               "data.label_names=World,Sports")
     assert "2 labels" in out
