@@ -115,7 +115,9 @@ class Source:
     def rows(self, split: str, columns: list[str]) -> tuple[list[tuple], list[str]]:
         """The split's values of ``columns`` as Python rows, and where each came from; a row with a
         missing (null) or empty value is left out and counted in ``notes`` by file and line."""
-        rows, where, bad = [], [], {}
+        rows: list[tuple] = []
+        where: list[str] = []
+        bad: dict[str, list[str]] = {}
         for part in self.splits[split]:
             start = 0
             for batch in batches(part.table.select_columns(columns)):
@@ -378,11 +380,11 @@ def read_files(found: list[Path], root: Path, opts: ReadOptions, notes: dict[str
                             "with named columns")
         else:
             splits.setdefault(split, []).append(read_table(p, opts.columns))
-    for (split, stem), by_lang in aligned.items():
+    for (named_split, stem), by_lang in aligned.items():
         if len(by_lang) < 2:
             raise DataError(f"{next(iter(by_lang.values()))}: a line-aligned file needs its partner "
                             f"({stem}.xx in another language)")
-        splits.setdefault(split or "train", []).append(read_aligned(by_lang))
+        splits.setdefault(named_split or "train", []).append(read_aligned(by_lang))
     return splits, "file names" if any(named.values()) else "one file" if len(found) == 1 else "files"
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Any
 
 from tokenizers import normalizers
 
@@ -61,7 +62,7 @@ DEFAULTS = {
 # Budgets in examples the twenty-member default trains on (the table's unit is the task's own model).
 # The ensemble needs about three epochs of AG News's augmented 9,500 rows (88.2% in 5 minutes on a
 # 2-core EPYC, docs/results.md); a smaller budget buys those epochs for fewer members.
-RECIPES = (
+RECIPES: tuple[tuple[float, dict[str, dict[str, Any]], str], ...] = (
     (0, {"model": {"members": 1}}, "one network: too small a budget for three epochs of more"),
     (4e3, {"model": {"members": 3}}, "three members get about three epochs each"),
     (7e3, {"model": {"members": 5}}, "five members get about three epochs each"),

@@ -10,6 +10,7 @@ The core scores loss, perplexity and bits per character; ``predict RUN "PROMPT"`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from taskformer import DataError, Task, TaskData, characters, hookimpl, option, subword
 from taskformer.core import userdata
@@ -41,7 +42,7 @@ DEFAULTS = {
 # Budgets in target tokens at the pace of the defaults' network (about 50 k tok/s on 2 cores of an
 # AVX-512 EPYC). Any time limit trains until the clock ends; about half an hour of that pace and more
 # buys a wider, deeper network with a longer context.
-RECIPES = (
+RECIPES: tuple[tuple[float, dict[str, dict[str, Any]], str], ...] = (
     (0, {"train": {"max_steps": 0}}, "nanoGPT's CPU network, trained until the clock ends"),
     (90e6, {"model": {"d_model": 256, "n_heads": 8, "dec_layers": 6, "d_ff": 1024, "max_len": 128, "dropout": 0.1},
             "train": {"max_steps": 0, "max_tokens": 32 * 128}},

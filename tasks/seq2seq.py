@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from importlib.util import find_spec
+from typing import Any
 
 from taskformer import DataError, Task, TaskData, hookimpl, option, subword, translation_metrics
 from taskformer.core import userdata
@@ -56,7 +57,7 @@ DEFAULTS = {
 # falls to zero over the last 30%, and fewer validations leave more updates. Above it, members, not a
 # wider model: Multi30k over-fits a single model given more (Wu et al., 2021), while each member of an
 # ensemble gets about the one-hour recipe's budget.
-RECIPES = (
+RECIPES: tuple[tuple[float, dict[str, dict[str, Any]], str], ...] = (
     (0, {"train": {"cooldown": 0.3, "average_last": 0, "eval_every": 200}},
      "a short budget: decay to zero over the last 30%, a validation every 200 updates"),
     (6e6, {}, "one model: the budget of the validated one-hour recipe or less"),

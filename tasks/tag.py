@@ -68,8 +68,8 @@ def taskformer_data(task, config, data_dir, tokenizer):
     source = userdata.read(userdata.location(data_dir, task.name), opts)
     words, tags = source.pick("tokens", opts.tokens, WORDS)[0], source.pick("tags", opts.tags, TAGS)[0]
     named = names_of(source, tags)
-    splits: dict[str, list[tuple[str, str]]] = {}
-    known: set[str] = set()
+    splits = {}
+    known = set()
     for split in userdata.SPLITS:
         rows, where = source.rows(split, [words, tags])
         kept, uneven, unseen = [], [], []

@@ -6,7 +6,6 @@ import json
 import shutil
 
 import pytest
-
 from test_userdata import jsonl, news
 
 STEPS = ["--set", "train.max_steps=2", "--set", "train.bf16=false", "--set", "model.d_model=32",

@@ -237,7 +237,7 @@ def test_a_non_utf8_line_is_refused_with_file_and_line(cli, tmp_path):
 
 
 def test_a_conll_line_without_a_tag_leaves_its_sentence_out(cli, tmp_path):
-    body = "".join(f"Anna B-PER\nsleeps O\n\n" for _ in range(30)) + "Tom\nsleeps O\n"
+    body = "".join("Anna B-PER\nsleeps O\n\n" for _ in range(30)) + "Tom\nsleeps O\n"
     (tmp_path / "x.conll").write_text(body)
     out = dry(cli, "tag", tmp_path / "x.conll")
     assert "sentences left out (a line with no tag): 1: x.conll:91" in out
