@@ -131,11 +131,17 @@ def taskformer_data(task, config, data_dir, tokenizer):
     return TaskData(tokenizer=tokenizer, splits=pairs, notes=source.notes)
 
 
-@hookimpl
-def taskformer_metrics(hypotheses, references, fields):
-    """Corpus sacreBLEU on detokenized text (the target language's tokenizer), chrF, lower-cased BLEU."""
+def scores(hypotheses, references, tokenize: str = "13a") -> dict[str, float]:
+    """Corpus sacreBLEU on detokenized text with sacreBLEU's ``tokenize``, chrF, and lower-cased BLEU as
+    many tutorials report."""
     import sacrebleu  # here: listing the installed tasks imports this module
 
-    tokenize = next((f["bleu_tokenize"] for f in fields if f and "bleu_tokenize" in f), "13a")
     return {**translation_metrics(hypotheses, references, tokenize=tokenize),
             "bleu_lowercase": sacrebleu.corpus_bleu(hypotheses, [references], lowercase=True, tokenize=tokenize).score}
+
+
+@hookimpl
+def taskformer_metrics(hypotheses, references, fields):
+    """:func:`scores` with the target language's BLEU tokenizer, which the data hook put in the fields."""
+    return scores(hypotheses, references, next((f["bleu_tokenize"] for f in fields if f and "bleu_tokenize" in f),
+                                               "13a"))
