@@ -33,6 +33,10 @@ BUILTIN = [
     "taskformer.tasks.agnews",
     "taskformer.tasks.couplet",
     "taskformer.tasks.shakespeare",
+    "taskformer.tasks.classify",
+    "taskformer.tasks.seq2seq",
+    "taskformer.tasks.lm",
+    "taskformer.tasks.tag",
 ]
 
 

@@ -18,26 +18,20 @@ from pathlib import Path
 
 from rich.table import Table
 from rich.text import Text
-from tokenizers import normalizers
 
-from taskformer import DataError, Task, TaskData, find_file, hookimpl, option, read_lines, save_figure, subword
+from taskformer import DataError, Task, TaskData, find_file, hookimpl, option, read_lines, save_figure
+from taskformer.tasks.classify import DEFAULTS, RECIPES, TextOptions, noisy_copies, scores, text_tokenizer
 
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]  # class indices 1..4 of the release
 
 
 @dataclass
-class Options:
-    """The ``data`` options: the validation share carved from train, the tokenizer, lowercasing, word-drop
-    augmentation (``augment`` extra copies of train, each word dropped at rate ``word_drop``) and
-    the hub copy read when no ``--data-dir`` is given."""
+class Options(TextOptions):
+    """The ``data`` options: classify's tokenizer and word-drop augmentation, the validation share carved
+    from train, and the hub copy read when no ``--data-dir`` is given."""
 
     val_fraction: float = option(0.05, "Share of train carved out (seeded) as the validation split.",
                                  above=0.0, below=1.0)
-    tokenizer: str = option("wordpiece", "Subword tokenizer kind.", choices=("wordpiece", "bpe"))
-    vocab_size: int = option(8000, "Tokenizer vocabulary size.", at_least=100)
-    lowercase: bool = option(True, "Lower-case the text before tokenizing.")
-    augment: int = option(1, "Extra copies of train with words dropped at rate word_drop.", at_least=0)
-    word_drop: float = option(0.1, "Rate at which each word of an augmented copy is dropped.", at_least=0.0, below=1.0)
     hub: str = option("fancyzhx/ag_news", "Hugging Face dataset read when no --data-dir is given.")
 
 TASK = Task(
@@ -48,28 +42,10 @@ TASK = Task(
     examples=("Stocks fall as oil climbs to a record high", "Red Sox beat the Yankees in extra innings",
               "New chip promises longer battery life for laptops", "UN envoy meets rebel leaders for peace talks"),
     higher_is_better=True,
-    defaults={
-        # Sized for the 5,000-row subset and the full 120,000 rows alike: one narrow layer over mean-pooled
-        # states; dropout, word-drop copies and early stopping hold back over-fitting. Twenty members
-        # averaged (model.members): the errors of differently initialised networks are partly independent.
-        # Chosen on held-out train rows, never the test set (docs/results.md).
-        "model": {"d_model": 128, "n_heads": 4, "enc_layers": 1, "d_ff": 256, "dropout": 0.3, "max_len": 128,
-                  "pooling": "mean", "members": 20},
-        # max_len 128 cuts 0.2% of train and 0.4% of test inputs (median 50 tokens, 99th percentile 101)
-        "train": {"epochs": 20, "max_tokens": 4096, "lr": 1e-3, "warmup": 200, "label_smoothing": 0.1,
-                  "weight_decay": 0.01, "patience": 3},
-    },
+    # classify's model and recipe table, validated here (docs/results.md): the two cannot drift apart
+    defaults=DEFAULTS,
     data_options=Options,
-    # Budgets in examples the twenty-member default trains on (the table's unit is the task's own
-    # model). The ensemble needs about three epochs of the augmented 9,500 rows (88.2% in 5 minutes
-    # on a 2-core EPYC, docs/results.md); a smaller budget buys those epochs for fewer members,
-    # each member costing a twentieth.
-    recipes=(
-        (0, {"model": {"members": 1}}, "one network: too small a budget for three epochs of several members"),
-        (4e3, {"model": {"members": 3}}, "three members get about three epochs each"),
-        (7e3, {"model": {"members": 5}}, "five members get about three epochs each"),
-        (28e3, {}, "the twenty-member default gets about three epochs"),
-    ),
+    recipes=RECIPES,
 )
 
 
@@ -135,28 +111,13 @@ def taskformer_data(config, data_dir):
     else:
         train, test = read_hub(opts.hub)
     train, val = split_val(train, opts.val_fraction, config.train.seed)
-    texts = (s.lower() if opts.lowercase else s for s, _ in train)
-    tokenizer = subword(texts, opts.vocab_size, kind=opts.tokenizer)
-    if opts.lowercase:  # in the saved tokenizer, so predict lowercases its input too
-        tokenizer.normalizer = normalizers.Sequence([tokenizer.normalizer, normalizers.Lowercase()])
+    tokenizer = text_tokenizer((s for s, _ in train), opts)
     extra = noisy_copies(train, opts.augment, opts.word_drop, config.train.seed)
     notes = {"data source": str(data_dir) if data_dir is not None else f"hub {opts.hub}"}
     if extra:
         notes["augmented train rows"] = f"{len(extra):,} (word drop {opts.word_drop:g})"
     return TaskData(tokenizer=tokenizer, splits={"train": train + extra, "val": val, "test": test},
                     labels=list(LABELS), notes=notes)
-
-
-def noisy_copies(rows, copies: int, drop: float, seed: int) -> list[tuple[str, str]]:
-    """``copies`` extra versions of every row with each word dropped at rate ``drop`` (augmentation)."""
-    rng = random.Random(seed + 1)
-    out = []
-    for _ in range(copies):
-        for text, label in rows:
-            words = text.split()
-            kept = [w for w in words if rng.random() >= drop] or words[:1]
-            out.append((" ".join(kept), label))
-    return out
 
 
 @hookimpl
@@ -167,15 +128,7 @@ def taskformer_normalize(text):
 
 @hookimpl
 def taskformer_metrics(hypotheses, references):
-    pred = [h.label for h in hypotheses]
-    pairs = list(zip(pred, references))
-    f1s = []
-    for c in sorted(set(pred) | set(references)):
-        tp = sum(p == c and r == c for p, r in pairs)
-        both = sum(p == c for p in pred) + sum(r == c for r in references)
-        f1s.append(2 * tp / both)
-    return {"accuracy": 100.0 * sum(p == r for p, r in pairs) / max(len(pairs), 1),
-            "macro_f1": 100.0 * sum(f1s) / max(len(f1s), 1)}
+    return scores(hypotheses, references)
 
 
 def confusion(outputs) -> list[list[int]]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from rich.table import Table
 
 from taskformer import DataError, Task, TaskData, characters, find_file, hookimpl, option, read_lines, subword
+from taskformer.tasks.lm import DEFAULTS, METRIC_GROUPS, RECIPES
 
 
 @dataclass
@@ -33,29 +34,8 @@ TASK = Task(
     description="Character-level language model of Tiny Shakespeare (nanoGPT's split)",
     variant="decoder-only",
     metric="loss", higher_is_better=False,  # the val loss in nats per character, as nanoGPT reports it
-    metric_groups={"language model": ["loss", "perplexity", "bits_per_char", "bits_per_token"]},
-    defaults={
-        # nanoGPT's CPU recipe: 4 layers of width 128, 4 heads, context 64, 12 blocks a batch, no
-        # dropout, 2,000 updates with a warm-up of 100 and a decay to the end; AdamW's decay of 0.1.
-        "model": {"d_model": 128, "n_heads": 4, "dec_layers": 4, "d_ff": 512, "dropout": 0.0, "max_len": 64},
-        "train": {"epochs": 0, "max_steps": 2000, "max_tokens": 12 * 64, "lr": 1e-3, "warmup": 100,
-                  "schedule": "linear", "label_smoothing": 0.0, "weight_decay": 0.1,
-                  "eval_every": 500},  # every val token, not nanoGPT's sample of 20 blocks: fewer evaluations
-        # nanoGPT's sample.py: temperature 0.8 among the 200 most likely tokens, 500 new ones
-        "decode": {"temperature": 0.8, "top_k": 200, "max_new_tokens": 500},
-    },
-    data_options=Options,
-    # Budgets in target tokens at the pace of the defaults' network (about 50 k tok/s on 2 cores of
-    # an AVX-512 EPYC). Any time limit trains until the clock ends, not for nanoGPT's 2,000 updates;
-    # about half an hour of that pace and more buys a wider, deeper network with a longer context,
-    # which the small one's loss cannot follow once it has stopped falling.
-    recipes=(
-        (0, {"train": {"max_steps": 0}}, "nanoGPT's CPU network, trained until the clock ends"),
-        (90e6, {"model": {"d_model": 256, "n_heads": 8, "dec_layers": 6, "d_ff": 1024, "max_len": 128,
-                          "dropout": 0.1},
-                "train": {"max_steps": 0, "max_tokens": 32 * 128}},
-         "6 layers of width 256 reading 128 characters, 32 blocks a batch, dropout 0.1"),
-    ),
+    # lm's network and recipe table (nanoGPT's CPU recipe), validated here: the two cannot drift apart
+    metric_groups=METRIC_GROUPS, defaults=DEFAULTS, data_options=Options, recipes=RECIPES,
 )
 
 

@@ -18,6 +18,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # prepared data is cached per test session, never in the user's own cache folder
 os.environ["TASKFORMER_CACHE"] = tempfile.mkdtemp(prefix="taskformer-test-cache-")
+# and the Arrow files the datasets library makes of a user's tables go to a scratch folder too
+os.environ["HF_DATASETS_CACHE"] = os.path.join(os.environ["TASKFORMER_CACHE"], "hf-datasets")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -142,7 +142,8 @@ def config_cmd(task, config_file, overrides, as_json) -> None:
 
 @main.command("run")
 @click.argument("task", required=False)
-@click.option("--data-dir", type=click.Path(file_okay=False), help="Folder with the task's data files.")
+@click.option("--data", "--data-dir", "data_dir", type=click.Path(),
+              help="The task's data: a file, a folder, or hub:NAME[:CONFIG] (docs/data.md; --data-dir is the same).")
 @click.option("--out", type=click.Path(), help="Run directory to create (default runs/TASK/<time>).")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True),
               help="Training budget in minutes: trains until the time is up (train.epochs caps it only if set; "
@@ -170,7 +171,7 @@ def run_cmd(task, data_dir, out, time_limit, seed, config_file, overrides, resum
         click.echo(plan.describe(checked))
         return
     if resume:
-        alone_with_resume("a run", rundir.CONFIG, {"TASK": task, "--data-dir": data_dir, "--out": out,
+        alone_with_resume("a run", rundir.CONFIG, {"TASK": task, "--data": data_dir, "--out": out,
                                                  "--time-limit": time_limit, "--seed": seed,
                                                  "--config": config_file, "--set": overrides})
     request = prepare.TrainRequest(plugins().task(task) if task else None,  # an unknown name fails here, once
@@ -211,7 +212,8 @@ def train_and_report(request: TrainRequest, quiet: bool, shard: tuple[int, int] 
 @click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
               help="distill.mix=false, or one of the student's settings (its size and recipe; default the task's).")
 @click.option("--seed", type=int, help="The student's random seed (default: the teacher's train.seed).")
-@click.option("--data-dir", type=click.Path(file_okay=False), help="The task's data folder (default: the teacher's).")
+@click.option("--data", "--data-dir", "data_dir", type=click.Path(),
+              help="The task's data: a file, folder or hub:NAME (default: the teacher's; --data-dir is the same).")
 @click.option("--resume", type=click.Path(file_okay=False),
               help="Continue an interrupted distillation: the decode where it stopped, then the student.")
 @click.option("--quiet", is_flag=True, help="No progress display.")
@@ -227,7 +229,7 @@ def distill_cmd(teacher, data_dir, out, time_limit, seed, overrides, teacher_set
     if not teacher and not resume:
         raise click.UsageError("give a TEACHER run directory, or --resume RUN_DIR")
     if resume:
-        alone_with_resume("a distillation", "distill.json", {"TEACHER": teacher, "--data-dir": data_dir, "--out": out,
+        alone_with_resume("a distillation", "distill.json", {"TEACHER": teacher, "--data": data_dir, "--out": out,
                                                              "--time-limit": time_limit, "--seed": seed,
                                                              "--set": overrides, "--teacher-set": teacher_set})
     request = distill.DistillRequest(teacher, data_dir, out, time_limit, seed, overrides, teacher_set, resume)
@@ -239,7 +241,8 @@ def distill_cmd(teacher, data_dir, out, time_limit, seed, overrides, teacher_set
 @main.command("eval")
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.option("--split", type=click.Choice(["val", "test"]), multiple=True, help="Split(s) to evaluate (default both).")
-@click.option("--data-dir", type=click.Path(file_okay=False), help="Data folder (default: the one the run used).")
+@click.option("--data", "--data-dir", "data_dir", type=click.Path(),
+              help="The data: a file, folder or hub:NAME (default: the one the run used; --data-dir is the same).")
 @click.option("--set", "overrides", multiple=True, metavar="decode.KEY=VALUE", help="Override a decoding setting.")
 @click.option("--average", type=click.IntRange(min=1), metavar="N",
               help="Evaluate the average of the last N evaluated checkpoints (kept by train.average_last) instead.")

@@ -54,8 +54,11 @@ def root() -> Path | None:
 def files_digest(data_dir: Path) -> str:
     """SHA-256 over the relative path and contents of every regular file under ``data_dir``."""
     digest = hashlib.sha256()
-    for path in sorted(p for p in Path(data_dir).rglob("*") if p.is_file()):
-        digest.update(str(path.relative_to(data_dir)).encode("utf-8", "surrogateescape") + b"\0")
+    data_dir = Path(data_dir)
+    found = [data_dir] if data_dir.is_file() else sorted(p for p in data_dir.rglob("*") if p.is_file())
+    for path in found:  # a --data file is its own single entry
+        name = path.name if path == data_dir else str(path.relative_to(data_dir))
+        digest.update(name.encode("utf-8", "surrogateescape") + b"\0")
         with open(path, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
@@ -76,7 +79,7 @@ def key(task: Task, config: RunConfig, data_dir: Path, tokenizer: Tokenizer | No
 def load(task: Task, config: RunConfig, data_dir: str | None, hook, tokenizer: Tokenizer | None = None) -> TaskData:
     """``hook()`` (the checked data hook), or what it returned for the same inputs before."""
     folder = root()
-    if folder is None or data_dir is None:
+    if folder is None or data_dir is None or str(data_dir).startswith("hub:"):  # the hub has its own cache
         return hook()
     with progress.stage("checking the data cache"):
         entry = folder / key(task, config, Path(data_dir), tokenizer)

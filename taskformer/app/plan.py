@@ -33,6 +33,7 @@ def dry_run(task_name: str, data_dir: str | None = None, config_file: str | None
                   "max_len": m.max_len, "members": m.members, "parameters": model.num_parameters()},
         "vocab_size": data.tokenizer.get_vocab_size(), "labels": len(data.labels or []),
         "data": {split: len(rows) for split, rows in data.splits.items()},
+        "notes": {k: v for k, v in data.notes.items() if isinstance(v, (str, int, float))},
         "truncated_train_inputs": train.truncated,
         "budget": {"epochs": config.train.epochs, "max_steps": config.train.max_steps,
                    "time_limit_minutes": time_limit, "updates_per_epoch": per_epoch,
@@ -67,6 +68,7 @@ def describe(plan: dict) -> str:
         "data: " + ", ".join(f"{split} {n:,}" for split, n in plan["data"].items())
         + (f" ({plan['truncated_train_inputs']:,} train inputs longer than max_len)"
            if plan["truncated_train_inputs"] else ""),
+        *(f"data notes: {key}: {value}" for key, value in plan["notes"].items()),
         f"budget: {'; '.join(budget)}; {planned}",
         *([f"recipe: {recipe['why']}",
            f"final evaluation: about {recipe['final_seconds']:,.0f} s (measured), kept out of the training time"]

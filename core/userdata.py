@@ -1,0 +1,511 @@
+"""A user's own data: a file, a folder or a hub data set, read as train/val/test splits of named columns.
+
+The generic tasks (``classify``, ``translate``, ``lm``, ``tag``) read their data here; nothing here
+knows a task or the command line. Tables (CSV, TSV, JSON lines, JSON, Parquet, gzipped or not) and
+hub data sets are read by Hugging Face ``datasets``, which keeps them as memory-mapped Arrow files
+in its own cache (``HF_DATASETS_CACHE``, by default under ``~/.cache/huggingface``) until a task asks
+for rows (:meth:`Source.rows`, the one place rows become Python values). Line-aligned files
+(``train.fr`` + ``train.en``), plain text (``.txt``) and CoNLL files are read line by line here, so a
+bad line is named by its number.
+
+Splits come from file names (``train``, ``val``/``valid``/``validation``/``dev``, ``test``, or a
+name that starts with one of them and a separator: ``test_2016_flickr.de``), from a ``split``
+column, or else from a seeded shuffle of the rows (:data:`SPLIT_RULE`); running text keeps its order
+(:func:`read_text`). docs/data.md is the user's reference.
+"""
+from __future__ import annotations
+
+import gzip
+import random
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from taskformer.core.data import read_lines
+from taskformer.core.errors import DataError
+from taskformer.core.options import option
+
+SPLITS = ("train", "val", "test")
+SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "dev": "val", "test": "test"}
+SPLIT_RULE = "a seeded shuffle of the rows (data.split_seed): data.val_fraction to val, data.test_fraction to test"
+TABLES = {".csv": "csv", ".tsv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+CONLL = (".conll", ".conll2003", ".bio", ".iob", ".iob2", ".ner")
+LANGUAGE = re.compile(r"[a-z]{2,3}([-_][A-Za-z]{2,4})?")  # a language code as a file suffix or column: de, pt-BR
+NOT_LANGUAGE = {"md", "py", "sh", "yml", "log", "pdf", "zip", "tar", "rst", "xml", "ini", "cfg", "htm", "doc",
+                "bak", "tmp", "out", "err", "png", "jpg", "bin", "pkl", "npy", "npz", "lock", "json", "jsonl"}
+MANY_FILES = 10  # plain-text files from which lm holds out whole files instead of the end of the text
+SHOWN = 3  # bad rows named per reason; the rest are counted
+
+
+@dataclass
+class ReadOptions:
+    """The ``data`` options every generic task shares: how the splits are made and headerless columns named."""
+
+    split_seed: int = option(0, "Seed of the shuffle that makes missing splits; independent of train.seed, so "
+                                "the test rows stay the same across training seeds.", at_least=0)
+    val_fraction: float = option(0.05, "Share of train held out (seeded shuffle) as val when no val file or "
+                                       "split column gives one.", above=0.0, below=1.0)
+    test_fraction: float = option(0.05, "Share of train held out (seeded shuffle) as test when no test file or "
+                                        "split column gives one.", above=0.0, below=1.0)
+    columns: str = option("", "Column names of a headerless CSV/TSV, comma-separated (label,title,description); "
+                              "empty: the first row names them.")
+
+
+@dataclass
+class Part:
+    """The rows of one file (or one hub split) that belong to a split, as a ``datasets.Dataset``;
+    ``origin`` holds each row's place in its file, so a bad row is named ``file:line`` or ``file row N``."""
+
+    table: Any  # datasets.Dataset
+    file: str
+    unit: str  # "line": origin is a line number; "row": a data row number
+    origin: list[int]
+
+    def where(self, i: int) -> str:
+        return f"{self.file}:{self.origin[i]}" if self.unit == "line" else f"{self.file} row {self.origin[i]}"
+
+    def take(self, indices: list[int]) -> Part:
+        return Part(self.table.select(indices), self.file, self.unit, [self.origin[i] for i in indices])
+
+
+@dataclass
+class Source:
+    """A user's data as splits of parts with named columns, and how the splits were made."""
+
+    location: str
+    splits: dict[str, list[Part]]
+    columns: list[str]
+    how: str
+    notes: dict[str, str] = field(default_factory=dict)
+    running: bool = False  # plain text in its order, not rows of a table (a language model's stream)
+
+    def feature(self, column: str) -> Any:
+        """The ``datasets`` feature of ``column`` (a ``ClassLabel`` names integer labels)."""
+        return self.splits["train"][0].table.features.get(column)
+
+    def pick(self, role: str, given: str, common: tuple[str, ...], several: bool = False) -> list[str]:
+        """The column(s) of ``role``: ``given`` (``--set data.ROLE=a,b``) or the one of ``common`` present.
+
+        An unknown name, no common name or more than one of them is refused with the columns found."""
+        found = ", ".join(self.columns)
+        if given:
+            names = [n.strip() for n in given.split(",") if n.strip()]
+            if unknown := [n for n in names if n not in self.columns]:
+                raise DataError(f"{self.location}: no column {unknown[0]!r} (data.{role}); columns found: {found}")
+            if len(names) > 1 and not several:
+                raise DataError(f"data.{role}: one column, got {given!r}; columns found: {found}")
+            return names
+        present = [n for n in common if n in self.columns]
+        if len(present) == 1:
+            return present
+        headerless = " (a file without a header row: name its columns with --set data.columns=a,b,c)"
+        if not present:
+            raise DataError(f"{self.location}: no {role} column (looked for {', '.join(common)}); columns found: "
+                            f"{found}; choose one with --set data.{role}=NAME" + headerless * self.guessable())
+        raise DataError(f"{self.location}: ambiguous {role} column ({' and '.join(present)} both present); "
+                        f"columns found: {found}; choose with --set data.{role}=NAME")
+
+    def guessable(self) -> bool:
+        """Whether a header could have been a data row (a CSV's first row read as names)."""
+        return any(not re.fullmatch(r"[A-Za-z_][\w .-]{0,40}", c) for c in self.columns)
+
+    def rows(self, split: str, columns: list[str]) -> tuple[list[tuple], list[str]]:
+        """The split's values of ``columns`` as Python rows, and where each came from; a row with a
+        missing (null) or empty value is left out and counted in ``notes`` by file and line."""
+        rows: list[tuple] = []
+        where: list[str] = []
+        bad: dict[str, list[str]] = {}
+        for part in self.splits[split]:
+            start = 0
+            for batch in batches(part.table.select_columns(columns)):
+                for i, values in enumerate(zip(*(batch[c] for c in columns)), start):
+                    empty = next((c for c, v in zip(columns, values) if v is None or not str(v).strip()
+                                  or v == []), None)
+                    if empty is not None:
+                        reason = "missing" if values[columns.index(empty)] is None else "empty"
+                        bad.setdefault(f"{reason} {empty}", []).append(part.where(i))
+                        continue
+                    rows.append(values)
+                    where.append(part.where(i))
+                start += len(batch[columns[0]])
+        for reason, places in bad.items():
+            self.skip(split, reason, places)
+        return rows, where
+
+    def skip(self, split: str, reason: str, places: list[str]) -> None:
+        """Count rows left out of ``split`` for ``reason`` in the notes, naming the first few."""
+        shown = ", ".join(places[:SHOWN]) + (f" and {len(places) - SHOWN:,} more" if len(places) > SHOWN else "")
+        self.notes[f"{split} rows left out ({reason})"] = f"{len(places):,}: {shown}"
+
+    def sizes(self) -> str:
+        return ", ".join(f"{s} {sum(len(p.origin) for p in self.splits[s]):,}" for s in SPLITS)
+
+
+def batches(table, size: int = 10_000) -> Iterator[dict[str, list]]:
+    """A table's rows in column batches, read from the memory map a batch at a time."""
+    for start in range(0, len(table), size):
+        yield table[start : start + size]
+
+
+def quiet_datasets():
+    """The ``datasets`` module with its progress bars and logging off: the console shows our stages."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    return datasets
+
+
+def suffixes(path: Path) -> tuple[str, str]:
+    """(name without compression or format suffix, format suffix): ``train.de.gz`` -> (``train``, ``.de``)."""
+    name = path.name[:-3] if path.name.endswith(".gz") else path.name
+    stem, dot, ext = name.rpartition(".")
+    return (stem, "." + ext.lower()) if dot else (name, "")
+
+
+def split_of(stem: str) -> str | None:
+    """The split a file name gives: ``valid``, ``dev-2020``, ``test_2016_flickr``; None for any other name."""
+    head = re.split(r"[._-]", stem.lower(), maxsplit=1)[0]
+    return SPLIT_NAMES.get(head)
+
+
+def kind_of(path: Path, lm: bool) -> str | None:
+    """How a file is read: ``table``, ``text``, ``conll``, ``lines`` (a language suffix), or None (not data)."""
+    stem, ext = suffixes(path)
+    if ext in TABLES:
+        return "table"
+    if ext in CONLL:
+        return "conll"
+    if ext == ".txt" or (lm and ext == "" and path.name != "README"):
+        return "text"
+    if stem and LANGUAGE.fullmatch(ext[1:]) and ext[1:] not in NOT_LANGUAGE:
+        return "lines"
+    return None
+
+
+def first_bad_utf8(path: Path) -> str | None:
+    """``file:line`` of the first line that is not UTF-8, read only after a reader failed."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return f"{path}:{number}: not valid UTF-8 ({e.reason} at byte {e.start})"
+    return None
+
+
+def read_table(path: Path, columns: str) -> Part:
+    """A CSV, TSV, JSON (lines) or Parquet file through ``datasets``; HF's translation layout
+    (``{"translation": {"fr": ..., "en": ...}}``) becomes the columns ``fr`` and ``en``."""
+    datasets = quiet_datasets()
+    _, ext = suffixes(path)
+    builder = TABLES[ext]
+    options: dict[str, Any] = {}
+    if builder == "csv":  # every cell as text; a TSV's quotes are characters (sentences hold them)
+        options = {"keep_default_na": False, "sep": "\t" if ext == ".tsv" else ","}
+        if ext == ".tsv":
+            options["quoting"] = 3  # csv.QUOTE_NONE
+        if columns:
+            options.update(header=None, column_names=[c.strip() for c in columns.split(",")])
+    try:
+        table = datasets.load_dataset(builder, data_files={"train": str(path)}, split="train", **options)
+    except Exception as e:  # pandas, pyarrow and datasets all have their own errors
+        reason = first_bad_utf8(path) if builder != "parquet" else None
+        cause = str(e.__cause__ or e).strip().splitlines()
+        raise DataError(reason or f"{path}: cannot read as {ext[1:]} ({cause[0] if cause else type(e).__name__})") \
+            from None
+    if "translation" in table.column_names and hasattr(table.features["translation"], "keys"):
+        table = table.flatten().rename_columns({c: c.removeprefix("translation.") for c in table.flatten().column_names})
+    return Part(table, path.name, "line" if ext == ".jsonl" else "row", list(range(1, len(table) + 1)))
+
+
+def read_aligned(paths: dict[str, Path]) -> Part:
+    """Line-aligned files of one split, one per language (``train.fr``, ``train.en``): columns named by language."""
+    datasets = quiet_datasets()
+    lines = {lang: read_lines(path) for lang, path in paths.items()}
+    counts = {len(v) for v in lines.values()}
+    if len(counts) > 1:
+        listed = ", ".join(f"{p.name} {len(lines[lang]):,}" for lang, p in paths.items())
+        raise DataError(f"{next(iter(paths.values())).parent}: line-aligned files must have as many lines ({listed})")
+    names = "+".join(p.name for p in paths.values())
+    return Part(datasets.Dataset.from_dict(lines), names, "line", list(range(1, counts.pop() + 1)))
+
+
+def read_conll(path: Path) -> tuple[Part, list[str]]:
+    """Sentences of a CoNLL file (a word per line, its tag in the last column, a blank line between
+    sentences, ``-DOCSTART-`` lines skipped) as the columns ``tokens`` and ``tags`` (space-separated);
+    also the places of lines without a tag, whose sentences are left out."""
+    datasets = quiet_datasets()
+    words: list[str] = []
+    tags: list[str] = []
+    rows: dict[str, list] = {"tokens": [], "tags": []}
+    origin: list[int] = []
+    untagged: list[str] = []
+    start, broken = 0, False
+
+    def end() -> None:
+        if words and not broken:
+            rows["tokens"].append(" ".join(words))
+            rows["tags"].append(" ".join(tags))
+            origin.append(start)
+        words.clear()
+        tags.clear()
+
+    for number, line in enumerate([*read_lines(path), ""], 1):
+        cells = line.split()
+        if not cells or cells[0] == "-DOCSTART-":
+            end()
+            broken = False
+            continue
+        if not words:
+            start = number
+        if len(cells) < 2:
+            untagged.append(f"{path.name}:{number}")
+            broken = True
+        words.append(cells[0])
+        tags.append(cells[-1])
+    return Part(datasets.Dataset.from_dict(rows), path.name, "line", origin), untagged
+
+
+def text_part(text: str, name: str) -> Part:
+    """Running text as rows of paragraphs (each keeps its line breaks): the core joins them into one
+    stream again, and the outputs files hold readable pieces instead of one huge row."""
+    pieces = [p for p in re.split(r"(?<=\n\n)(?=[^\n])", text) if p]
+    return Part(quiet_datasets().Dataset.from_dict({"text": pieces}), name, "row", list(range(1, len(pieces) + 1)))
+
+
+def whole_text(path: Path) -> str:
+    return "".join(line + "\n" for line in read_lines(path))
+
+
+def read_text(paths: list[Path], seed: int, val: float, test: float) -> tuple[dict[str, list[Part]], str]:
+    """Running text for a language model, in its order: one or a few files are joined and the last
+    ``val + test`` of the characters held out (nanoGPT's rule; cut at line ends), val before test;
+    with ``MANY_FILES`` or more, whole files are held out by a seeded shuffle."""
+    if len(paths) >= MANY_FILES:
+        order = list(paths)
+        random.Random(seed).shuffle(order)
+        n_val, n_test = (max(1, round(f * len(order))) for f in (val, test))
+        chosen = {"val": order[:n_val], "test": order[n_val:n_val + n_test], "train": order[n_val + n_test:]}
+        return ({s: [text_part(whole_text(p), p.name) for p in sorted(chosen[s])] for s in SPLITS},
+                f"whole files held out by a seeded shuffle (data.split_seed): {n_val} val, {n_test} test")
+    text = "".join(whole_text(p) for p in paths)
+    name = "+".join(p.name for p in paths)
+    cuts = [text.rfind("\n", 0, int(len(text) * f) + 1) + 1 or int(len(text) * f) for f in (1 - (val + test), 1 - test)]
+    return ({"train": [text_part(text[: cuts[0]], name)], "val": [text_part(text[cuts[0] : cuts[1]], name)],
+             "test": [text_part(text[cuts[1] :], name)]},
+            f"the text in order: the last {val + test:.0%} of its characters held out, val then test")
+
+
+def read_hub(name: str) -> dict[str, list[Part]]:
+    """``hub:NAME[:CONFIG]`` through ``datasets.load_dataset``: its train/validation/test splits."""
+    datasets = quiet_datasets()
+    repo, _, config = name.partition(":")
+    try:
+        loaded = datasets.load_dataset(repo, config or None)
+    except Exception as e:  # offline, unknown name, a config needed: the same to the user
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DataError(f"cannot load {repo!r} from the Hugging Face hub ({first})") from None
+    splits: dict[str, list[Part]] = {}
+    for hub_split, table in loaded.items():
+        if (ours := SPLIT_NAMES.get(hub_split)) and ours not in splits:
+            if "translation" in table.column_names:
+                table = table.flatten()
+                table = table.rename_columns({c: c.removeprefix("translation.") for c in table.column_names})
+            splits[ours] = [Part(table, f"hub {repo} {hub_split}", "row", list(range(1, len(table) + 1)))]
+    return splits
+
+
+def files(folder: Path, lm: bool) -> list[Path]:
+    """The data files of a folder (recursively), in name order; other files (a README) are not data."""
+    return sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".") and kind_of(p, lm))
+
+
+def read(location: str, opts: ReadOptions, lm: bool = False) -> Source:
+    """The data at ``location`` (a file, a folder, or ``hub:NAME[:CONFIG]``) as splits of parts.
+
+    ``lm``: plain text is running text for a language model, kept in order (:func:`read_text`).
+    Missing splits are carved from train (:func:`carve`); an empty split is refused."""
+    notes: dict[str, str] = {}
+    if location.startswith("hub:"):
+        splits, how = read_hub(location[4:]), "the hub's splits"
+    else:
+        path = Path(location)
+        if not path.exists():
+            raise DataError(f"{path}: no such file or folder")
+        found = [path] if path.is_file() else files(path, lm)
+        if not found:
+            raise DataError(f"{path}: no data files (CSV, TSV, JSONL, JSON, Parquet, .txt, CoNLL, or "
+                            "line-aligned files named by language such as train.fr + train.en)")
+        if unknown := next((p for p in found if not kind_of(p, lm)), None):
+            raise DataError(f"{unknown}: not a data format taskformer reads (.csv, .tsv, .jsonl, .json, .parquet, "
+                            ".txt, .conll, or a language suffix such as .fr; each may be .gz)")
+        if lm and {kind_of(p, lm) for p in found} == {"text"}:
+            named = {p: split_of(suffixes(p)[0]) for p in found}
+            if not all(named.values()):
+                splits, how = read_text(found, opts.split_seed, opts.val_fraction, opts.test_fraction)
+                return finish(Source(location, splits, ["text"], how, notes, running=True))
+            splits = {s: [text_part(whole_text(f), f.name) for f in found if named[f] == s] for s in SPLITS}
+            return finish(Source(location, splits, ["text"], "file names", notes, running=True))
+        else:
+            splits, how = read_files(found, path, opts, notes)
+    return finish(Source(location, splits, columns_of(splits), how, notes), opts)
+
+
+def read_files(found: list[Path], root: Path, opts: ReadOptions, notes: dict[str, str]) -> tuple[dict, str]:
+    """Each file read by its kind and put in the split its name gives; all in train where none gives one."""
+    named = {p: split_of(suffixes(p)[0]) for p in found}
+    if any(named.values()) and (stray := next((p for p, s in named.items() if s is None), None)):
+        raise DataError(f"{stray}: not a train, val or test file name, beside files that are (rename it, or "
+                        "move it out of the data folder)")
+    splits: dict[str, list[Part]] = {}
+    aligned: dict[tuple[str | None, str], dict[str, Path]] = {}
+    for p in found:
+        kind, split = kind_of(p, False), named[p] or "train"
+        stem, ext = suffixes(p)
+        if kind == "lines":
+            aligned.setdefault((named[p], stem), {})[ext[1:]] = p
+        elif kind == "conll":
+            part, untagged = read_conll(p)
+            splits.setdefault(split, []).append(part)
+            if untagged:
+                places = ", ".join(untagged[:SHOWN]) + (f" and {len(untagged) - SHOWN} more" if len(untagged) > SHOWN else "")
+                notes[f"{split} sentences left out (a line with no tag)"] = f"{len(untagged):,}: {places}"
+        elif kind == "text":
+            raise DataError(f"{p}: plain text is read by the lm task only; give a CSV, TSV, JSONL or Parquet file "
+                            "with named columns")
+        else:
+            splits.setdefault(split, []).append(read_table(p, opts.columns))
+    for (named_split, stem), by_lang in aligned.items():
+        if len(by_lang) < 2:
+            raise DataError(f"{next(iter(by_lang.values()))}: a line-aligned file needs its partner "
+                            f"({stem}.xx in another language)")
+        splits.setdefault(named_split or "train", []).append(read_aligned(by_lang))
+    return splits, "file names" if any(named.values()) else "one file" if len(found) == 1 else "files"
+
+
+def columns_of(splits: dict[str, list[Part]]) -> list[str]:
+    """The columns every part has (a part without one of them is refused, naming it)."""
+    parts = [p for ps in splits.values() for p in ps]
+    if not parts:
+        return []
+    columns = parts[0].table.column_names
+    for p in parts[1:]:
+        if set(p.table.column_names) != set(columns):
+            raise DataError(f"{p.file}: columns {', '.join(p.table.column_names)} differ from {parts[0].file}'s "
+                            f"({', '.join(columns)}): every file must have the same columns")
+    return list(columns)
+
+
+def finish(source: Source, opts: ReadOptions | None = None) -> Source:
+    """Splits from a ``split`` column where there is one, the missing ones carved from train; no split empty."""
+    if opts is not None and "split" in source.columns:
+        by_split(source)
+    if opts is not None and "train" in source.splits and not all(s in source.splits for s in SPLITS):
+        carve(source, opts)
+    if empty := [s for s in SPLITS if not sum(len(p.origin) for p in source.splits.get(s, []))]:
+        raise DataError(f"{source.location}: the {' and '.join(empty)} split would be empty ({source.how}; "
+                        f"rows: {', '.join(f'{s} {sum(len(p.origin) for p in source.splits.get(s, [])):,}' for s in SPLITS)}); "
+                        "give more rows or a file for it")
+    source.notes = {"data": source.location, "splits": f"{source.sizes()} ({source.how})", **source.notes}
+    return source
+
+
+def by_split(source: Source) -> None:
+    """Rows to the split their ``split`` column names (train, val/valid/validation/dev, test)."""
+    parts = [p for ps in source.splits.values() for p in ps]
+    splits: dict[str, list[Part]] = {}
+    for part in parts:
+        chosen: dict[str, list[int]] = {}
+        for i, value in enumerate(part.table["split"]):
+            ours = SPLIT_NAMES.get(str(value).strip().lower())
+            if ours is None:
+                raise DataError(f"{part.where(i)}: split {value!r} is not train, val (valid, validation, dev) or test")
+            chosen.setdefault(ours, []).append(i)
+        for split, indices in chosen.items():
+            splits.setdefault(split, []).append(part.take(indices))
+    source.splits, source.how = splits, "the split column"
+
+
+def carve(source: Source, opts: ReadOptions) -> None:
+    """Val and test rows drawn from train by a shuffle seeded with ``data.split_seed`` (never by position:
+    sorted data would give a val set of one kind)."""
+    train = source.splits["train"]
+    places = [(k, i) for k, part in enumerate(train) for i in range(len(part.origin))]
+    random.Random(opts.split_seed).shuffle(places)
+    wanted = {s: f for s, f in (("val", opts.val_fraction), ("test", opts.test_fraction)) if s not in source.splits}
+    taken: dict[str, list[tuple[int, int]]] = {}
+    total = len(places)
+    for split, fraction in wanted.items():
+        n = min(max(1, round(fraction * total)), max(len(places) - 1, 0))
+        taken[split], places = places[:n], places[n:]
+    taken["train"] = places
+    for split, chosen in taken.items():
+        source.splits[split] = [part.take(sorted(i for k2, i in chosen if k2 == k)) for k, part in enumerate(train)]
+    source.how += f"; {' and '.join(wanted)} from {SPLIT_RULE}"
+
+
+def location(data_dir: Path | str | None, task: str) -> str:
+    """The ``--data`` a generic task was given, refused where there is none."""
+    if data_dir is None:
+        raise DataError(f"{task} reads your data: give --data PATH (a file, a folder, or hub:NAME[:CONFIG]; "
+                        "docs/data.md)")
+    return str(data_dir)
+
+
+def tell(source: Source) -> None:
+    """Say on stderr, before any training, which rows were left out (the report's data notes keep them)."""
+    for key, value in source.notes.items():
+        if "left out" in key:
+            sys.stderr.write(f"warning: {key}: {value}\n")
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and value.is_integer()
+
+
+class LabelNames:
+    """The names of a label column's values: text labels as they are, a hub ``ClassLabel``'s names,
+    numbers as their digits or as ``data.label_names`` (the i-th name for the i-th smallest number in
+    train). ``names`` lists them (text sorted, numbers in their order); a val or test row whose label
+    train never has is left out and counted (the model cannot learn it)."""
+
+    def __init__(self, source: Source, column: str, given: str):
+        self.source, self.column = source, column
+        values: set = set()
+        for part in source.splits["train"]:
+            for batch in batches(part.table.select_columns([column])):
+                values.update(v for v in batch[column] if v is not None and str(v).strip())
+        classes = getattr(source.feature(column), "names", None)
+        numeric = bool(values) and all(is_number(v) for v in values)
+        order = sorted(values, key=(lambda v: v) if numeric else str)
+        chosen = [n.strip() for n in given.split(",")] if given else []
+        if chosen and not numeric:
+            raise DataError(f"data.label_names names numeric labels; column {column!r} holds text labels "
+                            f"({', '.join(map(str, order[:5]))}...)")
+        if chosen and len(chosen) != len(order):
+            raise DataError(f"data.label_names gives {len(chosen)} names but train has {len(order)} label values in "
+                            f"column {column!r} ({', '.join(str(int(v)) for v in order[:12])})")
+        if classes:
+            self.of = {v: classes[int(v)] for v in order}
+        elif chosen:
+            self.of = dict(zip(order, chosen))
+        else:
+            self.of = {v: str(int(v)) if numeric else str(v) for v in order}
+        self.names = list(self.of.values())
+
+    def keep(self, split: str, rows: list[tuple], where: list[str]) -> list[tuple]:
+        """``(input, label name)`` rows; those whose label train lacks are left out and named."""
+        kept, unseen = [], []
+        for (text, value), place in zip(rows, where):
+            if value in self.of:
+                kept.append((text, self.of[value]))
+            else:
+                unseen.append(f"{place} ({value})")
+        if unseen:
+            self.source.skip(split, f"a {self.column} train never has", unseen)
+        return kept

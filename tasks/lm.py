@@ -1,0 +1,81 @@
+"""``lm``: a decoder-only language model of a user's own text, with no code.
+
+``taskformer run lm --data DIR_OF_TXT`` reads plain text (a file, or a folder of ``.txt`` files in name
+order), or a text column of a table, through :mod:`taskformer.core.userdata`. Running text keeps its
+order: the last tenth of the characters is held out (val, then test), or whole files where there are
+many. Characters are the tokens by default (small data, as nanoGPT's shakespeare_char), BPE with
+``--set data.tokenizer=bpe``. The model and recipe are shakespeare-char's (nanoGPT's CPU network).
+The core scores loss, perplexity and bits per character; ``predict RUN "PROMPT"`` continues a prompt.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from taskformer import DataError, Task, TaskData, characters, hookimpl, option, subword
+from taskformer.core import userdata
+
+TEXT = ("text", "content", "document", "body", "sentence")
+
+
+@dataclass
+class Options(userdata.ReadOptions):
+    """The ``data`` options: the text column of a table, the tokenizer, how the text is split."""
+
+    text: str = option("", "Text column of a table (a plain-text file has one); empty: the one of text, "
+                           "content, document, body, sentence present.")
+    tokenizer: str = option("characters", "characters: one token per character, as nanoGPT's shakespeare_char; "
+                            "bpe: word pieces learned from the train text.", choices=("characters", "bpe"))
+    vocab_size: int = option(1024, "Vocabulary of the bpe tokenizer, the four special tokens included.", at_least=8)
+
+
+# nanoGPT's CPU recipe: 4 layers of width 128, 4 heads, context 64, 12 blocks a batch, no dropout, 2,000
+# updates with a warm-up of 100 and a decay to the end; AdamW's decay of 0.1.
+DEFAULTS = {
+    "model": {"d_model": 128, "n_heads": 4, "dec_layers": 4, "d_ff": 512, "dropout": 0.0, "max_len": 64},
+    "train": {"epochs": 0, "max_steps": 2000, "max_tokens": 12 * 64, "lr": 1e-3, "warmup": 100,
+              "schedule": "linear", "label_smoothing": 0.0, "weight_decay": 0.1,
+              "eval_every": 500},  # every val token, not nanoGPT's sample of 20 blocks: fewer evaluations
+    # nanoGPT's sample.py: temperature 0.8 among the 200 most likely tokens, 500 new ones
+    "decode": {"temperature": 0.8, "top_k": 200, "max_new_tokens": 500},
+}
+# Budgets in target tokens at the pace of the defaults' network (about 50 k tok/s on 2 cores of an
+# AVX-512 EPYC). Any time limit trains until the clock ends; about half an hour of that pace and more
+# buys a wider, deeper network with a longer context.
+RECIPES: tuple[tuple[float, dict[str, dict[str, Any]], str], ...] = (
+    (0, {"train": {"max_steps": 0}}, "nanoGPT's CPU network, trained until the clock ends"),
+    (90e6, {"model": {"d_model": 256, "n_heads": 8, "dec_layers": 6, "d_ff": 1024, "max_len": 128, "dropout": 0.1},
+            "train": {"max_steps": 0, "max_tokens": 32 * 128}},
+     "6 layers of width 256 reading 128 characters, 32 blocks a batch, dropout 0.1"),
+)
+METRIC_GROUPS = {"language model": ["loss", "perplexity", "bits_per_char", "bits_per_token"]}
+
+TASK = Task(name="lm", description="A language model of your own text (decoder-only; characters or BPE)",
+            variant="decoder-only", metric="loss", higher_is_better=False, metric_groups=METRIC_GROUPS,
+            defaults=DEFAULTS, data_options=Options, recipes=RECIPES)
+
+
+@hookimpl
+def taskformer_tasks():
+    return [TASK]
+
+
+@hookimpl
+def taskformer_data(task, config, data_dir, tokenizer):
+    opts = config.data
+    source = userdata.read(userdata.location(data_dir, task.name), opts, lm=True)
+    column = source.pick("text", opts.text, TEXT)[0]
+    splits = {}
+    for split in userdata.SPLITS:
+        rows, _ = source.rows(split, [column])
+        # documents of a table are separated by a blank line in the stream; paragraphs keep their own
+        splits[split] = [("", text if source.running else text.rstrip("\n") + "\n\n") for (text,) in rows]
+    train_text = "".join(text for _, text in splits["train"])
+    if not train_text.strip():
+        raise DataError(f"{source.location}: the train split holds no text")
+    if tokenizer is None:
+        tokenizer = (characters([train_text], whitespace=True) if opts.tokenizer == "characters"
+                     else subword([train_text], opts.vocab_size))
+    source.notes["characters"] = ", ".join(f"{s} {sum(len(t) for _, t in splits[s]):,}" for s in userdata.SPLITS)
+    userdata.tell(source)
+    return TaskData(tokenizer=tokenizer, splits=splits, notes=source.notes)
