@@ -1,0 +1,86 @@
+"""What plugin authors writing from the docs reached for: repetition control, ROUGE, several samples
+per prompt and sampling from nothing, the run's config in ``taskformer_normalize``, renamed and retired
+options, the message for a plugin of the earlier API, and ``--quiet`` on every command that shows progress.
+
+The "looping" tasks are models whose head ignores what it reads and always prefers the same words
+in the same order (``sox`` most, then ``red``, then ``win``; the end token least), as an
+undertrained model loops: greedy and beam search write "sox sox sox ..." until their budget ends.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import taskformer
+from taskformer import Task, TaskData, hookimpl, option, symbols
+from taskformer.testing import cli, plugin, run_task
+
+WORDS = ["sox", "red", "win"]
+ROWS = [("red sox", "red sox win"), ("win red", "sox win red")] * 6
+
+
+class Preference(torch.nn.Module):
+    """Logits that prefer ``sox`` > ``red`` > ``win`` > everything else, whatever the hidden states say
+    (times zero: the body still gets its gradient of zero, so training runs)."""
+
+    def __init__(self, d_model: int, vocab: int):
+        super().__init__()
+        self.proj = torch.nn.Linear(d_model, vocab)
+        bias = torch.full((vocab,), -10.0)
+        bias[4:7] = torch.tensor([9.0, 6.0, 3.0])  # the ids of sox, red, win after the four specials
+        self.register_buffer("bias", bias)
+
+    def forward(self, hidden, src_mask):
+        return self.proj(hidden) * 0 + self.bias
+
+
+def looping(variant: str):
+    class Looping:
+        @hookimpl
+        def taskformer_tasks(self):
+            return [Task(f"loop-{variant}", "A model that loops", variant=variant,
+                         defaults={"model": {"d_model": 16, "n_heads": 2, "enc_layers": 1, "dec_layers": 1, "d_ff": 32,
+                                             "max_len": 32},
+                                   "decode": {"max_len_a": 0.0, "max_len_b": 12, "max_new_tokens": 12}})]
+
+        @hookimpl
+        def taskformer_data(self):
+            rows = ROWS if variant == "encoder-decoder" else [("", " ".join(pair)) for pair in ROWS]
+            return TaskData(tokenizer=symbols(WORDS), splits={"train": rows, "val": rows[:2], "test": rows[:2]})
+
+        @hookimpl
+        def taskformer_head(self, model_config):
+            return Preference(model_config.d_model, model_config.vocab_size)
+    return Looping()
+
+
+@pytest.fixture(scope="module", params=["encoder-decoder", "decoder-only"])
+def loop(request, tmp_path_factory):
+    with plugin(looping(request.param), f"loop-{request.param}"):
+        yield run_task(f"loop-{request.param}", tmp_path_factory.mktemp("runs") / "loop", steps=1)
+
+
+def predicted(run_dir, *settings: str, text: str = "red sox") -> str:
+    result = cli("predict", run_dir, text, *[arg for s in settings for arg in ("--set", f"decode.{s}")])
+    assert result.exit_code == 0, result.stderr
+    return result.stdout.strip()
+
+
+def repeated_trigrams(text: str) -> list[tuple[str, ...]]:
+    words = text.split()
+    grams = [tuple(words[i : i + 3]) for i in range(len(words) - 2)]
+    return [g for i, g in enumerate(grams) if g in grams[:i]]
+
+
+@pytest.mark.parametrize("search", [("strategy=greedy",), ("beam=3",), ("temperature=0.5", "seed=2")])
+def test_no_repeat_ngram_stops_a_loop_in_every_search(loop, search):
+    with plugin(looping(loop.model.task.variant)):
+        looped = predicted(loop.dir, *search)
+        assert looped.startswith("sox sox sox sox") and repeated_trigrams(looped)  # the model loops
+        assert predicted(loop.dir, *search, "no_repeat_ngram=0") == looped  # 0 is off
+        banned = predicted(loop.dir, *search, "no_repeat_ngram=3")
+        assert banned.startswith("sox sox") and not repeated_trigrams(banned) and len(banned.split()) > 3
+        assert not repeated_trigrams(loop.model.predict(["red sox"], no_repeat_ngram=3)[0])  # the API's too
