@@ -84,3 +84,17 @@ def test_no_repeat_ngram_stops_a_loop_in_every_search(loop, search):
         banned = predicted(loop.dir, *search, "no_repeat_ngram=3")
         assert banned.startswith("sox sox") and not repeated_trigrams(banned) and len(banned.split()) > 3
         assert not repeated_trigrams(loop.model.predict(["red sox"], no_repeat_ngram=3)[0])  # the API's too
+
+
+def test_rouge_scores_a_summary_against_its_reference():
+    perfect = taskformer.rouge_scores(["the cat sat on the mat"], ["The cat sat on the mat."])
+    assert perfect == {"rouge1": 100.0, "rouge2": 100.0, "rougeL": 100.0}
+    # 4 of 6 unigrams match both ways; bigrams "the cat" and "on the": 2 of 5; the longest common subsequence 4
+    partial = taskformer.rouge_scores(["the cat lay on the rug"], ["the cat sat on the mat"], stem=False)
+    assert partial == pytest.approx({"rouge1": 100 * 4 / 6, "rouge2": 100 * 2 / 5, "rougeL": 100 * 4 / 6})
+    mean = taskformer.rouge_scores(["the cat sat on the mat", "a dog"], ["the cat sat on the mat", "no match"])
+    assert mean["rouge1"] == pytest.approx(50.0)  # the mean over outputs
+    german = taskformer.rouge_scores(["über den fluss"], ["über den berg"], words=str.split)
+    assert german["rouge1"] == pytest.approx(100 * 2 / 3)  # the default tokenizer would drop "über"
+    with pytest.raises(ValueError, match="2 hypotheses for 1 references"):
+        taskformer.rouge_scores(["a", "b"], ["a"])
