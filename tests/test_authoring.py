@@ -98,3 +98,13 @@ def test_rouge_scores_a_summary_against_its_reference():
     assert german["rouge1"] == pytest.approx(100 * 2 / 3)  # the default tokenizer would drop "über"
     with pytest.raises(ValueError, match="2 hypotheses for 1 references"):
         taskformer.rouge_scores(["a", "b"], ["a"])
+
+
+def test_quiet_is_taken_by_eval_and_predict_as_by_run(loop):
+    with plugin(looping(loop.model.task.variant)):
+        loud, quiet = cli("eval", loop.dir, "--split", "val", "--json"), cli("eval", loop.dir, "--split", "val", "--json",
+                                                                            "--quiet")
+        assert quiet.exit_code == 0 and quiet.stderr == "" and loud.stderr  # the progress lines are gone
+        assert json.loads(quiet.stdout)["metrics"] == json.loads(loud.stdout)["metrics"]
+        said = cli("predict", loop.dir, "red sox", "--quiet")
+        assert said.exit_code == 0 and said.stdout.strip() == predicted(loop.dir)
