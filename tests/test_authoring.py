@@ -108,3 +108,65 @@ def test_quiet_is_taken_by_eval_and_predict_as_by_run(loop):
         assert json.loads(quiet.stdout)["metrics"] == json.loads(loud.stdout)["metrics"]
         said = cli("predict", loop.dir, "red sox", "--quiet")
         assert said.exit_code == 0 and said.stdout.strip() == predicted(loop.dir)
+
+
+@dataclass
+class MarkOptions:
+    mark: str = option("", "Written before every input by the normalizer.")
+
+
+class Marking:
+    """A task whose normalizer reads a data option: it must receive the run's config."""
+
+    def __init__(self):
+        self.seen: list[tuple[str, str]] = []
+
+    @hookimpl
+    def taskformer_tasks(self):
+        return [Task("marking", "A normalizer that reads config.data", data_options=MarkOptions,
+                     defaults={"model": {"d_model": 16, "n_heads": 2, "enc_layers": 1, "dec_layers": 1, "d_ff": 32}})]
+
+    @hookimpl
+    def taskformer_data(self):
+        return TaskData(tokenizer=symbols(WORDS), splits={"train": ROWS, "val": ROWS[:2], "test": ROWS[:2]})
+
+    @hookimpl
+    def taskformer_normalize(self, text, config):
+        self.seen.append((text, config.data.mark))
+        return config.data.mark + text
+
+
+class EarlierNormalizer:
+    """A normalizer written before the hook received the config: it names only ``text``."""
+
+    def __init__(self):
+        self.seen: list[str] = []
+
+    @hookimpl(tryfirst=True)
+    def taskformer_normalize(self, text):
+        self.seen.append(text)
+        return "red"
+
+
+def test_the_normalizer_receives_the_runs_config(tmp_path):
+    marking = Marking()
+    with plugin(marking, "marking"):
+        trained = run_task("marking", tmp_path / "run", steps=1, settings={"data.mark": "win "})
+        marking.seen.clear()
+        assert cli("predict", trained.dir, "red sox", "--quiet").exit_code == 0
+        trained.model.predict(["sox red"], beam=2)
+        assert marking.seen == [("red sox", "win "), ("sox red", "win ")]  # predict, then the API
+        pytest.importorskip("fastapi", reason="taskformer serve needs the serve extra")
+        from fastapi.testclient import TestClient
+
+        from taskformer.app.runner import load
+        from taskformer.app.server import Limits, create_app
+        with TestClient(create_app({"m": load(trained.dir)}, Limits())) as client:
+            answer = client.post("/v1/models/m/predict", json={"inputs": ["win win"]})
+        assert answer.status_code == 200, answer.text
+        assert marking.seen[-1] == ("win win", "win ")
+        earlier = EarlierNormalizer()
+        with plugin(earlier, "earlier-normalizer"):  # called first, without the config it does not name
+            marking.seen.clear()
+            trained.model.predict(["sox"])
+        assert earlier.seen == ["sox"] and marking.seen == []  # its answer was the first: the task's was not asked

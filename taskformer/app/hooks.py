@@ -72,11 +72,11 @@ def check_head(model: Transformer, where: str) -> None:
                           f"test batch, but gave {shape}")
 
 
-def normalize(task: Task, texts: list) -> list:
+def normalize(task: Task, texts: list, config: RunConfig) -> list:
     """Raw inputs through the task's ``taskformer_normalize`` (texts it leaves alone stay as they are);
     each text of a pair on its own."""
     def one(text: str) -> str:
-        plugin, clean = plugins().first("taskformer_normalize", task, text=text)
+        plugin, clean = plugins().first("taskformer_normalize", task, text=text, config=config)
         if clean is not None and not isinstance(clean, str):
             raise PluginError(f"plugin {plugin!r}: taskformer_normalize for task {task.name!r} must return a "
                               f"string, got {type(clean).__name__}")

@@ -52,7 +52,7 @@ def predict(run: Run, lines: list[str], config: RunConfig | None = None, return_
     if return_attention and not run.model.cfg.kind.shifted:
         raise TaskformerError(f"return_attention is for encoder-decoder models; task {run.task.name!r} is "
                               f"{run.task.variant}")
-    sources = normalize(run.task, lines)
+    sources = normalize(run.task, lines, config)
     outputs, cut = decode_texts(run.task, run.model, run.tokenizer, run.labels, config, sources, purpose="predict")
     if return_attention:
         with autocast(config.train.bf16, run.device):
@@ -85,7 +85,7 @@ def continue_prompt(run: Run, text: str, config: RunConfig, on_text) -> str:
         on_text(out)
         return out
     model = inference.for_decoding(run.model.eval(), config.decode.quantize, config.decode.compile)
-    ids, _ = encode_sources(run.tokenizer, normalize(run.task, [text]), model.cfg.max_len, prompt=True)
+    ids, _ = encode_sources(run.tokenizer, normalize(run.task, [text], config), model.cfg.max_len, prompt=True)
     shown, width = "", len(ids[0])
 
     def emit(step, prefix, logprobs):  # an observer in the constraint's place: it changes nothing

@@ -196,7 +196,7 @@ class Served:
         """Every label's probability for each text or pair (the page's bars), each on its own."""
         run = self.run
         found: list[dict[str, float] | None] = []
-        for text in hooks.normalize(run.task, texts):
+        for text in hooks.normalize(run.task, texts, run.config):
             if is_blank(text):
                 found.append(None)
                 continue
