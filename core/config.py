@@ -46,6 +46,11 @@ class RunConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def __getitem__(self, section: str):
+        """Refused with the new spelling: the earlier plugin API gave hooks ``config`` as a dict."""
+        raise TypeError(f"config is a RunConfig, not a dict: read config.{section}.KEY, not config[{section!r}][KEY] "
+                        "(its sections and options are attributes; config.to_dict() gives the dict)")
+
 
 @dataclass
 class DistillConfig:
@@ -84,7 +89,8 @@ def defaults(task) -> dict:
             f"plugin {task.plugin!r}: task {task.name!r} gives its data options as defaults={{'data': {{...}}}} "
             f"({', '.join(map(str, task.defaults['data']))}), as the earlier plugin API did; a task now declares "
             "them as a dataclass, Task(..., data_options=Options), each field made with option(default, help, "
-            "range) (docs/plugins.md, 'Declare the task')")
+            f"range), and its hooks read them as config.data.{next(iter(task.defaults['data']))}, not "
+            f"config['data'][{next(iter(task.defaults['data']))!r}] (docs/plugins.md, 'Declare the task')")
     return merge(cfg, task.defaults, f"task {task.name!r} defaults")
 
 

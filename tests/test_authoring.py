@@ -170,3 +170,35 @@ def test_the_normalizer_receives_the_runs_config(tmp_path):
             marking.seen.clear()
             trained.model.predict(["sox"])
         assert earlier.seen == ["sox"] and marking.seen == []  # its answer was the first: the task's was not asked
+
+
+class EarlierApi:
+    """A plugin of the API before ``option()``: free-form data defaults, read as a dict."""
+
+    def __init__(self, declared: bool):
+        self.declared = declared
+
+    @hookimpl
+    def taskformer_tasks(self):
+        if self.declared:  # the first message followed: the options declared, the hook not yet changed
+            return [Task("earlier", "The earlier plugin API", data_options=MarkOptions)]
+        return [Task("earlier", "The earlier plugin API", defaults={"data": {"mark": "x", "size": 3}})]
+
+    @hookimpl
+    def taskformer_data(self, config):
+        mark = config["data"]["mark"]
+        return TaskData(tokenizer=symbols(WORDS), splits={"train": [(mark, mark)] * 4, "val": ROWS, "test": ROWS})
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_a_plugin_of_the_earlier_api_is_told_each_change(declared, tmp_path):
+    with plugin(EarlierApi(declared), "earlier-api"):
+        result = cli("run", "earlier", "--out", tmp_path / "run", "--quiet")
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    said = result.stderr
+    if not declared:
+        assert "data_options=Options" in said and "option(default, help" in said
+        assert "config.data.mark, not config['data']['mark']" in said  # the second change, named too
+    else:
+        assert "plugin 'earlier-api' failed in taskformer_data" in said
+        assert "read config.data.KEY, not config['data'][KEY]" in said
