@@ -202,3 +202,55 @@ def test_a_plugin_of_the_earlier_api_is_told_each_change(declared, tmp_path):
     else:
         assert "plugin 'earlier-api' failed in taskformer_data" in said
         assert "read config.data.KEY, not config['data'][KEY]" in said
+
+
+@dataclass
+class FirstOptions:
+    size: int = option(4, "Training rows.", at_least=1)
+    lowercase: bool = option(False, "Lower-case the text.")
+
+
+@dataclass
+class LaterOptions:
+    rows: int = option(4, "Training rows.", at_least=1, aliases=("size",))
+    casing: str = option("keep", "What happens to letter case.", choices=("keep", "lower"))
+    RETIRED = {"lowercase": "data.casing"}
+
+
+class Evolving:
+    """A plugin whose options change between releases: ``size`` became ``rows``, ``lowercase`` retired."""
+
+    def __init__(self, options: type):
+        self.options = options
+
+    @hookimpl
+    def taskformer_tasks(self):
+        return [Task("evolving", "Options renamed and retired", data_options=self.options,
+                     defaults={"model": {"d_model": 16, "n_heads": 2, "enc_layers": 1, "dec_layers": 1, "d_ff": 32}})]
+
+    @hookimpl
+    def taskformer_data(self, config):
+        rows = getattr(config.data, "rows", None) or config.data.size
+        return TaskData(tokenizer=symbols(WORDS), splits={"train": ROWS[:rows], "val": ROWS[:2], "test": ROWS[:2]})
+
+
+def test_a_renamed_or_retired_option_keeps_earlier_runs_loading(tmp_path):
+    with plugin(Evolving(FirstOptions), "evolving"):
+        run_task("evolving", tmp_path / "run", steps=1, settings={"data.size": 6, "data.lowercase": True})
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["config"]["data"] == {"size": 6,
+                                                                                            "lowercase": True}
+    with plugin(Evolving(LaterOptions), "evolving"):
+        loaded = cli("predict", tmp_path / "run", "red sox", "--quiet")
+        assert loaded.exit_code == 0 and loaded.stdout.strip(), loaded.stderr
+        notes = loaded.stderr.strip().splitlines()
+        assert len(notes) == 2 and all(note.startswith("warning: ") for note in notes)
+        assert "data.size is now called data.rows" in notes[0]
+        assert "data.lowercase was retired (replaced by data.casing); its saved value is ignored" in notes[1]
+        assert taskformer.load(tmp_path / "run").config.data == LaterOptions(rows=6)  # the value under its new name
+
+        renamed = cli("config", "evolving", "--set", "data.size=3", "--json")
+        assert renamed.exit_code == 0 and "data.size is now called data.rows" in renamed.stderr
+        assert {row["key"]: row["value"] for row in json.loads(renamed.stdout)["options"]}["data.rows"] == 3
+        refused = cli("config", "evolving", "--set", "data.lowercase=true")
+        assert refused.exit_code == 2 and refused.stderr.strip() == (
+            "Error: --set: data.lowercase was retired (replaced by data.casing); leave it out")

@@ -157,7 +157,8 @@ def with_decoding(run: Run, decode: dict, source: str) -> RunConfig:
     unknown key, an option its variant does not use or a value out of range is an error naming ``source``)."""
     for key in decode:
         refuse_unused(type(run.config.decode), key, run.task.variant, f"{source} decode.{key}")
-    config = C.build(run.task, C.merge(run.config.to_dict(), {"decode": decode}, source))
+    config = C.build(run.task, C.merge(run.config.to_dict(), {"decode": decode}, source,
+                                       kinds=C.section_types(run.task)))
     return fit_search(config, run.model.cfg.vocab_size)
 
 
