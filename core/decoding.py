@@ -120,12 +120,13 @@ class Memory(NamedTuple):
 
 
 def _prefix(model: SequenceModel, src: torch.Tensor, rows_per_sentence: int = 1) -> torch.Tensor:
-    """Every search row's first tokens: BOS for an encoder-decoder, a decoder-only model's prompt."""
-    if model.cfg.kind.encoder:
+    """Every search row's first tokens: BOS for an encoder-decoder, a decoder-only model's prompt, and
+    BOS for an empty prompt (``src`` of no column): sampling from nothing, as GPT-2 starts a text
+    from its end-of-text token. The output follows, so BOS is never part of it."""
+    if model.cfg.kind.encoder or not src.size(1):
         return torch.full((src.size(0) * rows_per_sentence, 1), BOS, dtype=torch.long, device=src.device)
-    if bool((src == PAD).any()) or not src.size(1):  # a continuation would follow the padding, or nothing
-        raise TaskformerError("a decoder-only search continues prompts of one length (at least one token) per "
-                              "batch: src holds padding or no token")
+    if bool((src == PAD).any()):  # a continuation would follow the padding
+        raise TaskformerError("a decoder-only search continues prompts of one length per batch: src holds padding")
     return src.repeat_interleave(rows_per_sentence, 0)
 
 

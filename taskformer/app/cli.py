@@ -273,7 +273,8 @@ def eval_cmd(run_dir, split, data_dir, overrides, average, as_json, quiet) -> No
 @click.option("--quiet", is_flag=True, help="No progress display (predict shows none: its outputs are the lines on "
               "stdout; warnings still go to stderr). Accepted as every command that shows progress accepts it.")
 def predict_cmd(run_dir, text, beam, overrides, as_json, threads, quiet) -> None:
-    """Run a trained model on TEXT, or on each line of stdin (one output line per input line).
+    """Run a trained model on TEXT, or on each line of stdin (one output line per input line; with
+    decode.samples=N, N lines).
 
     A tagger prints WORD<TAB>TAG per word, the words as given, and a blank line after each input.
     A task of sentence pairs reads FIRST<TAB>SECOND per input.
@@ -343,6 +344,8 @@ def shown(line, out, tagger: bool, as_json: bool, settings: dict | None = None) 
         return json.dumps(out._asdict() if isinstance(out, decoding.Label) else out, ensure_ascii=False)
     if tagger:
         return "".join(f"{word}\t{tag}\n" for word, tag in out)
+    if isinstance(out, list):  # decode.samples: one line per sample
+        return "\n".join(sample.replace("\n", " ") for sample in out)
     return str(out).replace("\n", " ")
 
 

@@ -98,7 +98,9 @@ def decode_texts(task: Task, model: Transformer | Ensemble, tokenizer: Tokenizer
     net = inference.for_decoding(model.eval(), config.decode.quantize, config.decode.compile and kind.decoder)
     blank = Label("", 0.0) if kind.labelled and not kind.per_word else ""  # one type of answer per task
     outputs: list[Prediction] = [blank] * len(texts)
-    todo = [i for i, t in enumerate(texts) if not is_blank(t)]
+    # A language model continues even an empty prompt for a user (it starts from BOS); a blank source
+    # of any other model, or an evaluation's empty prompt (running text), gives a blank prediction.
+    todo = [i for i, t in enumerate(texts) if not is_blank(t) or (purpose == "predict" and not kind.encoder)]
     inputs = [texts[i] for i in todo]
     if kind.per_word:
         src, words, cut = encode_words(tokenizer, inputs, net.cfg.max_len)

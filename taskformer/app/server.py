@@ -181,7 +181,7 @@ class Served:
             out = {"output": prediction, "prompt": text, "settings": runner.generation_settings(config)}
         else:
             out = {"output": prediction}
-            marks = [self.marks(text), self.marks(prediction)]
+            marks = [self.marks(text), self.marks(prediction)] if isinstance(prediction, str) else []  # not samples
             if any(marks):
                 out["marks"] = {"input": marks[0], "output": marks[1]}
         if attention is not None:
