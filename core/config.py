@@ -86,12 +86,12 @@ def defaults(task) -> dict:
                               f"for every field ({e})") from None
     cfg["model"]["variant"], cfg["model"]["pairs"] = task.variant, task.pairs
     if task.data_options is None and isinstance(task.defaults.get("data"), dict) and task.defaults["data"]:
+        names = list(map(str, task.defaults["data"]))  # both changes are named: the declaration and the reading
         raise TaskformerError(  # the plugin API before data_options took the data section as free-form defaults
             f"plugin {task.plugin!r}: task {task.name!r} gives its data options as defaults={{'data': {{...}}}} "
-            f"({', '.join(map(str, task.defaults['data']))}), as the earlier plugin API did; a task now declares "
-            "them as a dataclass, Task(..., data_options=Options), each field made with option(default, help, "
-            f"range), and its hooks read them as config.data.{next(iter(task.defaults['data']))}, not "
-            f"config['data'][{next(iter(task.defaults['data']))!r}] (docs/plugins.md, 'Declare the task')")
+            f"({', '.join(names)}), as the earlier plugin API did; a task now declares them as a dataclass, "
+            "Task(..., data_options=Options), each field made with option(default, help, range), and its hooks "
+            f"read them as config.data.{names[0]}, not config['data'][{names[0]!r}] (docs/plugins.md, 'Declare the task')")
     return merge(cfg, task.defaults, f"task {task.name!r} defaults", kinds=section_types(task))
 
 

@@ -8,7 +8,7 @@ range checks that refuse a bad value all come from one place: the field's metada
     class Options:
         length: int = option(8, "Digits per sequence.", at_least=1, aliases=("digits",))
         tokenizer: str = option("bpe", "Tokenizer kind.", choices=("bpe", "wordpiece"))
-        RETIRED = {"lowercase": "data.tokenizer"}  # not an option: what took each retired one's place
+        RETIRED = {"max_digits": "data.length", "cased": ""}  # not options: what took each one's place
 
 An option keeps working under a name it had before (``aliases``), and a retired one is named in
 ``RETIRED`` with what replaced it ("" for nothing): a run saved with the old config still loads
