@@ -8,6 +8,7 @@ undertrained model loops: greedy and beam search write "sox sox sox ..." until t
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 
@@ -69,6 +70,18 @@ def predicted(run_dir, *settings: str, text: str = "red sox") -> str:
     return result.stdout.strip()
 
 
+@contextlib.contextmanager
+def served(run_dir):
+    """``taskformer serve m=RUN_DIR`` in this process: a client of its HTTP API."""
+    pytest.importorskip("fastapi", reason="taskformer serve needs the serve extra")
+    from fastapi.testclient import TestClient
+
+    from taskformer.app.runner import load
+    from taskformer.app.server import Limits, create_app
+    with TestClient(create_app({"m": load(run_dir)}, Limits())) as client:
+        yield client
+
+
 def repeated_trigrams(text: str) -> list[tuple[str, ...]]:
     words = text.split()
     grams = [tuple(words[i : i + 3]) for i in range(len(words) - 2)]
@@ -77,13 +90,12 @@ def repeated_trigrams(text: str) -> list[tuple[str, ...]]:
 
 @pytest.mark.parametrize("search", [("strategy=greedy",), ("beam=3",), ("temperature=0.5", "seed=2")])
 def test_no_repeat_ngram_stops_a_loop_in_every_search(loop, search):
-    with plugin(looping(loop.model.task.variant)):
-        looped = predicted(loop.dir, *search)
-        assert looped.startswith("sox sox sox sox") and repeated_trigrams(looped)  # the model loops
-        assert predicted(loop.dir, *search, "no_repeat_ngram=0") == looped  # 0 is off
-        banned = predicted(loop.dir, *search, "no_repeat_ngram=3")
-        assert banned.startswith("sox sox") and not repeated_trigrams(banned) and len(banned.split()) > 3
-        assert not repeated_trigrams(loop.model.predict(["red sox"], no_repeat_ngram=3)[0])  # the API's too
+    looped = predicted(loop.dir, *search)
+    assert looped.startswith("sox sox sox sox") and repeated_trigrams(looped)  # the model loops
+    assert predicted(loop.dir, *search, "no_repeat_ngram=0") == looped  # 0 is off
+    banned = predicted(loop.dir, *search, "no_repeat_ngram=3")
+    assert banned.startswith("sox sox") and not repeated_trigrams(banned) and len(banned.split()) > 3
+    assert not repeated_trigrams(loop.model.predict(["red sox"], no_repeat_ngram=3)[0])  # the API's too
 
 
 def test_rouge_scores_a_summary_against_its_reference():
@@ -101,13 +113,12 @@ def test_rouge_scores_a_summary_against_its_reference():
 
 
 def test_quiet_is_taken_by_eval_and_predict_as_by_run(loop):
-    with plugin(looping(loop.model.task.variant)):
-        loud, quiet = cli("eval", loop.dir, "--split", "val", "--json"), cli("eval", loop.dir, "--split", "val", "--json",
-                                                                            "--quiet")
-        assert quiet.exit_code == 0 and quiet.stderr == "" and loud.stderr  # the progress lines are gone
-        assert json.loads(quiet.stdout)["metrics"] == json.loads(loud.stdout)["metrics"]
-        said = cli("predict", loop.dir, "red sox", "--quiet")
-        assert said.exit_code == 0 and said.stdout.strip() == predicted(loop.dir)
+    loud = cli("eval", loop.dir, "--split", "val", "--json")
+    quiet = cli("eval", loop.dir, "--split", "val", "--json", "--quiet")
+    assert quiet.exit_code == 0 and quiet.stderr == "" and loud.stderr  # the progress lines are gone
+    assert json.loads(quiet.stdout)["metrics"] == json.loads(loud.stdout)["metrics"]
+    said = cli("predict", loop.dir, "red sox", "--quiet")
+    assert said.exit_code == 0 and said.stdout.strip() == predicted(loop.dir)
 
 
 @dataclass
@@ -156,12 +167,7 @@ def test_the_normalizer_receives_the_runs_config(tmp_path):
         assert cli("predict", trained.dir, "red sox", "--quiet").exit_code == 0
         trained.model.predict(["sox red"], beam=2)
         assert marking.seen == [("red sox", "win "), ("sox red", "win ")]  # predict, then the API
-        pytest.importorskip("fastapi", reason="taskformer serve needs the serve extra")
-        from fastapi.testclient import TestClient
-
-        from taskformer.app.runner import load
-        from taskformer.app.server import Limits, create_app
-        with TestClient(create_app({"m": load(trained.dir)}, Limits())) as client:
+        with served(trained.dir) as client:
             answer = client.post("/v1/models/m/predict", json={"inputs": ["win win"]})
         assert answer.status_code == 200, answer.text
         assert marking.seen[-1] == ("win win", "win ")
@@ -260,44 +266,37 @@ SAMPLING = ("--set", "decode.temperature=3", "--set", "decode.seed=5")
 
 
 def test_several_samples_per_input_through_predict_the_api_and_serve(loop):
-    with plugin(looping(loop.model.task.variant)):
-        drawn = cli("predict", loop.dir, "red sox", "--json", *SAMPLING, "--set", "decode.samples=3")
-        assert drawn.exit_code == 0, drawn.stderr
-        shown = json.loads(drawn.stdout)
-        samples = shown if loop.model.task.variant == "encoder-decoder" else shown["continuation"]
-        assert len(samples) == 3 and len(set(samples)) > 1 and all(samples)
-        for k, sample in enumerate(samples):  # sample k is what seed 5 + k draws alone
-            assert predicted(loop.dir, "temperature=3", f"seed={5 + k}") == sample
-        plain = cli("predict", loop.dir, "red sox", *SAMPLING, "--set", "decode.samples=3")
-        assert plain.stdout.splitlines() == samples  # one line per sample
-        assert loop.model.predict(["red sox", "win"], temperature=3.0, seed=5, samples=3)[0] == samples
+    drawn = cli("predict", loop.dir, "red sox", "--json", *SAMPLING, "--set", "decode.samples=3")
+    assert drawn.exit_code == 0, drawn.stderr
+    shown = json.loads(drawn.stdout)
+    samples = shown if loop.model.task.variant == "encoder-decoder" else shown["continuation"]
+    assert len(samples) == 3 and len(set(samples)) > 1 and all(samples)
+    for k, sample in enumerate(samples):  # sample k is what seed 5 + k draws alone
+        assert predicted(loop.dir, "temperature=3", f"seed={5 + k}") == sample
+    plain = cli("predict", loop.dir, "red sox", *SAMPLING, "--set", "decode.samples=3")
+    assert plain.stdout.splitlines() == samples  # one line per sample
+    assert loop.model.predict(["red sox", "win"], temperature=3.0, seed=5, samples=3)[0] == samples
 
-        refused = cli("predict", loop.dir, "red sox", "--set", "decode.samples=3")  # a search gives one output
-        assert refused.exit_code == 2 and refused.stderr.startswith("Error: ") and len(refused.stderr.splitlines()) == 1
-        assert "decode.samples=3" in refused.stderr and "decode.temperature above 0" in refused.stderr
+    refused = cli("predict", loop.dir, "red sox", "--set", "decode.samples=3")  # a search gives one output
+    assert refused.exit_code == 2 and refused.stderr.startswith("Error: ") and len(refused.stderr.splitlines()) == 1
+    assert "decode.samples=3" in refused.stderr and "decode.temperature above 0" in refused.stderr
 
-        pytest.importorskip("fastapi", reason="taskformer serve needs the serve extra")
-        from fastapi.testclient import TestClient
-
-        from taskformer.app.runner import load
-        from taskformer.app.server import Limits, create_app
-        with TestClient(create_app({"m": load(loop.dir)}, Limits())) as client:
-            answer = client.post("/v1/models/m/predict", json={"inputs": ["red sox"], "temperature": 3.0, "seed": 5,
-                                                               "samples": 3})
-            assert answer.status_code == 200, answer.text
-            assert answer.json()["results"][0]["output"] == samples
-            greedy = client.post("/v1/models/m/predict", json={"inputs": ["red sox"], "samples": 3})
-            assert greedy.status_code == 422 and greedy.json()["field"] == "samples"
+    with served(loop.dir) as client:
+        answer = client.post("/v1/models/m/predict", json={"inputs": ["red sox"], "temperature": 3.0, "seed": 5,
+                                                           "samples": 3})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["results"][0]["output"] == samples
+        greedy = client.post("/v1/models/m/predict", json={"inputs": ["red sox"], "samples": 3})
+        assert greedy.status_code == 422 and greedy.json()["field"] == "samples"
 
 
 def test_a_language_model_samples_from_an_empty_prompt(loop):
-    with plugin(looping(loop.model.task.variant)):
-        language_model = loop.model.task.variant == "decoder-only"
-        argument = predicted(loop.dir, text="")
-        piped = cli("predict", loop.dir, input="\nred sox\n")
-        assert piped.exit_code == 0, piped.stderr
-        api = loop.model.predict([""])[0]
-        if language_model:  # it starts from BOS: "sox" is what the model prefers after anything
-            assert argument.startswith("sox sox") and piped.stdout.splitlines()[0] == argument == api
-        else:  # an empty source still gives an empty output
-            assert argument == "" and piped.stdout.splitlines()[0] == "" and api == ""
+    language_model = loop.model.task.variant == "decoder-only"
+    argument = predicted(loop.dir, text="")
+    piped = cli("predict", loop.dir, input="\nred sox\n")
+    assert piped.exit_code == 0, piped.stderr
+    api = loop.model.predict([""])[0]
+    if language_model:  # it starts from BOS: "sox" is what the model prefers after anything
+        assert argument.startswith("sox sox") and piped.stdout.splitlines()[0] == argument == api
+    else:  # an empty source still gives an empty output
+        assert argument == "" and piped.stdout.splitlines()[0] == "" and api == ""
