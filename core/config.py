@@ -15,6 +15,7 @@ import math
 import os
 import stat
 import tomllib
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from taskformer.core.decode_config import DecodeConfig
 from taskformer.core.engine import TrainConfig
 from taskformer.core.errors import TaskformerError
 from taskformer.core.model import ModelConfig
-from taskformer.core.options import check, describe, option
+from taskformer.core.options import check, describe, option, renamed, retired
 
 
 @dataclass
@@ -45,6 +46,11 @@ class RunConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def __getitem__(self, section: str):
+        """Refused with the new spelling: the earlier plugin API gave hooks ``config`` as a dict."""
+        raise TypeError(f"config is a RunConfig, not a dict: read config.{section}.KEY, not config[{section!r}][KEY] "
+                        "(its sections and options are attributes; config.to_dict() gives the dict)")
 
 
 @dataclass
@@ -80,12 +86,13 @@ def defaults(task) -> dict:
                               f"for every field ({e})") from None
     cfg["model"]["variant"], cfg["model"]["pairs"] = task.variant, task.pairs
     if task.data_options is None and isinstance(task.defaults.get("data"), dict) and task.defaults["data"]:
+        names = list(map(str, task.defaults["data"]))  # both changes are named: the declaration and the reading
         raise TaskformerError(  # the plugin API before data_options took the data section as free-form defaults
             f"plugin {task.plugin!r}: task {task.name!r} gives its data options as defaults={{'data': {{...}}}} "
-            f"({', '.join(map(str, task.defaults['data']))}), as the earlier plugin API did; a task now declares "
-            "them as a dataclass, Task(..., data_options=Options), each field made with option(default, help, "
-            "range) (docs/plugins.md, 'Declare the task')")
-    return merge(cfg, task.defaults, f"task {task.name!r} defaults")
+            f"({', '.join(names)}), as the earlier plugin API did; a task now declares them as a dataclass, "
+            "Task(..., data_options=Options), each field made with option(default, help, range), and its hooks "
+            f"read them as config.data.{names[0]}, not config['data'][{names[0]!r}] (docs/plugins.md, 'Declare the task')")
+    return merge(cfg, task.defaults, f"task {task.name!r} defaults", kinds=section_types(task))
 
 
 def reference(task, config: RunConfig | None = None) -> list[dict]:
@@ -184,9 +191,12 @@ def _coerce(value, default, key: str):
 FILLED_IN = {"model.vocab_size": "the task's tokenizer", "model.num_classes": "the task's labels"}
 
 
-def merge(cfg: dict, updates: dict, source: str, saved: bool = False) -> dict:
+def merge(cfg: dict, updates: dict, source: str, saved: bool = False, kinds: dict[str, type] | None = None) -> dict:
     """Lay ``updates`` (nested) over ``cfg`` in place, refusing unknown sections and keys, and a value
-    for a key the data fills in unless ``updates`` is a run's saved config (it would be replaced)."""
+    for a key the data fills in unless ``updates`` is a run's saved config (it would be replaced).
+    With the sections' dataclasses (``kinds``, :func:`section_types`) an option's earlier name is
+    read as its new one and a retired option is dropped from a saved config, each with a note, and
+    refused anywhere else (:func:`current_name`)."""
     for section, values in updates.items():
         if section not in cfg:
             hint = difflib.get_close_matches(section, cfg, n=1)
@@ -195,6 +205,10 @@ def merge(cfg: dict, updates: dict, source: str, saved: bool = False) -> dict:
         if not isinstance(values, dict):
             raise TaskformerError(f"{source}: section {section!r} must be a table of key = value")
         for key, value in values.items():
+            if key not in cfg[section] and kinds and section in kinds:
+                key = current_name(kinds[section], section, key, source, saved)
+                if key is None:
+                    continue
             name = f"{section}.{key}"
             if key not in cfg[section]:
                 hint = difflib.get_close_matches(key, cfg[section], n=1)
@@ -206,6 +220,24 @@ def merge(cfg: dict, updates: dict, source: str, saved: bool = False) -> dict:
                 raise TaskformerError(f"{source}: {name} is not a setting: the run takes it from {FILLED_IN[name]}; "
                                       "leave it out")
     return cfg
+
+
+def current_name(kind: type, section: str, key: str, source: str, saved: bool) -> str | None:
+    """The name option ``key`` of the dataclass ``kind`` goes by now: its new name where it was renamed
+    (an alias), with a note; ``None`` where it was retired and ``saved`` (a run's own config: the value
+    is dropped, with a note); a retired option given anew is refused, naming what replaced it.
+    Otherwise ``key`` itself (an unknown key: :func:`merge` refuses it)."""
+    if new := renamed(kind, key):
+        warnings.warn(f"{source}: {section}.{key} is now called {section}.{new}", stacklevel=2)
+        return new
+    replaced = retired(kind, key)
+    if replaced is None:
+        return key
+    instead = f"replaced by {replaced}" if replaced else "nothing replaced it"
+    if not saved:
+        raise TaskformerError(f"{source}: {section}.{key} was retired ({instead}); leave it out")
+    warnings.warn(f"{source}: {section}.{key} was retired ({instead}); its saved value is ignored", stacklevel=2)
+    return None
 
 
 def parse_overrides(items: list[str]) -> dict:

@@ -42,6 +42,13 @@ class DecodeConfig:
     top_p: float = option(1.0, "Sampling draws among the fewest most likely tokens whose probability reaches p "
                           "(nucleus sampling); 1: all.", above=0.0, at_most=1.0, variants=SEARCHED)
     seed: int = option(0, "Seed of sampling: the same input and seed give the same output.", variants=SEARCHED)
+    samples: int = option(1, "Outputs drawn per input when sampling (decode.temperature above 0): predict, the "
+                          "Python API and serve give a list, sample k drawn with seed decode.seed + k; a search "
+                          "(greedy, beam) gives one. Evaluations score one.", at_least=1, at_most=100,
+                          variants=SEARCHED)
+    no_repeat_ngram: int = option(0, "No output writes an n-gram of this many tokens twice (greedy, beam and sampling; "
+                                  "a language model's prompt counts); 0: off. 3 stops 'Sox Sox Sox' loops.",
+                                  at_least=0, variants=SEARCHED)
     batch_size: int = option(128, "Inputs per decoding batch.", at_least=1)
     workers: int = option(0, "Batches decoded at once (CPU threads); 0: one per torch thread on CPU, one on GPUs.",
                           at_least=0)
@@ -59,3 +66,6 @@ class DecodeConfig:
     def validate(self) -> None:
         """Refuse values outside each field's range (its metadata); a task's subclass adds its own checks."""
         check("decode", self)
+        if self.samples > 1 and self.temperature == 0:
+            raise ValueError(f"decode.samples={self.samples} draws several outputs, which needs sampling "
+                             "(decode.temperature above 0): greedy and beam search give one")

@@ -120,12 +120,13 @@ class Memory(NamedTuple):
 
 
 def _prefix(model: SequenceModel, src: torch.Tensor, rows_per_sentence: int = 1) -> torch.Tensor:
-    """Every search row's first tokens: BOS for an encoder-decoder, a decoder-only model's prompt."""
-    if model.cfg.kind.encoder:
+    """Every search row's first tokens: BOS for an encoder-decoder, a decoder-only model's prompt, and
+    BOS for an empty prompt (``src`` of no column): sampling from nothing, as GPT-2 starts a text
+    from its end-of-text token. The output follows, so BOS is never part of it."""
+    if model.cfg.kind.encoder or not src.size(1):
         return torch.full((src.size(0) * rows_per_sentence, 1), BOS, dtype=torch.long, device=src.device)
-    if bool((src == PAD).any()) or not src.size(1):  # a continuation would follow the padding, or nothing
-        raise TaskformerError("a decoder-only search continues prompts of one length (at least one token) per "
-                              "batch: src holds padding or no token")
+    if bool((src == PAD).any()):  # a continuation would follow the padding
+        raise TaskformerError("a decoder-only search continues prompts of one length per batch: src holds padding")
     return src.repeat_interleave(rows_per_sentence, 0)
 
 
@@ -160,8 +161,28 @@ class Reader:
         self.model.reorder_cache(self.cache, rows, sentences)
 
 
-def _next_logprobs(model, ys, memory: Memory, reader: Reader, step, limit, ignore_eos, constraint, normalize=True):
-    """Log-probabilities of the next token for every row, with the length budget and constraint applied.
+def ban_repeats(prefix: torch.Tensor, logp: torch.Tensor, n: int) -> torch.Tensor:
+    """Ban (``-inf``) every token that would write an ``n``-gram the row's ``prefix`` (N, L) already holds.
+
+    Undertrained and small models loop ("Red Sox Sox Sox"); fairseq's ``--no-repeat-ngram-size`` and
+    Hugging Face's ``no_repeat_ngram_size`` stop them so: each earlier ``n``-gram whose first ``n - 1``
+    tokens equal the row's last ``n - 1`` bans its last token. A decoder-only model's prompt counts.
+    A row left with nothing allowed ends (EOS): there is nothing more it can write without repeating.
+    """
+    if n <= 0 or prefix.size(1) < n:
+        return logp
+    grams = prefix.unfold(1, n, 1)  # (N, L - n + 1, n): every n-gram so far
+    seen = (grams[:, :, :-1] == prefix[:, prefix.size(1) - n + 1 :].unsqueeze(1)).all(-1)  # ..starts as the row ends
+    hits = torch.zeros_like(logp).scatter_add_(1, grams[:, :, -1], seen.to(logp.dtype))
+    logp = logp.masked_fill(hits > 0, float("-inf"))
+    logp[logp.isneginf().all(-1), EOS] = 0.0
+    return logp
+
+
+def _next_logprobs(model, ys, memory: Memory, reader: Reader, step, limit, ignore_eos, constraint, normalize=True,
+                   no_repeat_ngram=0):
+    """Log-probabilities of the next token for every row, with the length budget, the repetition ban
+    (:func:`ban_repeats`) and the constraint applied.
 
     ``normalize=False`` returns raw logits instead: plain greedy search only needs their argmax.
     """
@@ -171,6 +192,7 @@ def _next_logprobs(model, ys, memory: Memory, reader: Reader, step, limit, ignor
     if ignore_eos:
         logp[:, EOS] = float("-inf")
     logp[:, NEVER_WRITTEN] = float("-inf")  # an output is text: of the special tokens it writes EOS only
+    logp = ban_repeats(ys, logp, no_repeat_ngram)
     at_limit = limit <= step  # rows that used up their budget are cut: they may only pad, at no cost
     if at_limit.any():
         logp[at_limit] = float("-inf")
@@ -194,7 +216,8 @@ def _steady_attention(search_fn):
 
 
 def _one_per_row(model: SequenceModel, src: torch.Tensor, max_len: torch.Tensor, pick, normalize: bool,
-                 constraint: Constraint | None, ignore_eos: bool, drop_finished: bool) -> list[list[int]]:
+                 constraint: Constraint | None, ignore_eos: bool, drop_finished: bool,
+                 no_repeat_ngram: int) -> list[list[int]]:
     """The search of greedy and sampling: one output per row, its next token ``pick(scores, rows)`` of the
     scores of the rows still searched. Rows that end (EOS or budget) leave the batch with
     ``drop_finished``, unless a constraint reads the whole batch's rows."""
@@ -208,7 +231,7 @@ def _one_per_row(model: SequenceModel, src: torch.Tensor, max_len: torch.Tensor,
     drop = drop_finished and constraint is None
     for step in range(steps):
         logp = _next_logprobs(model, ys[live, : width + step], memory, reader, step, limit, ignore_eos, constraint,
-                              normalize=normalize or constraint is not None)
+                              normalize=normalize or constraint is not None, no_repeat_ngram=no_repeat_ngram)
         nxt = pick(logp, live).masked_fill(done, PAD)
         ys[live, width + step] = nxt
         done = done | (nxt == EOS) | (limit <= step + 1)
@@ -225,16 +248,17 @@ def _one_per_row(model: SequenceModel, src: torch.Tensor, max_len: torch.Tensor,
 @torch.inference_mode()
 @_steady_attention
 def greedy(model: SequenceModel, src: torch.Tensor, max_len: torch.Tensor, constraint: Constraint | None = None,
-           ignore_eos: bool = False, *, drop_finished: bool = True) -> list[list[int]]:
+           ignore_eos: bool = False, *, drop_finished: bool = True, no_repeat_ngram: int = 0) -> list[list[int]]:
     """Pick the most likely token at every step. ``max_len`` (B,) bounds each output (without BOS).
 
     ``ignore_eos`` never ends an output before its budget: each is exactly ``max_len`` tokens, for a
     task that knows its output's length (the reverse example).
     Rows that end (EOS or budget) leave the batch, unless a constraint reads the whole batch's rows;
     ``drop_finished=False`` keeps them to the end (the batch keeps its size: a benchmark's baseline).
+    ``no_repeat_ngram`` (0: off) bans writing any n-gram of that size twice (:func:`ban_repeats`).
     """
     return _one_per_row(model, src, max_len, lambda logp, rows: argmax(logp), False, constraint, ignore_eos,
-                        drop_finished)
+                        drop_finished, no_repeat_ngram)
 
 
 def truncate(logp: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -263,12 +287,12 @@ def truncate(logp: torch.Tensor, temperature: float, top_k: int = 0, top_p: floa
 @_steady_attention
 def sample(model: SequenceModel, src: torch.Tensor, max_len: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
            top_p: float = 1.0, seed: int = 0, constraint: Constraint | None = None,
-           ignore_eos: bool = False, *, drop_finished: bool = True) -> list[list[int]]:
+           ignore_eos: bool = False, *, drop_finished: bool = True, no_repeat_ngram: int = 0) -> list[list[int]]:
     """Draw every token from the model's distribution (after the constraint), shaped by :func:`truncate`.
 
     Each row draws from a random generator of its own, seeded with ``seed``: the same input and seed
     give the same output whatever else shares its batch (or a server's). ``top_k=1`` is greedy search.
-    Rows that end leave the batch as in :func:`greedy` (``drop_finished``).
+    Rows that end leave the batch as in :func:`greedy` (``drop_finished``), whose ``no_repeat_ngram`` it shares.
     """
     generators = [torch.Generator(device=src.device).manual_seed(seed) for _ in range(src.size(0))]
 
@@ -276,7 +300,7 @@ def sample(model: SequenceModel, src: torch.Tensor, max_len: torch.Tensor, tempe
         probs = truncate(logp, temperature, top_k, top_p).softmax(-1)
         return torch.cat([torch.multinomial(p, 1, generator=generators[i]) for p, i in zip(probs, rows.tolist())])
 
-    return _one_per_row(model, src, max_len, pick, True, constraint, ignore_eos, drop_finished)
+    return _one_per_row(model, src, max_len, pick, True, constraint, ignore_eos, drop_finished, no_repeat_ngram)
 
 
 def _best(ys: torch.Tensor, scores: torch.Tensor, length_penalty: float, start: int = 1) -> list[list[int]]:
@@ -292,7 +316,7 @@ def _best(ys: torch.Tensor, scores: torch.Tensor, length_penalty: float, start: 
 @_steady_attention
 def beam_search(model: SequenceModel, src: torch.Tensor, max_len: torch.Tensor, beam: int = 5,
                 length_penalty: float = 1.0, constraint: Constraint | None = None,
-                ignore_eos: bool = False, *, drop_finished: bool = True) -> list[list[int]]:
+                ignore_eos: bool = False, *, drop_finished: bool = True, no_repeat_ngram: int = 0) -> list[list[int]]:
     """Keep the ``beam`` best prefixes per sentence; return the best finished one per sentence.
 
     A finished hypothesis stays in its beam with a frozen score (it can only be extended by PAD at
@@ -300,7 +324,7 @@ def beam_search(model: SequenceModel, src: torch.Tensor, max_len: torch.Tensor, 
     ranked by ``score / ((5 + length) / 6) ** length_penalty`` (Wu et al., 2016): without it the
     search prefers short outputs, since every extra token lowers a log-probability sum. A sentence
     whose hypotheses have all ended is final: it leaves the batch, unless a constraint reads it (or
-    ``drop_finished=False`` keeps it, as :func:`greedy`).
+    ``drop_finished=False`` keeps it, as :func:`greedy`); ``no_repeat_ngram`` bans repeats per hypothesis, as there.
     The encoder memory and its cross-attention keys/values are held once per sentence, not per
     hypothesis.
     """
@@ -317,7 +341,8 @@ def beam_search(model: SequenceModel, src: torch.Tensor, max_len: torch.Tensor, 
     out: list[list[int]] = [[] for _ in range(B)]  # each sentence's output, once final
     drop = drop_finished and constraint is None
     for step in range(steps):
-        logp = _next_logprobs(model, ys, memory, reader, step, limit, ignore_eos, constraint)
+        logp = _next_logprobs(model, ys, memory, reader, step, limit, ignore_eos, constraint,
+                              no_repeat_ngram=no_repeat_ngram)
         if done.any():  # finished hypotheses may only grow by PAD, at no cost
             logp[done] = float("-inf")
             logp[done, PAD] = 0.0
@@ -364,12 +389,14 @@ def search(model: SequenceModel, src: torch.Tensor, config: DecodeConfig, constr
         max_len = torch.full((src.size(0),), config.max_new_tokens, dtype=torch.long, device=src.device)
     if max_len is None:
         max_len = max_lengths(src, config.max_len_a, config.max_len_b, model.cfg.max_len)
+    ban = config.no_repeat_ngram
     if config.temperature > 0:
         return sample(model, src, max_len, config.temperature, config.top_k, config.top_p, config.seed, constraint,
-                      ignore_eos)
+                      ignore_eos, no_repeat_ngram=ban)
     if config.strategy == "beam" and config.beam > 1:
-        return beam_search(model, src, max_len, config.beam, config.length_penalty, constraint, ignore_eos)
-    return greedy(model, src, max_len, constraint, ignore_eos=ignore_eos)
+        return beam_search(model, src, max_len, config.beam, config.length_penalty, constraint, ignore_eos,
+                           no_repeat_ngram=ban)
+    return greedy(model, src, max_len, constraint, ignore_eos=ignore_eos, no_repeat_ngram=ban)
 
 
 @torch.no_grad()

@@ -1,10 +1,12 @@
-"""Scores every task may share: corpus BLEU and chrF of generated text (sacreBLEU), entity-level
-(span) precision, recall and F1 of BIO-tagged sequences, and a language model's perplexity and bits."""
+"""Scores every task may share: corpus BLEU and chrF of generated text (sacreBLEU), ROUGE of
+summary-like outputs (Google's rouge-score), entity-level (span) precision, recall and F1 of
+BIO-tagged sequences, and a language model's perplexity and bits."""
 from __future__ import annotations
 
 import math
 import re
 from collections import Counter
+from collections.abc import Callable
 
 
 def translation_metrics(hypotheses: list[str], references: list[str], tokenize: str = "13a") -> dict[str, float]:
@@ -20,6 +22,36 @@ def translation_metrics(hypotheses: list[str], references: list[str], tokenize: 
     refs = [references]
     return {"bleu": sacrebleu.corpus_bleu(hypotheses, refs, tokenize=tokenize).score,
             "chrf": sacrebleu.corpus_chrf(hypotheses, refs).score}
+
+
+def rouge_scores(hypotheses: list[str], references: list[str], stem: bool = True,
+                 words: Callable[[str], list[str]] | None = None) -> dict[str, float]:
+    """ROUGE-1, ROUGE-2 and ROUGE-L F-measures (percent), each the mean over hypotheses of its score
+    against its one reference: what summarization papers report (Lin, 2004), computed by the
+    rouge-score package that reproduces the original Perl script.
+
+    Its tokenizer lower-cases and keeps only the letters a-z and digits (English), with Porter
+    stemming where ``stem``; for other languages give ``words``, a function from a text to its
+    tokens (``str.split`` for a language written with spaces; its tokens are not stemmed).
+    """
+    from rouge_score import rouge_scorer  # here: the other metrics need none of it
+
+    if len(hypotheses) != len(references):
+        raise ValueError(f"rouge_scores: {len(hypotheses)} hypotheses for {len(references)} references")
+    if not hypotheses:
+        return {}
+    names = ("rouge1", "rouge2", "rougeL")
+    scorer = rouge_scorer.RougeScorer(list(names), use_stemmer=stem,
+                                      tokenizer=None if words is None else _Words(words))
+    scores = [scorer.score(ref, hyp) for hyp, ref in zip(hypotheses, references)]  # score(target, prediction)
+    return {name: 100.0 * sum(s[name].fmeasure for s in scores) / len(scores) for name in names}
+
+
+class _Words:
+    """A function from text to tokens, as rouge-score's ``tokenizer`` argument takes one (``.tokenize``)."""
+
+    def __init__(self, words: Callable[[str], list[str]]):
+        self.tokenize = words
 
 
 def language_model_scores(references: list[str], logprobs: list[list[float]]) -> dict[str, float]:

@@ -6,8 +6,13 @@ range checks that refuse a bad value all come from one place: the field's metada
 
     @dataclass
     class Options:
-        length: int = option(8, "Digits per sequence.", at_least=1)
+        length: int = option(8, "Digits per sequence.", at_least=1, aliases=("digits",))
         tokenizer: str = option("bpe", "Tokenizer kind.", choices=("bpe", "wordpiece"))
+        RETIRED = {"max_digits": "data.length", "cased": ""}  # not options: what took each one's place
+
+An option keeps working under a name it had before (``aliases``), and a retired one is named in
+``RETIRED`` with what replaced it ("" for nothing): a run saved with the old config still loads
+(:func:`taskformer.core.config.merge` renames or drops the key, with a note).
 """
 from __future__ import annotations
 
@@ -18,16 +23,28 @@ from typing import Any
 
 def option(default: Any, help: str, *, at_least: float | None = None, above: float | None = None,
            below: float | None = None, at_most: float | None = None, choices: tuple | None = None,
-           variants: tuple[str, ...] | None = None) -> Any:
+           variants: tuple[str, ...] | None = None, aliases: tuple[str, ...] = ()) -> Any:
     """A dataclass field with a default, its ``help`` and the values it accepts.
 
     ``at_least``/``above`` bound it from below (inclusive/exclusive), ``at_most``/``below`` from above;
     ``choices`` lists the accepted values. ``variants`` names the model variants the option applies
-    to (``None``: all): ``taskformer config`` leaves the others out.
+    to (``None``: all): ``taskformer config`` leaves the others out. ``aliases`` are its earlier
+    names, still accepted (saved runs, ``--set``) with a note.
     """
     meta = {"help": help, "at_least": at_least, "above": above, "below": below, "at_most": at_most,
-            "choices": choices, "variants": variants}
+            "choices": choices, "variants": variants, "aliases": aliases or None}
     return field(default=default, metadata={k: v for k, v in meta.items() if v is not None})
+
+
+def renamed(kind: type, name: str) -> str | None:
+    """The option of the dataclass ``kind`` that was once called ``name`` (one of its ``aliases``), if any."""
+    return next((f.name for f in fields(kind) if name in f.metadata.get("aliases", ())), None)
+
+
+def retired(kind: type, name: str) -> str | None:
+    """What replaced the retired option ``name`` of ``kind`` (its entry in ``kind.RETIRED``; "" for
+    nothing), or ``None`` where ``name`` was never retired."""
+    return getattr(kind, "RETIRED", {}).get(name)
 
 
 def applies(kind: type, name: str, variant: str) -> bool:

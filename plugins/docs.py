@@ -81,8 +81,8 @@ def hook_reference() -> str:
               "What a data hook reads files and declares options with, what metrics and report hooks use and "
               "receive (all from `taskformer`).", ""]
     parts += _entries(data.read_lines, data.read_parallel, data.read_tsv, data.find_file, options.option, data.TaskData,
-                      progress.track, progress.stage, metrics.translation_metrics, metrics.span_scores, run.Run,
-                      sections.cross_attention, sections.save_figure)
+                      progress.track, progress.stage, metrics.translation_metrics, metrics.rouge_scores,
+                      metrics.span_scores, run.Run, sections.cross_attention, sections.save_figure)
     return "\n".join(parts)
 
 

@@ -209,19 +209,23 @@ def taskformer_head(task: Task, model_config: ModelConfig) -> torch.nn.Module | 
 
 
 @hookspec(firstresult=True)
-def taskformer_normalize(task: Task, text: str) -> str | None:
+def taskformer_normalize(task: Task, text: str, config: RunConfig) -> str | None:
     """Clean one raw input line before it is tokenized, as the data hook cleaned its sources.
 
-    ``predict`` calls it on every input line: that text, unlike the splits, never passes through
-    the data hook. Call the same function in your data hook, so that the model sees the same kind
-    of text in training and in prediction. Return the cleaned string (``None``: keep the line).
-    A task of pairs has each of its two texts cleaned by a call of its own.
+    ``predict`` calls it on every input line (so do the Python API and ``taskformer serve``): that
+    text, unlike the splits, never passes through the data hook. Call the same function in your data
+    hook, so that the model sees the same kind of text in training and in prediction. Return the
+    cleaned string (``None``: keep the line). A task of pairs has each of its two texts cleaned by a
+    call of its own. ``config`` is the run's configuration, as the data hook received it (with the
+    call's decode settings), for a cleaning that follows a data option; a hook that does not name it
+    does not receive it.
 
     Example::
 
         @hookimpl
-        def taskformer_normalize(text):
-            return " ".join(text.split())
+        def taskformer_normalize(text, config):
+            text = " ".join(text.split())
+            return text.lower() if config.data.lowercase else text
     """
 
 

@@ -32,7 +32,7 @@ _PLUGIN_API = {
     "taskformer.core.tokenize": ["BOS", "CJK", "EOS", "PAD", "SPECIALS", "UNK", "characters", "subword", "symbols"],
     "taskformer.core.decoding": ["Attention", "Constraint", "Label", "beam_search", "best_labels", "best_tags",
                                  "classify", "greedy", "max_lengths", "sample", "search", "tag_scores"],
-    "taskformer.core.metrics": ["span_scores", "translation_metrics"],
+    "taskformer.core.metrics": ["rouge_scores", "span_scores", "translation_metrics"],
     "taskformer.core.model": ["ClassificationHead", "Generator", "ModelConfig", "TaggingHead"],
     "taskformer.core.options": ["option"],
     "taskformer.core.progress": ["stage", "track"],

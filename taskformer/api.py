@@ -58,8 +58,9 @@ class Model:
     def predict(self, texts: Iterable[str], *, beam: int | None = None, batch_size: int | None = None,
                 return_attention: bool = False, **decode) -> list:
         """One prediction per text, in order; a blank text gives an empty prediction (a language
-        model: the continuation of each prompt). A task of sentence pairs takes each input as a tuple
-        ``(first, second)``: ``model.predict([("A man sleeps.", "A person rests.")])``.
+        model: the continuation of each prompt, ``""`` sampling from nothing). A task of sentence
+        pairs takes each input as a tuple ``(first, second)``: ``model.predict([("A man sleeps.", "A person rests.")])``.
+        With ``samples=N`` (and a ``temperature`` above 0) each prediction is a list of N samples.
 
         ``beam`` overrides the run's search (1 = greedy), ``batch_size`` the sentences decoded at once.
         ``return_attention`` (encoder-decoder runs) gives ``(prediction, taskformer.Attention)`` pairs:

@@ -247,12 +247,13 @@ def distill_cmd(teacher, data_dir, out, time_limit, seed, overrides, teacher_set
 @click.option("--average", type=click.IntRange(min=1), metavar="N",
               help="Evaluate the average of the last N evaluated checkpoints (kept by train.average_last) instead.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: the metrics of each split and the weights.")
-def eval_cmd(run_dir, split, data_dir, overrides, average, as_json) -> None:
+@click.option("--quiet", is_flag=True, help="No progress display.")
+def eval_cmd(run_dir, split, data_dir, overrides, average, as_json, quiet) -> None:
     """Re-evaluate a saved run's best checkpoint, or the average of its last checkpoints."""
     run = runner.load(run_dir)
     runner.set_decoding(run, overrides, "eval --set")
     weights = runner.use_average(run, average) if average else run.info.get("kept_weights", "best")
-    with console.ProgressDisplay() as display, progress.listening(display):
+    with console.ProgressDisplay(quiet) as display, progress.listening(display):
         results = runner.evaluate_saved(run, split or ("val", "test"), data_dir)
     if as_json:
         click.echo(json.dumps({"task": run.task.name, "run_dir": str(run.dir), "weights": weights,
@@ -274,8 +275,11 @@ def eval_cmd(run_dir, split, data_dir, overrides, average, as_json) -> None:
               "[[word, tag], ...] for a tagger, {prompt, continuation, settings} for a language model.")
 @click.option("--threads", type=click.IntRange(min=1), help="torch threads for decoding, at most the cores this "
               "process may use  [default: the run's train.threads, or torch's choice]")
-def predict_cmd(run_dir, text, beam, overrides, as_json, threads) -> None:
-    """Run a trained model on TEXT, or on each line of stdin (one output line per input line).
+@click.option("--quiet", is_flag=True, help="No progress display (predict shows none: its outputs are the lines on "
+              "stdout; warnings still go to stderr). Accepted as every command that shows progress accepts it.")
+def predict_cmd(run_dir, text, beam, overrides, as_json, threads, quiet) -> None:
+    """Run a trained model on TEXT, or on each line of stdin (one output line per input line; with
+    decode.samples=N, N lines).
 
     A tagger prints WORD<TAB>TAG per word, the words as given, and a blank line after each input.
     A task of sentence pairs reads FIRST<TAB>SECOND per input.
@@ -347,6 +351,8 @@ def shown(line, out, tagger: bool, as_json: bool, settings: dict | None = None) 
         return json.dumps(out._asdict() if isinstance(out, decoding.Label) else out, ensure_ascii=False)
     if tagger:
         return "".join(f"{word}\t{tag}\n" for word, tag in out)
+    if isinstance(out, list):  # decode.samples: one line per sample
+        return "\n".join(sample.replace("\n", " ") for sample in out)
     return str(out).replace("\n", " ")
 
 

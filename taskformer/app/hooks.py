@@ -72,11 +72,11 @@ def check_head(model: Transformer, where: str) -> None:
                           f"test batch, but gave {shape}")
 
 
-def normalize(task: Task, texts: list) -> list:
+def normalize(task: Task, texts: list, config: RunConfig) -> list:
     """Raw inputs through the task's ``taskformer_normalize`` (texts it leaves alone stay as they are);
     each text of a pair on its own."""
     def one(text: str) -> str:
-        plugin, clean = plugins().first("taskformer_normalize", task, text=text)
+        plugin, clean = plugins().first("taskformer_normalize", task, text=text, config=config)
         if clean is not None and not isinstance(clean, str):
             raise PluginError(f"plugin {plugin!r}: taskformer_normalize for task {task.name!r} must return a "
                               f"string, got {type(clean).__name__}")
@@ -98,7 +98,9 @@ def decode_texts(task: Task, model: Transformer | Ensemble, tokenizer: Tokenizer
     net = inference.for_decoding(model.eval(), config.decode.quantize, config.decode.compile and kind.decoder)
     blank = Label("", 0.0) if kind.labelled and not kind.per_word else ""  # one type of answer per task
     outputs: list[Prediction] = [blank] * len(texts)
-    todo = [i for i, t in enumerate(texts) if not is_blank(t)]
+    # A language model continues even an empty prompt for a user (it starts from BOS); a blank source
+    # of any other model, or an evaluation's empty prompt (running text), gives a blank prediction.
+    todo = [i for i, t in enumerate(texts) if not is_blank(t) or (purpose == "predict" and not kind.encoder)]
     inputs = [texts[i] for i in todo]
     if kind.per_word:
         src, words, cut = encode_words(tokenizer, inputs, net.cfg.max_len)

@@ -94,7 +94,8 @@ class Layers:
                 if why := unused(decode, key, self.task.variant):  # set to no effect: say so instead
                     raise TaskformerError(f"{source} decode.{key}: {why}")
             C.merge(cfg, {section: {k: v for k, v in values.items() if (section, k) not in leave_out}
-                          if isinstance(values, dict) else values for section, values in layer.items()}, source)
+                          if isinstance(values, dict) else values for section, values in layer.items()}, source,
+                    kinds=C.section_types(self.task))
         return C.build(self.task, cfg)
 
     def keys(self) -> set[tuple[str, str]]:

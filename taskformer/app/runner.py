@@ -45,15 +45,22 @@ def predict(run: Run, lines: list[str], config: RunConfig | None = None, return_
 
     The command line, :meth:`taskformer.Model.predict` and ``taskformer serve`` all decode here. With
     ``return_attention`` (encoder-decoder runs) each prediction comes as ``(prediction, Attention)``,
-    the attention ``None`` for a blank line.
+    the attention ``None`` for a blank line. With ``decode.samples`` above 1 each prediction is a
+    list of that many samples, sample ``k`` drawn with seed ``decode.seed + k`` (as that seed alone gives it).
     """
     C.validate(config or run.config)
     config = fit_search(config or run.config, run.model.cfg.vocab_size)
     if return_attention and not run.model.cfg.kind.shifted:
         raise TaskformerError(f"return_attention is for encoder-decoder models; task {run.task.name!r} is "
                               f"{run.task.variant}")
-    sources = normalize(run.task, lines)
-    outputs, cut = decode_texts(run.task, run.model, run.tokenizer, run.labels, config, sources, purpose="predict")
+    samples = config.decode.samples
+    if return_attention and samples > 1:
+        raise TaskformerError(f"return_attention maps one output per input, not decode.samples={samples}")
+    sources = normalize(run.task, lines, config)
+    draws = [decode_texts(run.task, run.model, run.tokenizer, run.labels,
+                          replace(config, decode=replace(config.decode, seed=config.decode.seed + k)) if k else config,
+                          sources, purpose="predict") for k in range(samples)]
+    outputs, cut = (draws[0] if samples == 1 else ([list(drawn) for drawn in zip(*(d[0] for d in draws))], draws[0][1]))
     if return_attention:
         with autocast(config.train.bf16, run.device):
             outputs = [(out, decoding.cross_attention_map(run.model, run.tokenizer, src, str(out)) if src.strip()
@@ -80,13 +87,14 @@ def continue_prompt(run: Run, text: str, config: RunConfig, on_text) -> str:
     continuation. A search that keeps several hypotheses (beam) or a task's own decoder gives its text
     at the end, in one piece. ``on_text`` may raise to stop the search."""
     if config.decode.temperature == 0 and config.decode.strategy == "beam" and config.decode.beam > 1 \
-            or hooks.own_decoder(run.task) or not text.strip():
+            or hooks.own_decoder(run.task) or config.decode.samples > 1:
         out = predict(run, [text], config)[0][0]
-        on_text(out)
+        if isinstance(out, str):  # several samples come as their list, in the result
+            on_text(out)
         return out
     model = inference.for_decoding(run.model.eval(), config.decode.quantize, config.decode.compile)
-    ids, _ = encode_sources(run.tokenizer, normalize(run.task, [text]), model.cfg.max_len, prompt=True)
-    shown, width = "", len(ids[0])
+    ids, _ = encode_sources(run.tokenizer, normalize(run.task, [text], config), model.cfg.max_len, prompt=True)
+    shown, width = "", max(len(ids[0]), 1)  # an empty prompt starts from BOS (core/decoding.py)
 
     def emit(step, prefix, logprobs):  # an observer in the constraint's place: it changes nothing
         nonlocal shown
@@ -97,7 +105,8 @@ def continue_prompt(run: Run, text: str, config: RunConfig, on_text) -> str:
         return logprobs
 
     with autocast(config.train.bf16 if config.decode.quantize == "none" else False, run.device):
-        out = run.tokenizer.decode(decoding.search(model, torch.tensor(ids, device=run.device), config.decode, emit)[0])
+        prompt = torch.tensor(ids, dtype=torch.long, device=run.device)
+        out = run.tokenizer.decode(decoding.search(model, prompt, config.decode, emit)[0])
     if out.startswith(shown) and len(out) > len(shown):
         on_text(out[len(shown):])
     return out
@@ -121,7 +130,9 @@ def generation_settings(config: RunConfig) -> dict:
     d = config.decode
     how = ({"temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p, "seed": d.seed} if d.temperature > 0
            else {"strategy": d.strategy if d.beam > 1 else "greedy", "beam": d.beam if d.strategy == "beam" else 1})
-    return {**how, "max_new_tokens": d.max_new_tokens}
+    extra = {**({"samples": d.samples} if d.samples > 1 else {}),
+             **({"no_repeat_ngram": d.no_repeat_ngram} if d.no_repeat_ngram else {})}
+    return {**how, **extra, "max_new_tokens": d.max_new_tokens}
 
 
 def whole_number(name: str, value: object) -> int | None:
@@ -157,7 +168,8 @@ def with_decoding(run: Run, decode: dict, source: str) -> RunConfig:
     unknown key, an option its variant does not use or a value out of range is an error naming ``source``)."""
     for key in decode:
         refuse_unused(type(run.config.decode), key, run.task.variant, f"{source} decode.{key}")
-    config = C.build(run.task, C.merge(run.config.to_dict(), {"decode": decode}, source))
+    config = C.build(run.task, C.merge(run.config.to_dict(), {"decode": decode}, source,
+                                       kinds=C.section_types(run.task)))
     return fit_search(config, run.model.cfg.vocab_size)
 
 
@@ -206,6 +218,14 @@ def request_config(run: Run, settings: dict) -> RunConfig:
         default = getattr(run.config.decode, key)
         if isinstance(value, str) != isinstance(default, str):  # JSON has types: "3" is no beam size
             raise OptionError(key, f"{key}: expects {type(default).__name__}, got {value!r:.40}")
+    try:  # together, as --set applies them (samples needs the temperature given beside it)
+        config = with_search(with_decoding(run, {k: v for k, v in settings.items() if k != "beam"}, "request"),
+                             settings.get("beam"))
+        C.validate(config)  # a beam turns sampling off
+        return config
+    except TaskformerError as e:
+        together = str(e).removeprefix("config: ").removeprefix("request: ")
+    for key, value in settings.items():  # the first one refused on its own is named
         try:
             if key == "beam":  # a search's width, as predict --beam gives it (1: greedy)
                 with_search(run.config, value)
@@ -213,11 +233,7 @@ def request_config(run: Run, settings: dict) -> RunConfig:
                 with_decoding(run, {key: value}, "request")
         except TaskformerError as e:
             raise OptionError(key, str(e).removeprefix("config: ").removeprefix("request: ")) from None
-    try:  # each is allowed; a task's validate() may still refuse them together
-        config = with_decoding(run, {k: v for k, v in settings.items() if k != "beam"}, "request")
-    except TaskformerError as e:
-        raise OptionError(next(iter(settings)), str(e).removeprefix("config: ")) from None
-    return with_search(config, settings.get("beam"))
+    raise OptionError(next(iter(settings)), together)  # each is allowed; a task's validate() refuses them together
 
 
 def evaluate_saved(run: Run, splits, data_dir: str | Path | None = None) -> dict[str, dict]:

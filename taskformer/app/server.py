@@ -186,7 +186,7 @@ class Served:
             out = {"output": prediction, "prompt": text, "settings": runner.generation_settings(config)}
         else:
             out = {"output": prediction}
-            marks = [self.marks(text), self.marks(prediction)]
+            marks = [self.marks(text), self.marks(prediction)] if isinstance(prediction, str) else []  # not samples
             if any(marks):
                 out["marks"] = {"input": marks[0], "output": marks[1]}
         if attention is not None:
@@ -201,7 +201,7 @@ class Served:
         """Every label's probability for each text or pair (the page's bars), each on its own."""
         run = self.run
         found: list[dict[str, float] | None] = []
-        for text in hooks.normalize(run.task, texts):
+        for text in hooks.normalize(run.task, texts, run.config):
             if is_blank(text):
                 found.append(None)
                 continue

@@ -64,7 +64,7 @@ def saved_config(task: Task, saved: dict, source: str) -> RunConfig:
     """A run's config.json section; options added since it was written take their defaults. A damaged
     value is named in ``source``, its file, not as a setting the user gave."""
     try:
-        return C.build(task, C.merge(C.defaults(task), saved, source, saved=True))
+        return C.build(task, C.merge(C.defaults(task), saved, source, saved=True, kinds=C.section_types(task)))
     except TaskformerError as e:
         raise TaskformerError(f"{source}: {str(e).removeprefix(f'{source}: ').removeprefix('config: ')}") from None
 
