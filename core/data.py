@@ -277,21 +277,19 @@ def encode_text(tokenizer: Tokenizer, rows: Sequence, block: int, training: bool
     dtype = id_dtype(tokenizer.get_vocab_size())
     streams, owned = [], []
     prompted: list[tuple[list[int], list[int]]] = []  # (ids, owner of each id or -1 where not scored)
-    first = 0
-    for chunk in chunks(rows):
-        prompts = tokenizer.encode_batch([row[0] for row in chunk])
-        texts = [t.ids for t in tokenizer.encode_batch([row[1] for row in chunk])]
+    for chunk in text_chunks(rows):
+        prompts = tokenizer.encode_batch([prompt for _, prompt, _ in chunk])
+        texts = [t.ids for t in tokenizer.encode_batch([text for _, _, text in chunk])]
         plain = []
-        for i, (p, t) in enumerate(zip(prompts, texts), first):
+        for (i, _, _), p, t in zip(chunk, prompts, texts):
             if p.ids:
                 prompted.append((p.ids + t + [EOS], [-1] * len(p.ids) + [i] * (len(t) + 1)))
             else:
-                plain.append(i)
-        part = Ragged.of([texts[i - first] for i in plain], dtype)
+                plain.append((i, t))
+        part = Ragged.of([t for _, t in plain], dtype)
         streams.append(part.flat)
         if not training:
-            owned.append(np.repeat(np.asarray(plain, dtype=np.int32), part.lengths()))
-        first += len(chunk)
+            owned.append(np.repeat(np.asarray([i for i, _ in plain], dtype=np.int32), part.lengths()))
     stream = np.concatenate(streams) if streams else np.zeros(0, dtype)
     enc = Encoded(Ragged.of([]), Ragged.of([]), target_pad=IGNORE, owners=None if training else Ragged.of([]))
     if training and len(stream) > 2 * block + 1:  # the stream's blocks come first: offset 0 for now
@@ -319,6 +317,35 @@ def encode_text(tokenizer: Tokenizer, rows: Sequence, block: int, training: bool
         enc.src, enc.tgt = Ragged.concat(src), Ragged.concat(tgt)
         enc.owners = None if training else Ragged.concat(owners)
     return enc
+
+
+TEXT_CHUNK = 1 << 22  # characters of running text tokenized at once (a tokenizer's Encoding costs ~100 bytes a token)
+
+
+def text_chunks(rows: Sequence) -> Iterator[list[tuple[int, str, str]]]:
+    """``(row, prompt, text)`` of a language model's rows, about :data:`TEXT_CHUNK` characters at a
+    time. A text longer than that (a whole book as one row) is cut after a line break, so its
+    tokenization holds a piece of it at once; a subword tokenizer may then tokenize the first word
+    of a piece as it would a word after a space."""
+    chunk: list[tuple[int, str, str]] = []
+    size = 0
+    for i, row in enumerate(each_row(rows)):
+        prompt, text = row[0], row[1]
+        while text:
+            if prompt or len(text) <= TEXT_CHUNK:
+                piece, text = text, ""
+            else:
+                cut = text.rfind("\n", 0, TEXT_CHUNK) + 1 or TEXT_CHUNK
+                piece, text = text[:cut], text[cut:]
+            chunk.append((i, prompt, piece))
+            size += len(piece) + len(prompt)
+            if size >= TEXT_CHUNK or len(chunk) >= CHUNK:
+                yield chunk
+                chunk, size = [], 0
+        if not row[1]:
+            chunk.append((i, prompt, ""))
+    if chunk:
+        yield chunk
 
 
 def encode_words(tokenizer: Tokenizer, texts: list[str], max_len: int) -> tuple[list[list[int]], list[list[int]], int]:
@@ -386,7 +413,8 @@ def encode(data: TaskData, split: str, max_len: int, variant: str) -> Encoded:
                 classes = [max(range(len(p)), key=p.__getitem__) for p in soft]
             else:
                 classes = [index[t] for t in targets]
-            parts.append(Encoded(ids, np.asarray(classes, dtype=np.int64), cut, soft=soft))
+            parts.append(Encoded(ids, np.asarray(classes, dtype=np.int64), cut,
+                                 soft=None if soft is None else np.asarray(soft, dtype=np.float32)))
         else:
             ids, cut = frame(encode_ids(tok, sources), max_len - 1, tail=[EOS])
             tgt, _ = frame(encode_ids(tok, [row[1] for row in chunk]), max_len - 2, head=[BOS], tail=[EOS])
@@ -469,6 +497,12 @@ def chunks(split: Sequence, size: int = CHUNK) -> Iterator[list[tuple]]:
         yield rows(split, start, start + size)
 
 
+def each_row(split: Sequence) -> Iterator[tuple]:
+    """Every row of a split as a tuple, read a chunk at a time (see :func:`rows`)."""
+    for chunk in chunks(split):
+        yield from chunk
+
+
 def rows(split: Sequence, start: int = 0, stop: int | None = None) -> list[tuple]:
     """Rows ``start:stop`` of a split as ``(source, target)`` or ``(source, target, fields)`` tuples.
 
@@ -476,7 +510,10 @@ def rows(split: Sequence, start: int = 0, stop: int | None = None) -> list[tuple
     each row's fields. Anything else is indexed row by row (a list is sliced)."""
     stop = len(split) if stop is None else min(stop, len(split))
     if hasattr(split, "column_names") and hasattr(split, "select"):  # a datasets.Dataset, read a batch at once
-        batch = split[start:stop]
+        if not {"source", "target"} <= set(split.column_names):
+            raise DataError(f"a datasets.Dataset split needs a 'source' and a 'target' column; it has "
+                            f"{', '.join(split.column_names)}")
+        batch = cast(Any, split)[start:stop]
         extra = [c for c in split.column_names if c not in ("source", "target")]
         fields = [{c: batch[c][i] for c in extra} for i in range(stop - start)] if extra else None
         pairs = zip(batch["source"], batch["target"])
