@@ -56,7 +56,7 @@ class Ragged(Sequence):
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         if isinstance(i, slice):
             first, stop, step = i.indices(len(self))
             if step != 1:

@@ -24,6 +24,8 @@ from taskformer.core.tokenize import BOS, EOS, PAD, UNK
 if TYPE_CHECKING:
     import torch
 
+Indices = Sequence[int] | np.ndarray  # a split's row lengths, or a batch's row numbers
+Batch = np.ndarray  # the row numbers of one batch (see token_batches)
 IGNORE = -100  # a target that is not scored: a tagging position with no label (BOS, padding, a word's later tokens)
 
 
@@ -47,7 +49,7 @@ class TaskData:
     """
 
     tokenizer: Tokenizer
-    splits: dict[str, list[tuple[str, str]]]
+    splits: dict[str, Sequence]
     labels: list[str] | None = None
     notes: dict[str, Any] = field(default_factory=dict)
 
@@ -425,7 +427,7 @@ def encode(data: TaskData, split: str, max_len: int, variant: str) -> Encoded:
 def joined(parts: list[Encoded], tagging: bool, classes: int) -> Encoded:
     """The encoded chunks of a split as one :class:`Encoded`."""
     if not parts:
-        return Encoded([], [], target_pad=IGNORE if tagging else PAD)
+        return Encoded(Ragged.of([]), Ragged.of([]), target_pad=IGNORE if tagging else PAD)
     tgt = (Ragged.concat([cast(Ragged, p.tgt) for p in parts]) if parts[0].sequences
            else np.concatenate([cast(np.ndarray, p.tgt) for p in parts]))
     soft = None
@@ -436,7 +438,7 @@ def joined(parts: list[Encoded], tagging: bool, classes: int) -> Encoded:
                    parts[0].target_pad, soft=soft)
 
 
-def token_batches(lengths: Sequence[int] | np.ndarray, max_tokens: int, seed: int | None = None) -> list[np.ndarray]:
+def token_batches(lengths: Indices, max_tokens: int, seed: int | None = None) -> list[Batch]:
     """Group example indices into batches of at most ``max_tokens`` padded tokens.
 
     Sorting by length first means little padding is wasted; a seed shuffles both the order of
@@ -474,7 +476,7 @@ def pad(seqs: Sequence[Sequence[int]], value: int = PAD) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
-def collate(enc: Encoded, index: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def collate(enc: Encoded, index: Indices) -> tuple[torch.Tensor, torch.Tensor]:
     """A batch's padded sources and its targets: padded id rows, class ids, or a classifier's target
     distributions ``(B, C)`` where the split has soft targets."""
     import torch

@@ -214,20 +214,22 @@ def encoded(data: TaskData, split: str, max_len: int, variant: str) -> Encoded:
     name = f"encoded-{split}-{max_len}-{variant}"
     if name in memo:
         return memo[name]
-    entry = data.__dict__.get("_cache_entry")
-    folder = entry / name if entry else None
+    entry: Path | None = data.__dict__.get("_cache_entry")
+    if entry is None:
+        memo[name] = encode(data, split, max_len, variant)
+        return memo[name]
+    folder = entry / name
     limits = (data.tokenizer.get_vocab_size(), len(data.labels or []), variants.of(variant))
-    if folder is not None:
-        try:
-            if (folder / "meta.json").is_file():
-                with progress.stage(f"opening the cached {split} arrays"):
-                    memo[name] = read_encoded(folder, entry.name, *limits)
-                return memo[name]
-        except Exception as e:  # any library's error: a damaged file is made again, never trusted
-            unusable(f"{folder} is damaged ({reason(e)}); it is made again")
-            discard(folder)
+    try:
+        if (folder / "meta.json").is_file():
+            with progress.stage(f"opening the cached {split} arrays"):
+                memo[name] = read_encoded(folder, entry.name, *limits)
+            return memo[name]
+    except Exception as e:  # any library's error: a damaged file is made again, never trusted
+        unusable(f"{folder} is damaged ({reason(e)}); it is made again")
+        discard(folder)
     memo[name] = encode(data, split, max_len, variant)
-    if folder is not None and (folder.parent / MARK).is_file():
+    if (entry / MARK).is_file():
         try:
             write_encoded(folder, entry.name, memo[name])
             prune(folder.parent.parent, folder.parent)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -149,7 +150,7 @@ def decode_texts(task: Task, model: Transformer | Ensemble, tokenizer: Tokenizer
     return outputs, cut
 
 
-def score(task: Task, pairs: list[tuple], hyps: list[Prediction], logprobs: list[list[float]] | None = None) -> dict:
+def score(task: Task, pairs: Sequence[tuple], hyps: list[Prediction], logprobs: list[list[float]] | None = None) -> dict:
     """Merge the metrics every plugin that hears this task reports."""
     merged: dict = {}
     for plugin, part in plugins().answers("taskformer_metrics", task, sources=[row[0] for row in pairs],
@@ -163,7 +164,7 @@ def score(task: Task, pairs: list[tuple], hyps: list[Prediction], logprobs: list
     return merged
 
 
-def evaluate_split(run: Run, pairs: list[tuple[str, str]], config: RunConfig | None = None, name: str = "decoding",
+def evaluate_split(run: Run, pairs: Sequence[tuple], config: RunConfig | None = None, name: str = "decoding",
                    encoded: Encoded | None = None):
     """Score the references and decode one split; returns (metrics, [(source, prediction, reference), ...]).
 
@@ -203,9 +204,9 @@ def load_data(task: Task, config: RunConfig, data_dir: str | Path | None, splits
                               "give more rows, or change the option that made it empty (a size of 0, say)")
     if tokenizer is not None:
         data.tokenizer = tokenizer
-    for split, given in data.splits.items():
-        if split != "train" and not isinstance(given, list):  # decoded and scored as text: read now
-            data.splits[split] = rows(given)
+    for split, held in data.splits.items():
+        if split != "train" and not isinstance(held, list):  # decoded and scored as text: read now
+            data.splits[split] = rows(held)
 
     def source(x) -> bool:  # a text, or for a task of pairs a tuple of two texts
         return is_pair(x) and len(x) == 2 and all(isinstance(t, str) for t in x) if task.pairs else isinstance(x, str)
