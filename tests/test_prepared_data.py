@@ -225,3 +225,13 @@ def test_pruning_keeps_the_size_cap_and_leaves_other_folders_alone(cli, plugin, 
     monkeypatch.setenv("TASKFORMER_CACHE_GB", "0.000001")  # a byte cap below one entry: only the newest stays
     run(cli, data_dir, tmp_path / "b", "--seed", "4")
     assert len(entries(cache)) == 2 and (mine / "notes.txt").read_text() == "keep me"
+
+
+def test_data_too_large_for_memory_is_refused_before_it_is_read(cli, plugin, data_dir, cache, monkeypatch):
+    from taskformer.app import resources
+
+    monkeypatch.setattr(resources, "available_memory", lambda: 1000)  # bytes: less than the file's text needs
+    result = cli("run", "prepared-reverse", "--data-dir", str(data_dir), "--set", "train.max_steps=1")
+    assert result.exit_code == 2 and plugin.calls == 0
+    [line] = result.stderr.strip().splitlines()[-1:]
+    assert line.startswith(f"Error: --data-dir {data_dir}: preparing its") and "memory" in line
