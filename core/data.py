@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import gzip
 import random
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
 from tokenizers import Encoding, Tokenizer
 
 from taskformer.core import variants
+from taskformer.core.arrays import Ragged, frame, id_dtype
 from taskformer.core.errors import DataError
 from taskformer.core.progress import stage
 from taskformer.core.tokenize import BOS, EOS, PAD, UNK
@@ -21,6 +24,8 @@ from taskformer.core.tokenize import BOS, EOS, PAD, UNK
 if TYPE_CHECKING:
     import torch
 
+Indices = Sequence[int] | np.ndarray  # a split's row lengths, or a batch's row numbers
+Batch = np.ndarray  # the row numbers of one batch (see token_batches)
 IGNORE = -100  # a target that is not scored: a tagging position with no label (BOS, padding, a word's later tokens)
 
 
@@ -44,7 +49,7 @@ class TaskData:
     """
 
     tokenizer: Tokenizer
-    splits: dict[str, list[tuple[str, str]]]
+    splits: dict[str, Sequence]
     labels: list[str] | None = None
     notes: dict[str, Any] = field(default_factory=dict)
 
@@ -122,53 +127,79 @@ def read_tsv(path: str | Path, columns: int = 2) -> list[tuple[str, ...]]:
 
 @dataclass
 class Encoded:
-    """Token ids of one split: sources always; targets as id lists (sequence tasks), class ids, or one
-    tag id per source position (tagging, ``IGNORE`` where nothing is scored)."""
+    """Token ids of one split: sources always; targets as id rows (sequence tasks), class ids, or one
+    tag id per source position (tagging, ``IGNORE`` where nothing is scored).
 
-    src: list[list[int]]
-    tgt: list[list[int]] | list[int]
+    Rows are :class:`~taskformer.core.arrays.Ragged` (flat numpy arrays with offsets, possibly
+    memory-mapped from the cache); lists given here are converted, so a test or a plugin may still
+    write ``Encoded(src=[[5, 6, EOS]], tgt=[[BOS, 5, 6, EOS]])``."""
+
+    src: Ragged
+    tgt: Ragged | np.ndarray
     truncated: int = 0
     target_pad: int = PAD  # fills a batch's shorter target rows: IGNORE for tags, where 0 is a real tag
-    owners: list[list[int]] | None = None  # decoder-only: the split's row each scored target belongs to
-    stream: list[int] | None = None  # decoder-only training: the running text its first blocks are cut from
+    owners: Ragged | None = None  # decoder-only evaluation: the split's row each scored target belongs to
+    stream: np.ndarray | None = None  # decoder-only training: the running text its first blocks are cut from
     block: int = 0  # and their length
-    soft: list[list[float]] | None = None  # a classifier's target distributions, where any row has one (distillation)
+    soft: np.ndarray | None = None  # a classifier's target distributions, where any row has one (distillation)
+
+    def __post_init__(self):
+        if not isinstance(self.src, Ragged):
+            self.src = Ragged.of(self.src)
+        if not isinstance(self.tgt, (Ragged, np.ndarray)):
+            rows = list(self.tgt)
+            self.tgt = Ragged.of(rows) if rows and not np.isscalar(rows[0]) else np.asarray(rows, dtype=np.int64)
+        if self.owners is not None and not isinstance(self.owners, Ragged):
+            self.owners = Ragged.of(self.owners)
+        if self.stream is not None:
+            self.stream = np.asarray(self.stream)
+        if self.soft is not None:
+            self.soft = np.asarray(self.soft, dtype=np.float32)
+
+    @property
+    def sequences(self) -> bool:
+        """Whether the targets are rows of ids (a sequence or a tagging) rather than one class each."""
+        return isinstance(self.tgt, Ragged)
 
     def for_epoch(self, epoch: int, seed: int) -> Encoded:
         """The examples of training epoch ``epoch``. A language model's running text is cut at another
         offset each epoch (drawn from ``seed`` and ``epoch``, so a resumed run cuts alike): its blocks
         begin anywhere in the text, as nanoGPT's randomly placed ones, instead of at the same places
-        every epoch. Every epoch has the same blocks' count and lengths; other data is as it is."""
-        if not self.stream:
+        every epoch. Every epoch has the same blocks' count and lengths; other data is as it is. The
+        blocks are windows of the stream, not copies."""
+        if self.stream is None:
             return self
         block, offset = self.block, random.Random(seed * 100_003 + epoch).randrange(self.block)
-        cut = [self.stream[offset + k * block : offset + (k + 1) * block + 1] for k in range(self.stream_blocks())]
-        targets = cast("list[list[int]]", self.tgt)  # a language model's targets are sequences
-        return replace(self, src=[ids[:-1] for ids in cut] + self.src[len(cut):],
-                       tgt=[ids[1:] for ids in cut] + targets[len(cut):])
+        n = self.stream_blocks()
+        edges = offset + block * np.arange(n + 1, dtype=np.int64)
+        src, tgt = Ragged(self.stream, edges), Ragged(self.stream, edges + 1)
+        if len(self.src) > n:  # rows with a prompt follow the stream's blocks
+            src, tgt = Ragged.concat([src, self.src[n:]]), Ragged.concat([tgt, cast(Ragged, self.tgt)[n:]])
+        return replace(self, src=src, tgt=tgt)
 
     def stream_blocks(self) -> int:
         """Whole blocks of the stream at any offset below a block."""
-        if not self.stream:
+        if self.stream is None:
             return 0
         return (len(self.stream) - 1) // self.block - 1
 
     def __len__(self) -> int:
         return len(self.src)
 
-    def lengths(self) -> list[int]:
-        if self.tgt and isinstance(self.tgt[0], list):
-            return [max(len(s), len(t)) for s, t in zip(self.src, self.tgt)]
-        return [len(s) for s in self.src]
+    def lengths(self) -> np.ndarray:
+        if isinstance(self.tgt, Ragged):
+            return np.maximum(self.src.lengths(), self.tgt.lengths())
+        return self.src.lengths()
 
     def targets(self) -> int:
         """The targets one pass over the split is scored on, as the loss counts them: each sequence's
         tokens after the first, one per class label, each tag that is not ``IGNORE``."""
-        if not self.tgt or not isinstance(self.tgt[0], list):
+        if not isinstance(self.tgt, Ragged):
             return len(self.tgt)
         if self.target_pad == IGNORE:
-            return sum(t != IGNORE for row in self.tgt for t in row)
-        return sum(len(t) - 1 for t in self.tgt)
+            values = self.tgt.values()
+            return int(values.size - np.count_nonzero(values == IGNORE)) if values.min(initial=0) < 0 else values.size
+        return int(self.tgt.lengths().sum()) - len(self.tgt)
 
 
 def encode_as_text(tokenizer: Tokenizer, texts: list, is_pretokenized: bool = False) -> list[tuple[list[int], Encoding]]:
@@ -230,7 +261,7 @@ def encode_pairs(tokenizer: Tokenizer, pairs: list[tuple[str, str]], max_len: in
     return src, cut
 
 
-def encode_text(tokenizer: Tokenizer, rows: list[tuple], block: int, training: bool = False) -> Encoded:
+def encode_text(tokenizer: Tokenizer, rows: Sequence, block: int, training: bool = False) -> Encoded:
     """A decoder-only model's split: every ``(prompt, text)`` row as blocks of ``block`` inputs, each
     position's target the next token.
 
@@ -238,39 +269,85 @@ def encode_text(tokenizer: Tokenizer, rows: list[tuple], block: int, training: b
     ``k`` reads tokens ``k * block .. (k + 1) * block - 1`` and predicts the tokens one further, so
     every token after the first is a target exactly once. Rows without a prompt are running text:
     their tokens join one stream in order (a corpus split into lines or files loses no context at
-    the joins). A row with a prompt is an example of its own, ``prompt + text + [EOS]``: the prompt is
-    context, its positions are ``IGNORE`` (not scored), and EOS teaches where a continuation ends.
-    ``owners`` records the row each target came from, so scores can be summed per row. The
-    ``training`` split keeps the stream, to be cut anew each epoch (:meth:`Encoded.for_epoch`), and
-    drops the stream's last block or two, which no offset would keep whole.
+    the joins); its blocks are windows of that one array. A row with a prompt is an example of its
+    own, ``prompt + text + [EOS]``: the prompt is context, its positions are ``IGNORE`` (not
+    scored), and EOS teaches where a continuation ends. ``owners`` records the row each target came
+    from, so scores can be summed per row (evaluation only). The ``training`` split keeps the
+    stream, to be cut anew each epoch (:meth:`Encoded.for_epoch`), and drops the stream's last block
+    or two, which no offset would keep whole.
     """
-    prompts = tokenizer.encode_batch([row[0] for row in rows])
-    texts = tokenizer.encode_batch([row[1] for row in rows])
-    sequences: list[tuple[list[int], list[int]]] = []  # (ids, owner of each id or -1 where not scored)
-    stream: list[int] = []
-    owner: list[int] = []
-    for i, (p, t) in enumerate(zip(prompts, texts)):
-        if p.ids:
-            sequences.append((p.ids + t.ids + [EOS], [-1] * len(p.ids) + [i] * (len(t.ids) + 1)))
-        else:
-            stream += t.ids
-            owner += [i] * len(t.ids)
-    if stream:
-        sequences.insert(0, (stream, owner))
-    src: list[list[int]] = []
-    tgt: list[list[int]] = []
-    owners: list[list[int]] = []
-    enc = Encoded(src, tgt, target_pad=IGNORE, owners=owners)
+    dtype = id_dtype(tokenizer.get_vocab_size())
+    streams, owned = [], []
+    prompted: list[tuple[list[int], list[int]]] = []  # (ids, owner of each id or -1 where not scored)
+    for chunk in text_chunks(rows):
+        prompts = tokenizer.encode_batch([prompt for _, prompt, _ in chunk])
+        texts = [t.ids for t in tokenizer.encode_batch([text for _, _, text in chunk])]
+        plain = []
+        for (i, _, _), p, t in zip(chunk, prompts, texts):
+            if p.ids:
+                prompted.append((p.ids + t + [EOS], [-1] * len(p.ids) + [i] * (len(t) + 1)))
+            else:
+                plain.append((i, t))
+        part = Ragged.of([t for _, t in plain], dtype)
+        streams.append(part.flat)
+        if not training:
+            owned.append(np.repeat(np.asarray([i for i, _ in plain], dtype=np.int32), part.lengths()))
+    stream = np.concatenate(streams) if streams else np.zeros(0, dtype)
+    enc = Encoded(Ragged.of([]), Ragged.of([]), target_pad=IGNORE, owners=None if training else Ragged.of([]))
     if training and len(stream) > 2 * block + 1:  # the stream's blocks come first: offset 0 for now
         enc.stream, enc.block = stream, block
-    for ids, who in sequences:
-        ends = enc.stream_blocks() * block if enc.stream is ids else len(ids) - 1
-        for start in range(0, ends, block):
-            targets = range(start + 1, min(start + block + 1, len(ids)))
-            src.append(ids[start : targets.stop - 1])
-            tgt.append([ids[j] if who[j] >= 0 else IGNORE for j in targets])
-            owners.append([who[j] for j in targets if who[j] >= 0])
+    src, tgt, owners = [], [], []
+    ends = enc.stream_blocks() * block if enc.stream is not None else len(stream) - 1
+    if ends > 0:
+        edges = np.append(np.arange(0, ends, block, dtype=np.int64), ends)
+        src.append(Ragged(stream, edges))
+        tgt.append(Ragged(stream, edges + 1))
+        if not training:
+            owners.append(Ragged(np.concatenate(owned), edges + 1))
+    if prompted:
+        rows_src, rows_tgt, rows_owners = [], [], []
+        for ids, who in prompted:
+            for start in range(0, len(ids) - 1, block):
+                targets = range(start + 1, min(start + block + 1, len(ids)))
+                rows_src.append(ids[start : targets.stop - 1])
+                rows_tgt.append([ids[j] if who[j] >= 0 else IGNORE for j in targets])
+                rows_owners.append([who[j] for j in targets if who[j] >= 0])
+        src.append(Ragged.of(rows_src, dtype))
+        tgt.append(Ragged.of(rows_tgt))
+        owners.append(Ragged.of(rows_owners))
+    if src:
+        enc.src, enc.tgt = Ragged.concat(src), Ragged.concat(tgt)
+        enc.owners = None if training else Ragged.concat(owners)
     return enc
+
+
+TEXT_CHUNK = 1 << 22  # characters of running text tokenized at once (a tokenizer's Encoding costs ~100 bytes a token)
+
+
+def text_chunks(rows: Sequence) -> Iterator[list[tuple[int, str, str]]]:
+    """``(row, prompt, text)`` of a language model's rows, about :data:`TEXT_CHUNK` characters at a
+    time. A text longer than that (a whole book as one row) is cut after a line break, so its
+    tokenization holds a piece of it at once; a subword tokenizer may then tokenize the first word
+    of a piece as it would a word after a space."""
+    chunk: list[tuple[int, str, str]] = []
+    size = 0
+    for i, row in enumerate(each_row(rows)):
+        prompt, text = row[0], row[1]
+        while text:
+            if prompt or len(text) <= TEXT_CHUNK:
+                piece, text = text, ""
+            else:
+                cut = text.rfind("\n", 0, TEXT_CHUNK) + 1 or TEXT_CHUNK
+                piece, text = text[:cut], text[cut:]
+            chunk.append((i, prompt, piece))
+            size += len(piece) + len(prompt)
+            if size >= TEXT_CHUNK or len(chunk) >= CHUNK:
+                yield chunk
+                chunk, size = [], 0
+        if not row[1]:
+            chunk.append((i, prompt, ""))
+    if chunk:
+        yield chunk
 
 
 def encode_words(tokenizer: Tokenizer, texts: list[str], max_len: int) -> tuple[list[list[int]], list[list[int]], int]:
@@ -295,78 +372,159 @@ def encode_words(tokenizer: Tokenizer, texts: list[str], max_len: int) -> tuple[
     return src, words, cut
 
 
+def encode_ids(tokenizer: Tokenizer, texts: list) -> Ragged:
+    """:func:`encode_as_text` of ``texts`` as flat arrays: a control id made of a word becomes ``[UNK]``."""
+    tokenizer.encode_special_tokens = True
+    ids = Ragged.of([e.ids for e in tokenizer.encode_batch(texts)], id_dtype(tokenizer.get_vocab_size()))
+    ids.flat[ids.flat < UNK] = UNK  # ids below UNK are PAD, BOS and EOS
+    return ids
+
+
 def encode(data: TaskData, split: str, max_len: int, variant: str) -> Encoded:
-    """One split as ids for a model of ``variant``, in its batch layout (see :mod:`taskformer.core.variants`)."""
-    pairs, kind = data.splits[split], variants.of(variant)
+    """One split as ids for a model of ``variant``, in its batch layout (see :mod:`taskformer.core.variants`).
+
+    The rows are read and encoded :data:`CHUNK` at a time (the tokenizer's batch encoding uses every
+    core), into flat arrays of the narrowest type the vocabulary allows (:func:`id_dtype`)."""
+    rows, kind, tok = data.splits[split], variants.of(variant), data.tokenizer
     if not kind.encoder:
-        return encode_text(data.tokenizer, pairs, max_len, training=split == "train")
+        return encode_text(tok, rows, max_len, training=split == "train")
     index = {name: i for i, name in enumerate(data.labels or [])}
-    if kind.per_word:
-        src, words, cut = encode_words(data.tokenizer, [row[0] for row in pairs], max_len)
-        tgt = [[IGNORE] * len(ids) for ids in src]
-        for row, starts, (_, tags) in zip(tgt, words, pairs):
-            for pos, tag in zip(starts, tags.split()):
-                if pos >= 0:
-                    row[pos] = index[tag]
-        return Encoded(src, tgt, cut, target_pad=IGNORE)
-    src, cut = encode_sources(data.tokenizer, [row[0] for row in pairs], max_len, classify=kind.labelled)
-    if kind.labelled:
-        targets = [row[1] for row in pairs]
-        if not any(isinstance(t, dict) for t in targets):
-            return Encoded(src, [index[t] for t in targets], cut)
-        soft = [[t.get(name, 0.0) if isinstance(t, dict) else float(name == t) for name in index] for t in targets]
-        return Encoded(src, [max(range(len(p)), key=p.__getitem__) for p in soft], cut, soft=soft)
-    room = max_len - 2
-    tgt = [[BOS] + ids[:room] + [EOS] for ids, _ in encode_as_text(data.tokenizer, [row[1] for row in pairs])]
-    return Encoded(src, tgt, cut)
+    dtype = id_dtype(tok.get_vocab_size())
+    parts = []
+    for chunk in chunks(rows):
+        sources = [row[0] for row in chunk]
+        if kind.per_word:
+            src, words, cut = encode_words(tok, sources, max_len)
+            tags = [[IGNORE] * len(ids) for ids in src]
+            for row, starts, (_, target, *_) in zip(tags, words, chunk):
+                for pos, tag in zip(starts, target.split()):
+                    if pos >= 0:
+                        row[pos] = index[tag]
+            parts.append(Encoded(Ragged.of(src, dtype), Ragged.of(tags), cut, target_pad=IGNORE))
+        elif kind.labelled:
+            if sources and is_pair(sources[0]):
+                pairs, cut = encode_pairs(tok, sources, max_len)
+                ids = Ragged.of(pairs, dtype)
+            else:
+                ids, cut = frame(encode_ids(tok, sources), max_len - 1, head=[BOS])
+            targets = [row[1] for row in chunk]
+            soft = None
+            if any(isinstance(t, dict) for t in targets):
+                soft = [[t.get(name, 0.0) if isinstance(t, dict) else float(name == t) for name in index]
+                        for t in targets]
+                classes = [max(range(len(p)), key=p.__getitem__) for p in soft]
+            else:
+                classes = [index[t] for t in targets]
+            parts.append(Encoded(ids, np.asarray(classes, dtype=np.int64), cut,
+                                 soft=None if soft is None else np.asarray(soft, dtype=np.float32)))
+        else:
+            ids, cut = frame(encode_ids(tok, sources), max_len - 1, tail=[EOS])
+            tgt, _ = frame(encode_ids(tok, [row[1] for row in chunk]), max_len - 2, head=[BOS], tail=[EOS])
+            parts.append(Encoded(ids, tgt, cut))
+    return joined(parts, kind.per_word, len(index))
 
 
-def token_batches(lengths: list[int], max_tokens: int, seed: int | None = None) -> list[list[int]]:
+def joined(parts: list[Encoded], tagging: bool, classes: int) -> Encoded:
+    """The encoded chunks of a split as one :class:`Encoded`."""
+    if not parts:
+        return Encoded(Ragged.of([]), Ragged.of([]), target_pad=IGNORE if tagging else PAD)
+    tgt = (Ragged.concat([cast(Ragged, p.tgt) for p in parts]) if parts[0].sequences
+           else np.concatenate([cast(np.ndarray, p.tgt) for p in parts]))
+    soft = None
+    if any(p.soft is not None for p in parts):  # a chunk of hard labels: each a distribution on its class
+        soft = np.concatenate([p.soft if p.soft is not None else np.eye(classes, dtype=np.float32)[p.tgt]
+                               for p in parts])
+    return Encoded(Ragged.concat([p.src for p in parts]), tgt, sum(p.truncated for p in parts),
+                   parts[0].target_pad, soft=soft)
+
+
+def token_batches(lengths: Indices, max_tokens: int, seed: int | None = None) -> list[Batch]:
     """Group example indices into batches of at most ``max_tokens`` padded tokens.
 
     Sorting by length first means little padding is wasted; a seed shuffles both the order of
     equal-length examples and the order of the batches, so each epoch differs but is reproducible.
+    A batch of examples no longer than ``L`` holds ``max_tokens // L`` of them (at least one).
     """
-    order = list(range(len(lengths)))
-    rng = random.Random(seed) if seed is not None else None
+    lengths = np.asarray(lengths, dtype=np.int64)
+    rng = np.random.default_rng(seed % 2**63) if seed is not None else None
+    order = rng.permutation(len(lengths)) if rng else np.arange(len(lengths))
+    order = order[np.argsort(lengths[order], kind="stable")]  # stable: shuffled ties stay shuffled
+    ordered = lengths[order]
+    cuts, start = [], 0  # where each batch after the first begins in ``order``
+    groups = np.flatnonzero(np.diff(ordered)) + 1  # where a longer length begins
+    for begin, end in zip(np.r_[0, groups], np.r_[groups, len(order)]):
+        cap = max(max_tokens // max(int(ordered[begin]), 1), 1)
+        pos = int(begin)
+        while pos < end:
+            if pos - start >= cap:
+                cuts.append(pos)
+                start = pos
+            pos += min(int(end) - pos, cap - (pos - start))
+    batches = np.split(order, cuts) if len(order) else []
     if rng:
-        rng.shuffle(order)
-    order.sort(key=lambda i: lengths[i])  # stable: shuffled ties stay shuffled
-    batches: list[list[int]] = []
-    batch: list[int] = []
-    longest = 0
-    for i in order:
-        longest_if = max(longest, lengths[i])
-        if batch and longest_if * (len(batch) + 1) > max_tokens:
-            batches.append(batch)
-            batch, longest_if = [], lengths[i]
-        batch.append(i)
-        longest = longest_if
-    if batch:
-        batches.append(batch)
-    if rng:
-        rng.shuffle(batches)
+        batches = [batches[i] for i in rng.permutation(len(batches))]
     return batches
 
 
-def pad(seqs: list[list[int]], value: int = PAD) -> torch.Tensor:
-    """Right-pad id lists with ``value`` into a (N, max length) tensor."""
+def pad(seqs: Sequence[Sequence[int]], value: int = PAD) -> torch.Tensor:
+    """Right-pad id rows (lists or arrays) with ``value`` into a (N, max length) tensor."""
     import torch  # here, not above: a task's declaration imports this module, and listing tasks needs no torch
 
-    out = torch.full((len(seqs), max(len(s) for s in seqs)), value, dtype=torch.long)
+    out = np.full((len(seqs), max(len(s) for s in seqs)), value, dtype=np.int64)
     for i, s in enumerate(seqs):
-        out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-    return out
+        out[i, : len(s)] = s
+    return torch.from_numpy(out)
 
 
-def collate(enc: Encoded, index: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def collate(enc: Encoded, index: Indices) -> tuple[torch.Tensor, torch.Tensor]:
     """A batch's padded sources and its targets: padded id rows, class ids, or a classifier's target
     distributions ``(B, C)`` where the split has soft targets."""
     import torch
 
     src = pad([enc.src[i] for i in index])
     if enc.soft is not None:
-        return src, torch.tensor([enc.soft[i] for i in index], dtype=torch.float32)
-    if isinstance(enc.tgt[0], list):
+        return src, torch.from_numpy(np.ascontiguousarray(enc.soft[np.asarray(index)], dtype=np.float32))
+    if isinstance(enc.tgt, Ragged):
         return src, pad([enc.tgt[i] for i in index], enc.target_pad)
-    return src, torch.tensor([enc.tgt[i] for i in index], dtype=torch.long)
+    return src, torch.from_numpy(np.asarray(enc.tgt[np.asarray(index)], dtype=np.int64))
+
+
+CHUNK = 50_000  # rows read, tokenized and encoded at once: the tokenizer's batches keep every core busy
+
+
+def chunks(split: Sequence, size: int = CHUNK) -> Iterator[list[tuple]]:
+    """The rows of a split ``size`` at a time, as tuples: a list, any sized and indexable sequence
+    of rows, or a ``datasets.Dataset`` (see :func:`rows`)."""
+    for start in range(0, len(split), size):
+        yield rows(split, start, start + size)
+
+
+def each_row(split: Sequence) -> Iterator[tuple]:
+    """Every row of a split as a tuple, read a chunk at a time (see :func:`rows`)."""
+    for chunk in chunks(split):
+        yield from chunk
+
+
+def rows(split: Sequence, start: int = 0, stop: int | None = None) -> list[tuple]:
+    """Rows ``start:stop`` of a split as ``(source, target)`` or ``(source, target, fields)`` tuples.
+
+    A ``datasets.Dataset`` has a ``source`` and a ``target`` column; its other columns, if any, are
+    each row's fields. Anything else is indexed row by row (a list is sliced)."""
+    stop = len(split) if stop is None else min(stop, len(split))
+    if hasattr(split, "column_names") and hasattr(split, "select"):  # a datasets.Dataset, read a batch at once
+        if not {"source", "target"} <= set(split.column_names):
+            raise DataError(f"a datasets.Dataset split needs a 'source' and a 'target' column; it has "
+                            f"{', '.join(split.column_names)}")
+        batch = cast(Any, split)[start:stop]
+        extra = [c for c in split.column_names if c not in ("source", "target")]
+        fields = [{c: batch[c][i] for c in extra} for i in range(stop - start)] if extra else None
+        pairs = zip(batch["source"], batch["target"])
+        return [(_source(s), t, fields[i]) if fields else (_source(s), t) for i, (s, t) in enumerate(pairs)]
+    if isinstance(split, (list, tuple)):
+        return [tuple(row) if not isinstance(row, tuple) else row for row in split[start:stop]]
+    return [tuple(split[i]) for i in range(start, stop)]
+
+
+def _source(value):
+    """A source column's value: a text, or for a task of pairs two texts (a list in Arrow)."""
+    return tuple(value) if isinstance(value, list) else value

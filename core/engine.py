@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from taskformer.core import checkpoint as ckpt
 from taskformer.core import inference, precision
-from taskformer.core.data import IGNORE, Encoded, collate, token_batches
+from taskformer.core.data import IGNORE, Batch, Encoded, Indices, collate, token_batches
 from taskformer.core.errors import TaskformerError
 from taskformer.core.model import PAD, Ensemble, SequenceModel, Transformer
 from taskformer.core.options import check, option
@@ -94,8 +94,8 @@ def lr_factor(step: int, warmup: int, schedule: str = "inverse_sqrt", total: int
     return math.sqrt(warmup / step) if warmup else 1.0
 
 
-def epoch_updates(cfg: TrainConfig, lengths: list[int], epoch: int = 0, rank: int = 0,
-                  world: int = 1) -> list[list[list[int]]]:
+def epoch_updates(cfg: TrainConfig, lengths: Indices, epoch: int = 0, rank: int = 0,
+                  world: int = 1) -> list[list[Batch]]:
     """Rank ``rank``'s updates in epoch ``epoch``: each a list of ``accumulate`` batches of indices.
 
     The epoch's batches are cut to a multiple of ``world * accumulate`` so that every rank makes
@@ -525,7 +525,7 @@ class Trainer:
                 reason = "another rank stopped"
         return reason
 
-    def epoch_updates(self, lengths: list[int]) -> list[list[list[int]]]:
+    def epoch_updates(self, lengths: Indices) -> list[list[Batch]]:
         """This rank's updates for the current epoch (see :func:`epoch_updates`)."""
         return epoch_updates(self.cfg, lengths, self.state.epoch, self.rank, self.world)
 

@@ -6,7 +6,7 @@ pad, start and stop sequences without knowing which task it serves. Each tokeniz
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -78,8 +78,17 @@ def characters(texts: Iterable[str], min_frequency: int = 1, whitespace: bool = 
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]" if whitespace else "."), behavior="isolated")
     tok.decoder = decoders.Fuse()
     trainer = trainers.WordLevelTrainer(special_tokens=SPECIALS, min_frequency=min_frequency, show_progress=False)
-    tok.train_from_iterator(track(texts, "building the character vocabulary"), trainer=trainer)
+    tok.train_from_iterator(track(pieces(texts), "building the character vocabulary"), trainer=trainer)
     return tok
+
+
+def pieces(texts: Iterable[str], size: int = 1 << 16) -> Iterator[str]:
+    """``texts`` cut into pieces of at most ``size`` characters: a character vocabulary counts them
+    the same, and the trainer holds one piece at a time instead of a whole corpus given as one
+    string (about 270 bytes a character)."""
+    for text in texts:
+        for start in range(0, len(text), size):
+            yield text[start : start + size]
 
 
 def symbols(names: list[str]) -> Tokenizer:

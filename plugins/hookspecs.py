@@ -166,7 +166,11 @@ def taskformer_data(task: Task, config: RunConfig, data_dir: Path | None, splits
     whitespace-separated word of the source, joined by spaces (``("anna lives in paris", "title
     lower lower title")``). Put the most common tag first: it is what a word beyond ``max_len``
     gets. ``subword``, ``characters`` and ``symbols`` build tokenizers that reserve the special ids
-    the core expects. Raise
+    the core expects. A split may also be any sized, indexable sequence of rows, or a
+    ``datasets.Dataset`` with ``source`` and ``target`` columns (its other columns become each
+    row's fields): the train split is then read, tokenized and encoded a chunk at a time and never
+    held as Python strings, so a corpus larger than memory as text can train; val and test are read
+    into lists, as they are decoded and scored as text. Raise
     :class:`taskformer.DataError` for bad files: the CLI shows its message on one line. Slow work
     of your own can show a progress bar with ``track(items, "what it is doing")``; the core's
     readers and tokenizer trainers already do.

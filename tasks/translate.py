@@ -75,7 +75,7 @@ def taskformer_data(config, data_dir, splits, tokenizer):
         keep = random.Random(config.train.seed).sample(range(len(train)), opts.max_train)
         pairs["train"] = [train[i] for i in sorted(keep)]
     if tokenizer is None:  # a new run learns its vocabulary from the train split
-        tokenizer = subword([side for pair in pairs["train"] for side in pair], opts.vocab_size, kind=opts.tokenizer)
+        tokenizer = subword((side for pair in pairs["train"] for side in pair), opts.vocab_size, kind=opts.tokenizer)
     source = str(data_dir) if data_dir else f"hub: {HUB}"
     return TaskData(tokenizer=tokenizer, splits=pairs,
                     notes={"data source": source, "tokenizer": f"joint de+en {opts.tokenizer}, train split only"})

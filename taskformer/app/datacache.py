@@ -1,17 +1,28 @@
 """Prepared data, cached: a task's data hook and the encoding of its splits run once per input.
 
-Reading, cleaning and tokenizing a large data set (couplet's 770,000 pairs) takes minutes, and a run
-does it again every time. The first run of a command saves what the data hook returned (the splits,
-the trained tokenizer, labels, notes) and each split's ids in a user cache folder; later runs with
-the same inputs read them back in seconds.
+Reading, cleaning and tokenizing a large data set (couplet's 770,000 pairs, millions of pairs of a
+user's corpus) takes minutes, and a run would do it again every time. The first run saves what the
+data hook returned and each split's ids in a user cache folder; later runs read them back in seconds.
 
-The key is everything the hook and the encoding could depend on: the task, its plugin and the
-plugin's version, the whole configuration the hook receives, the tokenizer a resumed run hands it,
-and the SHA-256 of every file under ``--data-dir``. A changed file, option or plugin version is a
-new key, never a stale entry. Only runs with a ``--data-dir`` are cached (a hub download has its
-own cache; synthetic data is made in milliseconds). The cache holds JSON and safetensors, never
-pickles, and is written atomically; ``TASKFORMER_CACHE`` moves it, ``TASKFORMER_CACHE=off`` turns
-it off. The newest :data:`KEEP` entries are kept; only entries carrying the cache's mark are pruned.
+An entry holds the tokenizer, labels and notes, the val and test rows (they are decoded and
+scored as text), the train split's row count, and each encoded split as flat ``.npy`` arrays
+(:mod:`taskformer.core.arrays`), opened memory-mapped: a warm start reads no token into Python
+objects. The train rows' text is not kept; the rare command that needs it (a distillation decodes
+the train sources) reads it again through the data hook.
+
+The key is what the preparation reads: the task, its plugin and the plugin's version, the data
+options and the seed (which may choose rows), the tokenizer a resumed run hands the hook, and the
+SHA-256 of every file under ``--data-dir``. Training, model and decoding options are not part of it,
+so a dry run and the run after it share one entry; the encoding's ``model.max_len`` and the task's
+variant name the encoded arrays inside the entry. Only runs with a ``--data-dir`` are cached (a hub
+download has its own cache; synthetic data is made in milliseconds).
+
+What an entry holds is checked against its key before it is used: its mark names the key, and each
+array's type, shape and SHA-256, its offsets and its ids' range are checked; an entry that fails is
+made again. A cache that cannot be used at all (``TASKFORMER_CACHE`` at a file, a read-only folder)
+costs time, never the run: one warning line says so. Entries are written whole or not at all; the
+newest :data:`KEEP` are kept, up to ``TASKFORMER_CACHE_GB`` (default :data:`MAX_GB`) in all, and only
+folders named and marked by this module are ever removed (never through a link).
 """
 from __future__ import annotations
 
@@ -21,25 +32,33 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import asdict
+import warnings
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
-import torch
-from safetensors.torch import load_file, save_file
+import numpy as np
 from tokenizers import Tokenizer
 
+from taskformer.app.resources import GZIP_RATIO, check_data_memory
 from taskformer.app.rundir import TOKENIZER  # an entry names its tokenizer as a run does
 from taskformer.core import checkpoint as ckpt
-from taskformer.core import progress
+from taskformer.core import progress, variants
+from taskformer.core.arrays import Ragged
 from taskformer.core.config import RunConfig
-from taskformer.core.data import Encoded, TaskData, encode
+from taskformer.core.data import IGNORE, Encoded, TaskData, encode
 from taskformer.plugins.hookspecs import Task
 
 KEEP = 8  # cache entries kept, newest first: a few data sets and settings a person moves between
-MARK = ".taskformer-data"  # in each entry folder this module wrote
-VERSION = 1  # of the entry's format
+MAX_GB = 20.0  # and their size in all, unless TASKFORMER_CACHE_GB says otherwise
+MARK = ".taskformer-data"  # in each entry folder this module wrote: {"format": VERSION, "key": its name}
+VERSION = 2  # of the entry's format
+ENTRY = re.compile(r"[0-9a-f]{32}")  # an entry's folder name: its key
+
+
+class Unusable(Exception):
+    """An entry whose contents are not what its key promised."""
 
 
 def root() -> Path | None:
@@ -51,152 +70,287 @@ def root() -> Path | None:
     return base / "data"
 
 
-def files_digest(data_dir: Path) -> str:
-    """SHA-256 over the relative path and contents of every regular file under ``data_dir``."""
-    digest = hashlib.sha256()
+def max_bytes() -> float:
+    try:
+        return float(os.environ.get("TASKFORMER_CACHE_GB") or MAX_GB) * 1e9
+    except ValueError:
+        return MAX_GB * 1e9
+
+
+def unusable(why: str) -> None:
+    """One warning line: the cache is skipped or an entry rebuilt, and the run goes on."""
+    warnings.warn(f"data cache: {why}", stacklevel=3)
+
+
+def reason(e: BaseException) -> str:
+    """An exception in a few words on one line (a library's message may span lines)."""
+    words = " ".join((getattr(e, "strerror", None) or str(e)).split())
+    return f"{type(e).__name__}: {words[:150]}" if words else type(e).__name__
+
+
+def scan(data_dir: Path) -> tuple[str, int]:
+    """SHA-256 over the relative path and contents of every regular file under ``data_dir`` (or of that one file), and
+    the bytes of text they hold (a ``.gz`` file's size times :data:`GZIP_RATIO`)."""
+    digest, size = hashlib.sha256(), 0
     data_dir = Path(data_dir)
     found = [data_dir] if data_dir.is_file() else sorted(p for p in data_dir.rglob("*") if p.is_file())
     for path in found:  # a --data file is its own single entry
         name = path.name if path == data_dir else str(path.relative_to(data_dir))
         digest.update(name.encode("utf-8", "surrogateescape") + b"\0")
+        size += path.stat().st_size * (GZIP_RATIO if path.suffix == ".gz" else 1)
         with open(path, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
-    return digest.hexdigest()
+    return digest.hexdigest(), size
 
 
-def key(task: Task, config: RunConfig, data_dir: Path, tokenizer: Tokenizer | None) -> str:
+def key(task: Task, config: RunConfig, digest: str, tokenizer: Tokenizer | None) -> str:
+    """The entry's name: what the data hook and the encoding read, and nothing else."""
     try:
         version = metadata.version(task.plugin)
     except (metadata.PackageNotFoundError, ValueError):
         version = metadata.version("taskformer")  # a built-in task, or a plugin registered by hand
     parts = {"format": VERSION, "task": task.name, "plugin": task.plugin, "version": version,
-             "config": config.to_dict(), "files": files_digest(data_dir),
+             "data": config.to_dict()["data"], "seed": config.train.seed, "files": digest,
              "tokenizer": tokenizer.to_str() if tokenizer is not None else None}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def load(task: Task, config: RunConfig, data_dir: str | None, hook, tokenizer: Tokenizer | None = None) -> TaskData:
+class Reread(Sequence):
+    """A cache entry's train rows: their count is kept, and the rows are read again through the data
+    hook the first time something asks for one (a distillation decodes them; training reads the
+    cached arrays and never does)."""
+
+    def __init__(self, count: int, hook: Callable[[], TaskData]):
+        self.size, self.hook = count, hook
+        self.rows: list | None = None
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i):
+        if self.rows is None:
+            self.rows = list(self.hook().splits["train"])
+        return self.rows[i]
+
+
+def load(task: Task, config: RunConfig, data_dir: str | None, hook: Callable[[], TaskData],
+         tokenizer: Tokenizer | None = None) -> TaskData:
     """``hook()`` (the checked data hook), or what it returned for the same inputs before."""
     folder = root()
-    if folder is None or data_dir is None or str(data_dir).startswith("hub:"):  # the hub has its own cache
+    if data_dir is None or str(data_dir).startswith("hub:"):  # the hub has its own cache
         return hook()
     with progress.stage("checking the data cache"):
-        entry = folder / key(task, config, Path(data_dir), tokenizer)
+        digest, size = scan(Path(data_dir))
+    if folder is None:
+        check_data_memory(data_dir, size)
+        return hook()
+    entry = folder / key(task, config, digest, tokenizer)
     data = None
-    if (entry / MARK).is_file():
-        with progress.stage("reading the prepared data from the cache"):
-            try:
-                data = read_entry(entry)
-                os.utime(entry)  # recently used: kept longest
-            except Exception:  # a damaged entry (any library's error) is made again, never trusted
-                shutil.rmtree(entry, ignore_errors=True)
+    try:
+        present = (entry / MARK).is_file()
+    except OSError as e:  # a name too long, say
+        unusable(f"cannot use {folder} ({reason(e)}); the data is prepared without it")
+        check_data_memory(data_dir, size)
+        return hook()
+    if present:
+        try:
+            with progress.stage("reading the prepared data from the cache"):
+                data = read_entry(entry, hook)
+            os.utime(entry)  # recently used: kept longest
+        except Exception as e:  # any library's error: a damaged entry is made again, never trusted
+            unusable(f"entry {entry} is damaged ({reason(e)}); it is made again")
+            discard(entry)
+            data = None
     if data is None:
+        check_data_memory(data_dir, size)
         data = hook()
-        write_entry(entry, data)
+        try:
+            write_entry(entry, data)
+        except OSError as e:
+            unusable(f"cannot write to {folder} ({reason(e)}); the data is prepared without it")
+            return data
     data.__dict__["_cache_entry"] = entry
     return data
+
+
+def read_entry(entry: Path, hook: Callable[[], TaskData]) -> TaskData:
+    check_mark(entry)
+    saved = ckpt.read_json(entry / "data.json")
+    splits: dict[str, Sequence] = {split: [(tuple(row[0]) if isinstance(row[0], list) else row[0], *row[1:])
+                                           for row in rows]  # JSON keeps a pair of texts as a list
+                                   for split, rows in saved["splits"].items()}
+    splits.update({split: Reread(count, hook) for split, count in saved["counts"].items()})
+    tokenizer = Tokenizer.from_str(ckpt.read_bytes(entry / TOKENIZER).decode("utf-8"))
+    return TaskData(tokenizer=tokenizer, splits=splits, labels=saved["labels"], notes=saved["notes"])
+
+
+def check_mark(entry: Path) -> None:
+    """The entry is this module's, for the key it is named by (a swapped folder is not)."""
+    mark = json.loads(ckpt.read_bytes(entry / MARK, limit=4096))
+    if not (isinstance(mark, dict) and mark.get("format") == VERSION and mark.get("key") == entry.name):
+        raise Unusable(f"its mark is not this key's ({str(mark)[:80]})")
+
+
+def write_entry(entry: Path, data: TaskData) -> None:
+    """The entry, whole or not at all: written in a temporary folder and renamed into place."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=".tmp-"))
+    try:
+        text = {s: [list(row) for row in rows] for s, rows in data.splits.items() if s != "train"}
+        counts = {s: len(rows) for s, rows in data.splits.items() if s == "train"}
+        saved = {"splits": text, "counts": counts, "labels": data.labels, "notes": data.notes}
+        (tmp / "data.json").write_text(json.dumps(saved, ensure_ascii=False, default=str), encoding="utf-8")
+        (tmp / TOKENIZER).write_text(data.tokenizer.to_str(), encoding="utf-8")
+        (tmp / MARK).write_text(json.dumps({"format": VERSION, "key": entry.name}), encoding="utf-8")
+        if entry.is_dir() and not entry.is_symlink():
+            discard(entry)  # a damaged entry of this key, unmarked
+        os.replace(tmp, entry)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    prune(entry.parent, entry)
 
 
 def encoded(data: TaskData, split: str, max_len: int, variant: str) -> Encoded:
     """``encode(...)``, once per data set in memory and once per cache entry on disk."""
     memo = data.__dict__.setdefault("_encoded", {})
-    name = f"{split}-{max_len}-{variant}"
+    name = f"encoded-{split}-{max_len}-{variant}"
     if name in memo:
         return memo[name]
-    entry = data.__dict__.get("_cache_entry")
-    path = entry / f"encoded-{name}.safetensors" if entry else None
-    if path and path.is_file():
-        memo[name] = read_encoded(path)
-    else:
+    entry: Path | None = data.__dict__.get("_cache_entry")
+    if entry is None:
         memo[name] = encode(data, split, max_len, variant)
-        if path and (path.parent / MARK).is_file():
-            write_encoded(path, memo[name])
+        return memo[name]
+    folder = entry / name
+    limits = (data.tokenizer.get_vocab_size(), len(data.labels or []), variants.of(variant))
+    try:
+        if (folder / "meta.json").is_file():
+            with progress.stage(f"opening the cached {split} arrays"):
+                memo[name] = read_encoded(folder, entry.name, *limits)
+            return memo[name]
+    except Exception as e:  # any library's error: a damaged file is made again, never trusted
+        unusable(f"{folder} is damaged ({reason(e)}); it is made again")
+        discard(folder)
+    memo[name] = encode(data, split, max_len, variant)
+    if (entry / MARK).is_file():
+        try:
+            write_encoded(folder, entry.name, memo[name])
+            prune(folder.parent.parent, folder.parent)
+        except OSError as e:
+            unusable(f"cannot write {folder} ({reason(e)}); the data is prepared without it")
     return memo[name]
 
 
-def read_entry(entry: Path) -> TaskData:
-    saved = ckpt.read_json(entry / "data.json")
-    splits = {split: [(tuple(row[0]) if isinstance(row[0], list) else row[0], *row[1:]) for row in rows]
-              for split, rows in saved["splits"].items()}  # JSON keeps a pair of texts as a list
-    tokenizer = Tokenizer.from_str(ckpt.read_bytes(entry / TOKENIZER).decode("utf-8"))
-    return TaskData(tokenizer=tokenizer, splits=splits, labels=saved["labels"], notes=saved["notes"])
+def arrays_of(enc: Encoded) -> tuple[dict[str, np.ndarray], dict[str, list[str] | str]]:
+    """An encoding's arrays by file name, and each field as the arrays it is made of (a flat array
+    that several fields share, a language model's stream, is saved once)."""
+    arrays: dict[str, np.ndarray] = {}
+    names: dict[int, str] = {}
+
+    def add(field: str, array: np.ndarray) -> str:
+        if id(array) not in names:
+            names[id(array)] = field
+            arrays[field] = np.ascontiguousarray(array)
+        return names[id(array)]
+
+    fields: dict[str, list[str] | str] = {}
+    if enc.stream is not None:
+        fields["stream"] = add("stream", enc.stream)
+    for field in ("src", "tgt", "owners", "soft"):
+        value = getattr(enc, field)
+        if isinstance(value, Ragged):
+            fields[field] = [add(f"{field}.ids", value.flat), add(f"{field}.offsets", value.offsets)]
+        elif value is not None:
+            fields[field] = add(field, value)
+    return arrays, fields
 
 
-def write_entry(entry: Path, data: TaskData) -> None:
-    """The entry, whole or not at all: written in a temporary folder, renamed into place, marked last."""
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=".tmp-"))
+def digest(array: np.ndarray) -> str:
+    return hashlib.sha256(memoryview(cast(Any, np.ascontiguousarray(array))).cast("B")).hexdigest()
+
+
+def write_encoded(folder: Path, entry_key: str, enc: Encoded) -> None:
+    arrays, fields = arrays_of(enc)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
     try:
-        fields = asdict(data)
-        saved = {"splits": {s: [list(row) for row in rows] for s, rows in data.splits.items()},
-                 "labels": fields["labels"], "notes": fields["notes"]}
-        (tmp / "data.json").write_text(json.dumps(saved, ensure_ascii=False, default=str), encoding="utf-8")
-        (tmp / TOKENIZER).write_text(data.tokenizer.to_str(), encoding="utf-8")
-        (tmp / MARK).write_text(json.dumps({"format": VERSION, "key": entry.name}), encoding="utf-8")
-        os.replace(tmp, entry)
-    except OSError:  # a cache that cannot be written costs time, never the run
+        for name, array in arrays.items():
+            np.save(tmp / f"{name}.npy", array, allow_pickle=False)
+        meta = {"key": entry_key, "name": folder.name, "truncated": enc.truncated, "target_pad": enc.target_pad,
+                "block": enc.block, "fields": fields,
+                "arrays": {name: {"dtype": a.dtype.str, "shape": list(a.shape), "sha256": digest(a)}
+                           for name, a in arrays.items()}}
+        (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+        os.replace(tmp, folder)
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def read_encoded(folder: Path, entry_key: str, vocab: int, classes: int, kind: variants.Variant) -> Encoded:
+    """The arrays of ``folder``, memory-mapped, once each is what the meta file says it is."""
+    meta = json.loads(ckpt.read_bytes(folder / "meta.json", limit=1 << 20))
+    if meta.get("key") != entry_key or meta.get("name") != folder.name:
+        raise Unusable("its meta names another entry")
+    arrays = {}
+    for name, want in meta["arrays"].items():
+        if not re.fullmatch(r"[a-z]+(\.[a-z]+)?", name):
+            raise Unusable(f"an array named {name!r}")
+        array = np.load(folder / f"{name}.npy", mmap_mode="r", allow_pickle=False)
+        if array.dtype.str != want["dtype"] or list(array.shape) != want["shape"] or digest(array) != want["sha256"]:
+            raise Unusable(f"{name}.npy is not the array written (type, shape or checksum)")
+        arrays[name] = array
+
+    def field(name: str, low: int, high: int):
+        parts = meta["fields"].get(name)
+        if parts is None:
+            return None
+        if isinstance(parts, str):
+            values, offsets = arrays[parts], None
+        else:
+            values, offsets = arrays[parts[0]], arrays[parts[1]]
+            if len(offsets) == 0 or offsets[0] < 0 or offsets[-1] > len(values) or np.any(np.diff(offsets) < 0):
+                raise Unusable(f"the offsets of {name} do not fit its ids")
+        if name != "soft" and values.size and (values.min() < low or values.max() >= high):
+            raise Unusable(f"{name} holds ids outside {low}..{high - 1}")
+        return values if offsets is None else Ragged(values, offsets)
+
+    target_low = IGNORE if meta["target_pad"] == IGNORE or not kind.encoder else 0
+    target_high = classes if kind.labelled else vocab
+    enc = Encoded(field("src", 0, vocab), field("tgt", target_low, target_high), meta["truncated"],
+                  meta["target_pad"], field("owners", 0, 2**31 - 1), field("stream", 0, vocab),
+                  meta["block"], field("soft", 0, 1))
+    if enc.tgt is None or len(enc.tgt) != len(enc.src) or (enc.stream is not None and enc.block <= 0):
+        raise Unusable("its fields do not match")
+    return enc
+
+
+def discard(path: Path) -> None:
+    """Remove a folder this module wrote (never a link, never a folder of another name)."""
+    if path.is_symlink() or not path.is_dir():
         return
-    prune(entry.parent)
+    if ENTRY.fullmatch(path.name) or (ENTRY.fullmatch(path.parent.name) and path.name.startswith("encoded-")):
+        shutil.rmtree(path, ignore_errors=True)
 
 
-def read_encoded(path: Path) -> Encoded:
-    tensors = load_file(path)
-    meta = json.loads(ckpt.read_bytes(path.with_suffix(".json")))
-
-    def rows(name: str) -> list[list[int]]:
-        return [r.tolist() for r in torch.split(tensors[name], tensors[f"{name}_lengths"].tolist())]
-
-    tgt = rows("tgt") if meta["nested"] else tensors["tgt"].tolist()
-    owners = rows("owners") if "owners" in tensors else None  # a language model's: see encode_text
-    stream = tensors["stream"].tolist() if "stream" in tensors else None
-    soft = tensors["soft"].tolist() if "soft" in tensors else None
-    return Encoded(rows("src"), tgt, meta["truncated"], meta["target_pad"], owners, stream, meta.get("block", 0),
-                   soft)
+def size_of(folder: Path) -> int:
+    total = 0
+    for top, _, files in os.walk(folder):  # links are not followed
+        total += sum(os.lstat(os.path.join(top, f)).st_size for f in files)
+    return total
 
 
-def write_encoded(path: Path, enc: Encoded) -> None:
-    nested = bool(enc.tgt) and isinstance(enc.tgt[0], list)
-    tensors = {"src": torch.tensor([t for row in enc.src for t in row], dtype=torch.int32),
-               "src_lengths": torch.tensor([len(row) for row in enc.src], dtype=torch.int64)}
-    if nested:
-        targets = cast("list[list[int]]", enc.tgt)
-        tensors.update(tgt=torch.tensor([t for row in targets for t in row], dtype=torch.int32),
-                       tgt_lengths=torch.tensor([len(row) for row in targets], dtype=torch.int64))
-    else:
-        tensors["tgt"] = torch.tensor(enc.tgt, dtype=torch.int64)
-    if enc.owners is not None:
-        tensors.update(owners=torch.tensor([t for row in enc.owners for t in row], dtype=torch.int64),
-                       owners_lengths=torch.tensor([len(row) for row in enc.owners], dtype=torch.int64))
-    if enc.stream:
-        tensors["stream"] = torch.tensor(enc.stream, dtype=torch.int32)
-    if enc.soft is not None:
-        tensors["soft"] = torch.tensor(enc.soft, dtype=torch.float32)
-    try:
-        ckpt.atomic_write(path.with_suffix(".json"), json.dumps(
-            {"nested": nested, "truncated": enc.truncated, "target_pad": enc.target_pad, "block": enc.block}))
-        save_file(tensors, str(path) + ".tmp")
-        os.replace(str(path) + ".tmp", path)
-    except OSError:
-        Path(str(path) + ".tmp").unlink(missing_ok=True)
-
-
-def prune(folder: Path) -> None:
-    """Keep the newest :data:`KEEP` entries. Only what this module named and wrote is removed: a folder
-    (not a link) named as a key, whose mark (not a link) holds that key; anything else is the user's."""
-    entries = sorted((p for p in folder.iterdir() if ours(p)), key=lambda p: p.stat().st_mtime, reverse=True)
-    for old in entries[KEEP:]:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def ours(entry: Path) -> bool:
-    """Whether ``entry`` is a cache entry this module wrote (see :func:`prune`)."""
-    mark = entry / MARK
-    if not re.fullmatch(r"[0-9a-f]{32}", entry.name) or entry.is_symlink() or not entry.is_dir() \
-            or mark.is_symlink() or not mark.is_file():
-        return False
-    try:
-        return json.loads(mark.read_text(encoding="utf-8")) == {"format": VERSION, "key": entry.name}
-    except (OSError, ValueError):
-        return False
+def prune(folder: Path, keep: Path) -> None:
+    """Keep the newest :data:`KEEP` entries, up to :func:`max_bytes` in all, and always ``keep``.
+    Only folders named as keys whose mark names that key are removed."""
+    entries = []
+    for path in folder.iterdir():
+        try:
+            if ENTRY.fullmatch(path.name) and not path.is_symlink() and path.is_dir() and path != keep:
+                check_mark(path)
+                entries.append((path.stat().st_mtime, path))
+        except (OSError, ValueError, Unusable):
+            continue  # not ours, or not readable: left alone
+    total = size_of(keep)
+    for n, (_, path) in enumerate(sorted(entries, reverse=True), start=1):
+        total += size_of(path)
+        if n >= KEEP or total > max_bytes():
+            shutil.rmtree(path, ignore_errors=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,7 +19,18 @@ from tokenizers import Tokenizer
 from taskformer.app.resources import check_memory
 from taskformer.core import decoding, inference, progress, variants
 from taskformer.core.config import RunConfig
-from taskformer.core.data import Encoded, TaskData, encode, encode_sources, encode_words, is_blank, is_pair, pad
+from taskformer.core.data import (
+    Encoded,
+    TaskData,
+    each_row,
+    encode,
+    encode_sources,
+    encode_words,
+    is_blank,
+    is_pair,
+    pad,
+    rows,
+)
 from taskformer.core.decoding import Label
 from taskformer.core.engine import autocast, reference_logprobs
 from taskformer.core.errors import TaskformerError
@@ -140,7 +152,7 @@ def decode_texts(task: Task, model: Transformer | Ensemble, tokenizer: Tokenizer
     return outputs, cut
 
 
-def score(task: Task, pairs: list[tuple], hyps: list[Prediction], logprobs: list[list[float]] | None = None) -> dict:
+def score(task: Task, pairs: Sequence[tuple], hyps: list[Prediction], logprobs: list[list[float]] | None = None) -> dict:
     """Merge the metrics every plugin that hears this task reports."""
     merged: dict = {}
     for plugin, part in plugins().answers("taskformer_metrics", task, sources=[row[0] for row in pairs],
@@ -154,7 +166,7 @@ def score(task: Task, pairs: list[tuple], hyps: list[Prediction], logprobs: list
     return merged
 
 
-def evaluate_split(run: Run, pairs: list[tuple[str, str]], config: RunConfig | None = None, name: str = "decoding",
+def evaluate_split(run: Run, pairs: Sequence[tuple], config: RunConfig | None = None, name: str = "decoding",
                    encoded: Encoded | None = None):
     """Score the references and decode one split; returns (metrics, [(source, prediction, reference), ...]).
 
@@ -188,25 +200,28 @@ def load_data(task: Task, config: RunConfig, data_dir: str | Path | None, splits
         raise PluginError(f"{where} must return a TaskData, got {type(data).__name__}")
     missing = [s for s in splits if not data.splits.get(s)]
     if missing:  # most often the data is too small to split (one row of train.csv leaves no val): said as such
-        rows = ", ".join(f"{s} {len(data.splits.get(s) or [])}" for s in SPLITS)
+        counts = ", ".join(f"{s} {len(data.splits.get(s) or [])}" for s in SPLITS)
         given = f"the data in {data_dir}" if data_dir else "its data options"
-        raise TaskformerError(f"task {task.name!r}: {given} gave no {', '.join(missing)} split (rows: {rows}); "
+        raise TaskformerError(f"task {task.name!r}: {given} gave no {', '.join(missing)} split (rows: {counts}); "
                               "give more rows, or change the option that made it empty (a size of 0, say)")
     if tokenizer is not None:
         data.tokenizer = tokenizer
+    for split, held in data.splits.items():
+        if split != "train" and not isinstance(held, list):  # decoded and scored as text: read now
+            data.splits[split] = rows(held)
 
     def source(x) -> bool:  # a text, or for a task of pairs a tuple of two texts
         return is_pair(x) and len(x) == 2 and all(isinstance(t, str) for t in x) if task.pairs else isinstance(x, str)
 
     for split in splits:
-        bad = next((i for i, row in enumerate(data.splits[split]) if not (
+        bad = next((i for i, row in enumerate(each_row(data.splits[split])) if not (
             isinstance(row, (tuple, list)) and len(row) in (2, 3) and source(row[0]) and isinstance(row[1], str)
             and (len(row) == 2 or isinstance(row[2], dict)))), None)
         if bad is not None:
             shape = "a tuple (first, second) of two strings (the task declares pairs)" if task.pairs else "a string"
             raise PluginError(f"{where}: {split} row {bad} must be a (source, target) pair or a (source, target, "
                               f"fields) triple with a dict, its source {shape} and its target a string, got "
-                              f"{data.splits[split][bad]!r:.80}")
+                              f"{rows(data.splits[split], bad, bad + 1)[0]!r:.80}")
     try:
         check_specials(data.tokenizer)
     except ValueError as e:
@@ -223,7 +238,7 @@ def check_labels(data: TaskData, tagging: bool, where: str, splits=SPLITS) -> No
         raise PluginError(f"{where} must give the {'tag' if tagging else 'class'} names in TaskData.labels")
     known = set(data.labels)
     for split in splits:
-        for i, (source, target, *_) in enumerate(data.splits[split]):
+        for i, (source, target, *_) in enumerate(each_row(data.splits[split])):
             tags = target.split() if tagging else [target]
             bad = next((t for t in tags if t not in known), None)
             if bad is not None:

@@ -96,6 +96,25 @@ def available_memory() -> int | None:
         return None
 
 
+BYTES_PER_DATA_BYTE = 5  # preparing a data set: its text as Python strings and rows, the tokenizer's work
+GZIP_RATIO = 4  # the text a byte of a .gz file holds, about
+
+
+def check_data_memory(data_dir: str | Path, text_bytes: int) -> None:
+    """Refuse, before reading a byte, data files whose preparation cannot fit in the memory
+    available: a task's data hook holds the rows as Python strings while the tokenizer trains
+    (the encoded ids, flat arrays, take far less). ``text_bytes`` counts a ``.gz`` file at
+    :data:`GZIP_RATIO` times its size."""
+    available = available_memory()
+    need = text_bytes * BYTES_PER_DATA_BYTE
+    if available is None or need <= available:
+        return
+    gib = 2**30
+    raise TaskformerError(f"--data-dir {data_dir}: preparing its {text_bytes / 1e9:,.1f} GB of text needs about "
+                          f"{need / gib:,.1f} GiB of memory, but {available / gib:,.1f} GiB is available; use "
+                          "fewer or smaller files, or a task option that reads fewer rows")
+
+
 def check_memory(task: Task, config: RunConfig, vocab_size: int, num_classes: int = 0, tokens: int = 0,
                  training: bool = True) -> None:
     """Refuse a model and data that cannot fit in the memory available, before any of it is made,
