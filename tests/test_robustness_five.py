@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import run_cli
 
-from taskformer.app.datacache import KEEP, MARK
+from taskformer.app.datacache import KEEP, MARK, VERSION
 from taskformer.core.data import Encoded
 from taskformer.core.engine import TrainConfig, Trainer
 from taskformer.core.errors import TaskformerError
@@ -89,7 +89,8 @@ def test_pruning_the_cache_removes_only_its_own_entries(cli, tmp_path, monkeypat
     outside.mkdir()
     (outside / MARK).write_text("{}")
     (outside / "thesis.tex").write_text("years of work")
-    mine = {"photos": "{}", "0" * 32: '{"format": 1}', "1" * 32: '{"format": 1, "key": "another"}'}
+    mine = {"photos": "{}", "0" * 32: json.dumps({"format": VERSION}),
+            "1" * 32: json.dumps({"format": VERSION, "key": "another"})}
     for name, mark in mine.items():  # a user's folders that look a little like entries: a mark, a key's name
         (data / name).mkdir()
         (data / name / MARK).write_text(mark)
@@ -98,7 +99,7 @@ def test_pruning_the_cache_removes_only_its_own_entries(cli, tmp_path, monkeypat
     genuine = [f"{i:x}" * 32 for i in range(3, 3 + KEEP)]
     for name in genuine:  # entries of the cache's own format, newer than the user's folders
         (data / name).mkdir()
-        (data / name / MARK).write_text(json.dumps({"format": 1, "key": name}))
+        (data / name / MARK).write_text(json.dumps({"format": VERSION, "key": name}))
     for age, path in enumerate([*(data / n for n in mine), data / ("2" * 32), *(data / n for n in genuine)]):
         os.utime(path, (1_000_000 + age, 1_000_000 + age), follow_symlinks=False)
     result = cli("run", "shakespeare-char", "--data-dir", str(text_dir(tmp_path, TEXT)), "--out",
