@@ -310,3 +310,12 @@ def test_more_processes_than_cores_is_refused_at_once(tmp_path, dry):
                      *(["--dry-run"] if dry else []), env={"CUDA_VISIBLE_DEVICES": ""}, timeout=120)
     one_error_line(result, f"--nproc {cores + 1}", f"at most --nproc {cores}")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("setting, words", [(["--seed", "5"], ["--seed 5", "draws its data from the seed"]),
+                                            (["--set", "model.d_model=65536"], ["model.d_model"])])
+def test_a_distillation_is_refused_before_the_teachers_decode(teacher, tmp_path, setting, words):
+    out = tmp_path / "student"
+    result = run_cli("distill", str(teacher), "--out", str(out), *STUDENT, *setting)
+    one_error_line(result, *words)
+    assert not out.exists() and "decoding the train split" not in result.stderr
