@@ -361,7 +361,7 @@ class Trainer:
             self.events.drop_after(self.state.step)
         st.resumed.append({"step": st.step, "epoch": st.epoch, "batch": st.batch,
                            "after": st.stopped or "a stop that saved no reason (a kill, say)"})
-        self.log(event="resumed", **st.resumed[-1])
+        self.on_event({"event": "resumed", **st.resumed[-1]})  # said, not logged: the log is the run's updates
         if self.rank == 0:  # weights of evaluations after the checkpoint would join the averages too early
             for step, later in ckpt.evaluated_weights(self.run_dir).items():
                 if step > self.state.step:
