@@ -273,6 +273,7 @@ class TrainState:
     stopped: str = ""  # why training stopped early ("": it did not)
     evaluated_at: int = -1  # the step of the last evaluation
     cooldown: list[int] = field(default_factory=list)  # [first step, number of updates] of the final decay once begun
+    resumed: list[dict] = field(default_factory=list)  # each resume: the step and epoch it went on from, and why it stopped
 
     @classmethod
     def of(cls, saved: dict[str, Any]) -> TrainState:
@@ -358,6 +359,9 @@ class Trainer:
                                   "is damaged")
         if self.rank == 0 and self.events:
             self.events.drop_after(self.state.step)
+        st.resumed.append({"step": st.step, "epoch": st.epoch, "batch": st.batch,
+                           "after": st.stopped or "a stop that saved no reason (a kill, say)"})
+        self.on_event({"event": "resumed", **st.resumed[-1]})  # said, not logged: the log is the run's updates
         if self.rank == 0:  # weights of evaluations after the checkpoint would join the averages too early
             for step, later in ckpt.evaluated_weights(self.run_dir).items():
                 if step > self.state.step:

@@ -54,7 +54,7 @@ def test_outputs_stream_while_stdin_is_still_open(run_dir):
     finally:
         proc.kill()
     assert proc.returncode == 130 and out == b""
-    assert b"Traceback" not in err and err.decode().strip().splitlines() == ["Error: interrupted"]
+    assert b"Traceback" not in err and err.decode().strip().splitlines() == ["interrupted"]
 
 
 def test_a_reader_that_leaves_early_ends_predict_quietly(run_dir):

@@ -311,3 +311,51 @@ def test_more_processes_than_cores_is_refused_at_once(tmp_path, dry):
                      *(["--dry-run"] if dry else []), env={"CUDA_VISIBLE_DEVICES": ""}, timeout=120)
     one_error_line(result, f"--nproc {cores + 1}", f"at most --nproc {cores}")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("setting, words", [(["--seed", "5"], ["--seed 5", "draws its data from the seed"]),
+                                            (["--set", "model.d_model=65536"], ["model.d_model"])])
+def test_a_distillation_is_refused_before_the_teachers_decode(teacher, tmp_path, setting, words):
+    out = tmp_path / "student"
+    result = run_cli("distill", str(teacher), "--out", str(out), *STUDENT, *setting)
+    one_error_line(result, *words)
+    assert not out.exists() and "decoding the train split" not in result.stderr
+
+
+# -- an intended stop is no error, and the record keeps it ----------------------------------------------------
+
+def test_ctrl_c_of_a_run_says_how_to_resume_and_the_resumed_run_records_it(tmp_path):
+    import signal
+
+    from test_robustness import start, wait_for_checkpoint
+
+    out = tmp_path / "run"
+    proc = start("run", "copy", "--out", str(out), "--quiet", "--set", "data.train_size=600", "--set", "train.epochs=2",
+                 "--set", "train.save_every=2", "--set", "data.val_size=8", "--set", "data.test_size=8")
+    wait_for_checkpoint(out, 4, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130 and "Error:" not in err and "Traceback" not in err, err
+    assert "training interrupted by SIGINT" in err and f"Resume with: taskformer run --resume {out}" in err
+    resumed = run_cli("run", "--resume", str(out))
+    assert resumed.returncode == 0, resumed.stderr
+    [record] = json.loads((out / "result.json").read_text())["info"]["resumed"]
+    assert record["after"] == "interrupted by SIGINT" and record["step"] >= 4
+    assert f"resuming after update {record['step']:,} (epoch {record['epoch'] + 1}" in resumed.stderr
+    assert "it had stopped: interrupted by SIGINT" in re.sub(r"[\s│]+", " ", (out / "report.txt").read_text())
+
+
+def test_ctrl_c_of_serve_is_a_calm_stop(lm_run):
+    import signal
+    import subprocess
+    import sys
+
+    server = subprocess.Popen([sys.executable, "-m", "taskformer", "serve", f"lm={lm_run}", "--port", "0"],
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        assert "serving lm on" in server.stderr.readline()
+        server.send_signal(signal.SIGINT)
+        _, err = server.communicate(timeout=60)
+    finally:
+        server.kill()
+    assert server.returncode == 130 and err.strip().splitlines() == ["stopped serving (Ctrl-C)"], err

@@ -42,7 +42,8 @@ def taskformer_report_sections(run):
             ("steps", info.get("steps")),
             ("epochs", info.get("epochs")), ("throughput", f"{info.get('tokens_per_s', 0):,} target tokens/s"),
             ("best step", info.get("best_step")),
-            ("weights kept", info.get("kept_weights")), ("stopped", info.get("stopped"))]
+            ("weights kept", info.get("kept_weights")), ("stopped", info.get("stopped")),
+            ("resumed", resumed_at(info.get("resumed")))]
     for k, v in rows:
         if v is not None:
             facts.add_row(k, fmt(v))
@@ -59,6 +60,13 @@ def taskformer_report_sections(run):
     decoded = any(not is_blank(src) for src, _, _ in run.samples.get("test", []))
     return [("Configuration", cfg), ("Data and training", facts),
             (f"Metrics (selected by {run.task.metric})", metrics), *([("Test samples", samples)] if decoded else [])]
+
+
+def resumed_at(record) -> str | None:
+    """Where an interrupted run went on from, each time, and why it had stopped (None if it never did)."""
+    said = [f"after update {fmt(r.get('step'))} (it had stopped: {r.get('after')})"
+            for r in record if isinstance(r, dict)] if isinstance(record, list) else []
+    return "; ".join(said) or None
 
 
 def distilled_from(record) -> str | None:

@@ -62,10 +62,11 @@ class CLI(click.Group):
         except TaskformerError as e:
             if ctx.params.get("debug"):
                 raise
-            click.echo(f"Error: {visible(e)}", err=True)  # it may quote a file, a name or a path
-            ctx.exit(getattr(e, "exit_code", 2))
+            code = getattr(e, "exit_code", 2)  # 130: stopped as asked (Ctrl-C), which is no error
+            click.echo(f"{'' if code == 130 else 'Error: '}{visible(e)}", err=True)  # it may quote a file or a path
+            ctx.exit(code)
         except KeyboardInterrupt:
-            click.echo("Error: interrupted", err=True)
+            click.echo("interrupted", err=True)
             ctx.exit(130)
         except Exception as e:  # a bug: still one line, unless --debug
             if ctx.params.get("debug"):

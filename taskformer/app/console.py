@@ -76,6 +76,9 @@ class ProgressDisplay:
             self._say(f"recipe: {e['why']}")
             if e.get("short"):
                 self._say(f"warning: {e['short']}")
+        elif kind == "resumed":
+            self._say(f"resuming after update {e['step']:,} (epoch {e['epoch'] + 1}, {e['batch']:,} of its updates "
+                      f"done); the run had stopped: {e['after']}")
         elif kind == "cooldown":
             self._say(f"cool-down: after step {e['after']:,} the learning rate ({e['lr']:.2e}) falls linearly "
                       f"to zero over {count(e['updates'], 'update')}")

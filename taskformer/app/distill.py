@@ -40,6 +40,7 @@ import torch
 from taskformer.app import datacache, rundir, runner, training
 from taskformer.app.hooks import decode_texts, load_data
 from taskformer.app.prepare import Layers, TrainRequest, check_budget, check_time_limit
+from taskformer.app.resources import check_memory
 from taskformer.app.rundir import row_json
 from taskformer.core import checkpoint as ckpt
 from taskformer.core import config as C
@@ -111,6 +112,7 @@ def train(request: DistillRequest, on_event=lambda e: None) -> Run:
             rundir.check_out(request.out)
             asked["teacher_weights_sha256"] = ckpt.sha256(teacher.dir / ckpt.WEIGHTS)
         data = teacher_data(teacher, data_dir, options)
+        check_student_data(teacher, data_dir, options, data)
         if not request.resume:  # made only now: a teacher, settings or data refused leave no folder
             run_dir = rundir.new_run_dir(task.name, request.out, lock)
             ckpt.write_json(run_dir / REQUEST, asked)
@@ -145,6 +147,22 @@ def check_student(request: TrainRequest) -> C.RunConfig:
                        request.settings).build()
     check_budget(config, request.time_limit)
     return config
+
+
+def check_student_data(teacher: Run, data_dir: str | None, student: C.RunConfig, data: TaskData) -> None:
+    """Refuse, before the decode, what the student's start would refuse after it: a model too large
+    for the memory here, and a seed of its own that makes the task's data hook give another train
+    split (one that draws its rows or its val from the seed) than the one the teacher decodes."""
+    task = teacher.task
+    check_memory(task, student, data.tokenizer.get_vocab_size(), len(data.labels or []))
+    if student.train.seed == teacher.config.train.seed:
+        return
+    own = datacache.load(task, student, data_dir, lambda: load_data(task, student, data_dir, tokenizer=data.tokenizer),
+                         data.tokenizer)
+    if [row[0] for row in own.splits["train"]] != [row[0] for row in data.splits["train"]]:
+        raise TaskformerError(f"--seed {student.train.seed}: task {task.name!r} draws its data from the seed, so the "
+                              f"student's train split would not be the one the teacher decodes (with its seed, "
+                              f"{teacher.config.train.seed}); leave --seed out, or train a teacher with that seed")
 
 
 def load_teacher(path: str, teacher_set: list[str]) -> Run:

@@ -164,4 +164,8 @@ def command(run_dirs, host, port, max_batch, max_wait_ms, max_inputs, max_chars,
     banner = (f"serving {', '.join(runs)} on http://{shown}:{sock.getsockname()[1]}/ with {torch.get_num_threads()} "
               "decoding thread(s) (Ctrl-C or SIGTERM stops)")
     config = uvicorn.Config(app, log_level="warning", access_log=False, log_config=LOGGING)
-    Uvicorn(config, banner, app.state.served).run(sockets=[sock])
+    try:
+        Uvicorn(config, banner, app.state.served).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn raises the Ctrl-C again once the requests in flight are answered
+        click.echo("stopped serving (Ctrl-C)", err=True)
+        raise SystemExit(130) from None

@@ -300,6 +300,7 @@ def finish(begun: Begun, state: dict) -> Run:
         "best_step": state["best_step"],
         "kept_weights": ckpt.weights_name(state["best_weights"] or [state["best_step"]]),
         "stopped": stopped_because(config.train, state),
+        **({"resumed": state["resumed"]} if state["resumed"] else {}),
         **({"recipe": begun.recipe} if begun.recipe else {}),
         **({"distill": begun.distill} if begun.distill else {}),
     }
