@@ -30,7 +30,7 @@ from taskformer.core.options import option
 
 SPLITS = ("train", "val", "test")
 SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "dev": "val", "test": "test"}
-SPLIT_RULE = "a seeded shuffle of the rows (data.split_seed): data.val_fraction to val, data.test_fraction to test"
+SPLIT_RULE = "a seeded shuffle of train's rows (data.split_seed; shares data.val_fraction, data.test_fraction)"
 TABLES = {".csv": "csv", ".tsv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 CONLL = (".conll", ".conll2003", ".bio", ".iob", ".iob2", ".ner")
 LANGUAGE = re.compile(r"[a-z]{2,3}([-_][A-Za-z]{2,4})?")  # a language code as a file suffix or column: de, pt-BR
