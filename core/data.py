@@ -46,6 +46,9 @@ class TaskData:
     with a prompt end in EOS, while the rows without one are running text, joined into one stream
     (``("", whole_text)`` is a corpus; see :func:`encode_text`). ``notes`` are extra facts for the
     report's data table (e.g. how many inputs were truncated or held unknown characters).
+    A split may be a list or any sized, indexable sequence of rows, or a ``datasets.Dataset`` with
+    ``source`` and ``target`` columns (see :func:`rows`): the train split is encoded a chunk at a
+    time, never held as Python strings.
     """
 
     tokenizer: Tokenizer
