@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import gzip
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -46,6 +46,9 @@ class TaskData:
     with a prompt end in EOS, while the rows without one are running text, joined into one stream
     (``("", whole_text)`` is a corpus; see :func:`encode_text`). ``notes`` are extra facts for the
     report's data table (e.g. how many inputs were truncated or held unknown characters).
+    A split may be a list or any sized, indexable sequence of rows, or a ``datasets.Dataset`` with
+    ``source`` and ``target`` columns (see :func:`rows`): the train split is encoded a chunk at a
+    time, never held as Python strings.
     """
 
     tokenizer: Tokenizer
@@ -77,22 +80,25 @@ def read_lines(path: str | Path) -> list[str]:
     """
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
+    out: list[str] = []
     try:
-        with opener(path, "rb") as f:
-            raw = f.read().removeprefix(b"\xef\xbb\xbf")  # a BOM is not part of the first line's text
+        with opener(path, "rb") as f, stage(f"reading {path.name}", None, every=20_000) as advance:
+            head = f.read(1 << 20)
+            f.seek(0)
+            lines: Iterable[bytes] = f  # a line at a time: never the whole file's bytes at once
+            if b"\n" not in head and b"\r" in head:  # CR alone: classic Mac line ends (such files are small)
+                pieces = f.read().split(b"\r")
+                lines = pieces[:-1] if pieces[-1] == b"" else pieces
+            for i, line in enumerate(lines, 1):
+                if i == 1:
+                    line = line.removeprefix(b"\xef\xbb\xbf")  # a BOM is not part of the first line's text
+                try:
+                    out.append(line.removesuffix(b"\n").decode("utf-8").rstrip("\r"))
+                except UnicodeDecodeError as e:
+                    raise DataError(f"{path}:{i}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+                advance()
     except (OSError, EOFError) as e:
         raise DataError(f"{path}: cannot read ({e})") from None
-    lines = raw.split(b"\n" if b"\n" in raw or b"\r" not in raw else b"\r")  # CR alone: classic Mac line ends
-    if lines and lines[-1] == b"":
-        lines.pop()
-    out = []
-    with stage(f"reading {path.name}", len(lines), every=20_000) as advance:
-        for i, line in enumerate(lines, 1):
-            try:
-                out.append(line.decode("utf-8").rstrip("\r"))
-            except UnicodeDecodeError as e:
-                raise DataError(f"{path}:{i}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
-            advance()
     if not out:
         raise DataError(f"{path}: file is empty")
     if not any(line.strip() for line in out):
