@@ -71,8 +71,9 @@ class ProgressDisplay:
                       f"{e['tokens_per_s']:,.0f} tok/s")
         elif kind == "recipe":
             self._say(f"recipe: {e['why']}")
-            if e.get("short"):
-                self._say(f"warning: {e['short']}")
+            for warning in (e.get("short"), e.get("few")):
+                if warning:
+                    self._say(f"warning: {warning}")
         elif kind == "cooldown":
             self._say(f"cool-down: after step {e['after']:,} the learning rate ({e['lr']:.2e}) falls linearly "
                       f"to zero over {e['updates']:,} updates")
