@@ -99,7 +99,7 @@ def choose(recipes: Iterable[object], owner: str, pace: float, seconds_for: Call
            f"tokens, about {planned:,} updates (from {tokens(minimum)}: {reason})")
     record = {"name": name, "overrides": overrides, "pace": round(pace), "pace_source": source,
               "train_seconds": round(seconds, 1), "budget_tokens": round(budget), "minimum_tokens": round(minimum),
-              "planned_updates": planned, "updates_per_second": pace * per_token, "why": why}
+              "planned_updates": planned, "updates_per_second": max(pace * per_token, 1e-9), "why": why}
     if budget < minimum:
         record["short"] = (f"the budget, {tokens(budget)} target tokens, is below the {tokens(minimum)} that the task's "
                            f"smallest recipe needs; about {minimum / pace / 60:.1f} min of training would reach it")
