@@ -99,7 +99,7 @@ def train(request: TrainRequest, on_event=lambda e: None, shard: tuple[int, int]
                     on_event({"event": "recipe", **prepared.recipe})
                 begun = begin(prepared, request.out, shard, lock, request.claimed)
             on_event({"event": "begun", "run_dir": str(begun.run.dir), "time_limit": begun.time_limit,
-                      "since_start": begun.clock.elapsed() - begun.clock.spent})
+                      "since_start": begun.clock.since_start()})
             state = fit(begun, on_event, shard)
             return begun.run if shard[0] != 0 else finish(begun, state)  # rank 0 alone evaluates and reports
         except RunDirBusy as e:
