@@ -13,6 +13,8 @@ from taskformer import Task, TaskData, hookimpl, symbols
 from taskformer.core.budget import TIME_LIMIT_PATIENCE
 from taskformer.plugins.manager import plugins
 
+pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
+
 SMALL = {"d_model": 32, "n_heads": 2, "enc_layers": 1, "dec_layers": 1, "d_ff": 64, "dropout": 0.0, "max_len": 16}
 
 

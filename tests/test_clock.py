@@ -166,6 +166,7 @@ def test_a_run_that_used_little_of_its_limit_says_why_and_that_the_machine_was_b
     assert "short_of_limit" not in limit.account(1_500_000, 120.0, "time limit", 40.0)
 
 
+@pytest.mark.slow
 def test_a_plan_too_small_to_learn_says_so_before_training_and_in_the_report(cli, tmp_path):
     out = tmp_path / "run"
     result = cli("run", "copy", "--out", str(out), "--time-limit", "1", "--set", "train.pace=100",

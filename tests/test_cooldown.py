@@ -9,6 +9,8 @@ from safetensors.torch import load_file
 from conftest import run_cli
 from taskformer.core import checkpoint as ckpt
 
+pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
+
 SMALL = ["--quiet", "--set", "data.train_size=600", "--set", "data.val_size=20", "--set", "data.test_size=20",
          "--set", "train.log_every=1", "--set", "train.warmup=5"]
 
