@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from taskformer.core import clock
 from taskformer.core.data import Encoded, collate
 from taskformer.core.engine import TrainConfig, Trainer
 from taskformer.core.errors import TaskformerError
@@ -37,9 +38,6 @@ RECIPE_SECTIONS = ("model", "train", "decode")
 # The warm-up of a short budget: at most this share of the updates the budget buys. A warm-up longer
 # than the run never reaches the peak rate (a 1,000-update warm-up in a 400-update run).
 WARMUP_SHARE = 0.1
-# The final evaluation's time, measured on a few examples before training, is kept back with this
-# share more: an estimate from 16 examples varies, and the report and outputs are written after it.
-RESERVE_MARGIN = 0.25
 
 
 def time_limit_layer(train_defaults: dict) -> dict:
@@ -101,7 +99,7 @@ def choose(recipes: Iterable[object], owner: str, pace: float, seconds_for: Call
            f"tokens, about {planned:,} updates (from {tokens(minimum)}: {reason})")
     record = {"name": name, "overrides": overrides, "pace": round(pace), "pace_source": source,
               "train_seconds": round(seconds, 1), "budget_tokens": round(budget), "minimum_tokens": round(minimum),
-              "planned_updates": planned, "why": why}
+              "planned_updates": planned, "updates_per_second": max(pace * per_token, 1e-9), "why": why}
     if budget < minimum:
         record["short"] = (f"the budget, {tokens(budget)} target tokens, is below the {tokens(minimum)} that the task's "
                            f"smallest recipe needs; about {minimum / pace / 60:.1f} min of training would reach it")
@@ -133,7 +131,8 @@ def measure_pace(model: Transformer | Ensemble, cfg: TrainConfig, train: Encoded
     ``model`` must be a throwaway copy: the probe makes real updates (the run's own training
     step: loss, backward, clipping, AdamW, autocast) with their dropout drawn from a forked random
     generator, so neither the run's weights nor its random state move. One update is not timed
-    (kernel selection, the allocator's first blocks), then updates are timed for ``PROBE_SECONDS``.
+    (kernel selection, the allocator's first blocks), then updates are timed for ``PROBE_SECONDS``;
+    the pace is the median of theirs, so a busy moment slows one sample, not the figure.
     """
     gpus = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=gpus), \
@@ -143,17 +142,21 @@ def measure_pace(model: Transformer | Ensemble, cfg: TrainConfig, train: Encoded
         updates = trainer.epoch_updates(train.lengths())
         if not updates:
             raise TaskformerError("no training batches to measure the pace on")
-        timed, counted, started, spent = 0, 0, 0.0, 0.0
+        counts: list[int] = []
+        seconds: list[float] = []
+        started = time.perf_counter()
         for number, group in enumerate(itertools.cycle(updates)):  # a tiny train split is gone over again
             micro = [(src.to(device), tgt.to(device)) for src, tgt in (collate(train, b) for b in group)]
+            begun = time.perf_counter()
             _, count = trainer._step(micro)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             if number == 0:
                 started = time.perf_counter()
                 continue
-            timed, counted = timed + 1, counted + count
+            counts.append(count)
+            seconds.append(time.perf_counter() - begun)
             spent = time.perf_counter() - started
-            if timed >= PROBE_UPDATES[1] or (timed >= PROBE_UPDATES[0] and spent >= PROBE_SECONDS):
+            if len(counts) >= PROBE_UPDATES[1] or (len(counts) >= PROBE_UPDATES[0] and spent >= PROBE_SECONDS):
                 break
-    return counted / max(spent, 1e-9)
+    return clock.median_pace(counts, seconds)

@@ -46,6 +46,8 @@ def unbound_run(run_dir: Path) -> dict[str, str] | None:
 def checkpoint_state(state: dict) -> dict:
     """A checkpoint's trainer state with the keys added since it was written."""
     state.setdefault("cooldown", [])  # no cool-down was scheduled
+    state.setdefault("marks", [])  # the rate of updates is measured anew
+    state.setdefault("kept", {})  # the time kept back is the run's first estimate
     return state
 
 

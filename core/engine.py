@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from taskformer.core import checkpoint as ckpt
-from taskformer.core import inference, precision
+from taskformer.core import clock, inference, precision
 from taskformer.core.data import IGNORE, Batch, Encoded, Indices, collate, token_batches
 from taskformer.core.errors import TaskformerError
 from taskformer.core.model import PAD, Ensemble, SequenceModel, Transformer
@@ -272,7 +272,10 @@ class TrainState:
     tokens: int = 0  # target tokens trained on
     stopped: str = ""  # why training stopped early ("": it did not)
     evaluated_at: int = -1  # the step of the last evaluation
-    cooldown: list[int] = field(default_factory=list)  # [first step, number of updates] of the final decay once begun
+    # the final decay once begun: [from step, updates after it, share of the rate there, step it first began]
+    cooldown: list[float] = field(default_factory=list)
+    marks: list[list[float]] = field(default_factory=list)  # [elapsed, step] after each of the last updates
+    kept: dict[str, float] = field(default_factory=dict)  # what the clock kept back from training, by why
     resumed: list[dict] = field(default_factory=list)  # each resume: the step and epoch it went on from, and why it stopped
 
     @classmethod
@@ -327,7 +330,7 @@ class Trainer:
         self.state = TrainState()
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: self._rate_factor(s + 1))
         self.stop_reason = ""  # set from outside (signal handler) to stop after the current step
-        self.reserve: Callable[[], float] = lambda: 0.0  # seconds of a time limit kept for after training (fit)
+        self.clock: clock.Clock | None = None  # the time limit's clock, where one is given (fit)
         self.validating = False  # inside an evaluation: a signal handler may abandon it (nothing is saved then)
 
     # -- checkpoints -------------------------------------------------------------------------
@@ -341,6 +344,8 @@ class Trainer:
 
     def save(self) -> None:
         self.check_weights()
+        if self.clock:  # a resumed run keeps back what this one kept
+            self.state.kept = dict(self.clock.kept)
         if self.rank == 0:
             ckpt.save_training_state(self.run_dir / ckpt.CHECKPOINTS, self.state.step, self.model,
                                      self.optimizer, self.scheduler, asdict(self.state), self.cfg.keep_last, self.stamp)
@@ -376,48 +381,48 @@ class Trainer:
 
     # -- the learning rate -------------------------------------------------------------------
     def _rate_factor(self, step: int) -> float:
-        """``lr_factor`` of the schedule; once the cool-down ``[start, length]`` has begun, the factor of
-        update ``start`` falling linearly over the next ``length`` updates (the last at 1 / (length + 1))."""
-        cfg, fall = self.cfg, 1.0
-        if self.state.cooldown and step > self.state.cooldown[0]:
-            start, length = self.state.cooldown
-            step, fall = start, max(start + length - step + 1, 0) / (length + 1)
-        return lr_factor(step, cfg.warmup, cfg.schedule, self.total_steps) * fall
+        """``lr_factor`` of the schedule, times the share the cool-down leaves of it once begun."""
+        step, fall = clock.fall(self.state.cooldown, step)
+        return lr_factor(step, self.cfg.warmup, self.cfg.schedule, self.total_steps) * fall
 
-    def _start_cooldown(self, time_limit: float | None) -> None:
+    def _start_cooldown(self) -> None:
         """Begin the final decay (``train.cooldown``) once that fraction of the budget is left.
 
         A short run ends at a still-high learning rate, where the weights wander around a minimum
         (hence the gain of averaging them); letting the rate fall to zero over the last part of the
         run settles them (the warm-up, stable, decay schedule of Hu et al., 2024, "MiniCPM", and
-        Hägele et al., 2024). With a time limit the number of decay updates is the pace so far times
-        the time left, fixed when the decay begins and saved with the run, so a resumed run continues
-        it exactly; the run then stops when the rate reaches zero or the time runs out.
+        Hägele et al., 2024). With a time limit the decay begins when that fraction of the training
+        time is left, over the updates that the rate of the last ones buys in it, and after each
+        update the rest of the fall is spread over the updates left (:func:`clock.replanned`): a
+        machine that turns busy or idle ends its decay at the end of its time. The cool-down and the
+        updates the rate is measured on are saved with each checkpoint, so a resumed run decays as
+        an uninterrupted one would at the same pace.
 
         The ``linear`` schedule needs the number of updates; with no epoch cap and no step limit
         (``train.epochs=0`` under a time limit) it is unknown, so the linear decay is this cool-down
-        over all the time left after the warm-up, at the pace of the warm-up.
+        over all the time left after the warm-up.
         """
-        cfg, st = self.cfg, self.state
+        cfg, st, timed = self.cfg, self.state, self.clock is not None and self.clock.limit is not None
         fraction = cfg.cooldown
-        if cfg.schedule == "linear" and not self.total_steps and time_limit:
+        if cfg.schedule == "linear" and not self.total_steps and timed:
             fraction = 1.0 if st.step >= cfg.warmup else 0.0
-        if not fraction or st.cooldown:
+        if not fraction:
+            return
+        seconds = self.clock.for_training() if self.clock else None
+        due = seconds is not None and (bool(st.cooldown) or seconds <= fraction * (st.elapsed + seconds))
+        left = torch.tensor(float(self.clock.updates_left(st.marks) if self.clock and due else -1))
+        if timed and self.world > 1:  # every rank must decay alike: rank 0's clock decides
+            torch.distributed.broadcast(left, src=0)
+        by_time = int(left.item())  # the updates the time left buys once the decay is due by time, else -1
+        if st.cooldown:
+            if by_time > 0 and st.step < st.cooldown[0] + st.cooldown[1]:  # a decay that has ended stops the run
+                st.cooldown = clock.replanned(st.cooldown, st.step, by_time, self.total_steps)
             return
         by_steps = bool(self.total_steps) and st.step >= (1 - fraction) * self.total_steps
-        budget = time_limit - self.reserve() if time_limit else 0.0  # seconds of training and validation
-        by_time = bool(time_limit) and st.elapsed >= (1 - fraction) * budget
-        left = [self.total_steps - st.step] if self.total_steps else []  # the updates left, by each budget
-        if by_time:
-            left.append(round(st.step * (budget - st.elapsed) / max(st.elapsed, 1e-9)))
-        # The next update's rate is already set: the decay runs over the updates after it.
-        length = torch.tensor(float(max(min(left) - 1, 1) if by_steps or by_time else 0))
-        if self.world > 1:  # every rank must decay alike: rank 0's clock decides
-            torch.distributed.broadcast(length, src=0)
-        if length.item():
-            st.cooldown = [st.step + 1, int(length.item())]
-            self.log(event="cooldown", after=st.step + 1, updates=int(length.item()),
-                     lr=self.scheduler.get_last_lr()[0])
+        counts = [*([self.total_steps - st.step] if self.total_steps else []), *([by_time] if by_time >= 0 else [])]
+        if by_steps or by_time >= 0:  # the next update's rate is already set: the decay runs over the updates after it
+            st.cooldown = [st.step + 1, max(min(counts) - 1, 1), 1.0, st.step + 1]
+            self.log(event="cooldown", after=st.step + 1, updates=st.cooldown[1], lr=self.scheduler.get_last_lr()[0])
 
     # -- the loop ----------------------------------------------------------------------------
     def _evaluate(self) -> None:
@@ -506,7 +511,7 @@ class Trainer:
                                   "the best checkpoint so far is kept (try a lower train.lr)")
         return value, int(total)  # the whole update's target tokens, as the loss counts them
 
-    def _stop_requested(self, time_limit: float | None) -> str:
+    def _stop_requested(self) -> str:
         """Why to stop now, agreed by every rank (one stopping alone would leave the others waiting)."""
         cfg, st = self.cfg, self.state
         reason = ""
@@ -516,18 +521,24 @@ class Trainer:
             reason = patience_reason(cfg.patience)
         elif cfg.max_steps and st.step >= cfg.max_steps:
             reason = f"reached train.max_steps={cfg.max_steps}"
-        elif st.cooldown and st.step >= sum(st.cooldown):
-            start, length = st.cooldown
-            reason = f"the cool-down brought the learning rate to zero ({length} updates after step {start})"
-        elif time_limit is not None and st.elapsed >= time_limit - self.reserve():
-            reason = (f"time limit: after {st.elapsed:.0f} s of training and validation, the rest of the "
-                      f"time kept for the last validation and the final evaluation (about {self.reserve():.0f} s)")
+        elif st.cooldown and st.step >= st.cooldown[0] + st.cooldown[1]:
+            start, length, *_, origin = (*st.cooldown, st.cooldown[0])
+            reason = (f"the cool-down brought the learning rate to zero ({int(start + length - origin)} updates after "
+                      f"step {int(origin)})")
+        elif self.clock and (left := self.clock.for_training()) is not None and left <= 0:
+            reason = (f"time limit: after {st.elapsed:.0f} s of training and validation, the rest of the time "
+                      f"kept for the last validation and the final evaluation (about {self.clock.reserve():.0f} s)")
         if self.world > 1:
             flag = torch.tensor(float(bool(reason)), device=self.device)
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
             if flag.item() and not reason:
                 reason = "another rank stopped"
         return reason
+
+    def _budget(self) -> float | None:
+        """Seconds of training and validation the time limit allows in all: those used and those left."""
+        left = self.clock.for_training() if self.clock else None
+        return None if left is None else self.state.elapsed + left
 
     def epoch_updates(self, lengths: Indices) -> list[list[Batch]]:
         """This rank's updates for the current epoch (see :func:`epoch_updates`)."""
@@ -537,15 +548,22 @@ class Trainer:
         """The updates this run plans (every epoch has as many); 0: unknown, the clock is the budget."""
         return planned_updates(self.cfg, len(self.epoch_updates(self.train_data.lengths())))
 
-    def fit(self, time_limit: float | None = None, reserve: Callable[[], float] = lambda: 0.0) -> dict:
-        """Train until the epochs, step limit or time budget (seconds) run out; returns the final state.
+    def fit(self, limit: clock.Clock | None = None) -> dict:
+        """Train until the epochs, step limit or time limit run out; returns the final state.
 
-        ``reserve()`` is the part of ``time_limit`` kept for what follows training (the final
-        evaluation); it is asked again at every check, so a better estimate counts at once.
+        ``limit`` is the time limit's clock: training stops when it has no seconds left for training
+        (what it keeps back for the final evaluation is asked at every check, so a better estimate
+        counts at once), and its time source is the trainer's. A resumed run's clock counts the
+        training of earlier attempts, and keeps back what it kept when the checkpoint was saved.
         """
         cfg, st = self.cfg, self.state
         st.stopped = ""  # why an earlier attempt stopped (a signal, saved with its checkpoint) is not why this one does
-        started = time.monotonic() - st.elapsed
+        now = limit.now if limit else time.monotonic
+        started = now() - st.elapsed
+        self.clock = limit
+        if limit:
+            limit.spent = st.elapsed
+            limit.kept = dict(st.kept) or limit.kept
         self.net.train()
         lengths = self.train_data.lengths()
         if not self.epoch_updates(lengths):  # every epoch has as many: none would count epochs forever
@@ -553,8 +571,7 @@ class Trainer:
                                   f"examples, {self.world} processes, train.accumulate={cfg.accumulate}); give more "
                                   "data or fewer processes")
         self.total_steps = self.planned_updates()
-        self.reserve = reserve
-        last_log, tokens_since = time.monotonic(), 0
+        last_log, tokens_since = now(), 0
         try:
             while not cfg.epochs or st.epoch < cfg.epochs:
                 updates = self.epoch_updates(lengths)
@@ -567,23 +584,25 @@ class Trainer:
                     st.batch += 1
                     st.tokens += count
                     tokens_since += count
-                    st.elapsed = time.monotonic() - started
+                    st.elapsed = now() - started
+                    st.marks = [*st.marks[1 - clock.RATE_WINDOW:], [st.elapsed, st.step]]
                     self.on_event({"event": "update", "step": st.step, "epoch": st.epoch, "epochs": cfg.epochs,
                                    "elapsed": st.elapsed, "tokens": st.tokens, "planned": self.total_steps,
-                                   "budget": time_limit and time_limit - self.reserve()})
+                                   "budget": self._budget()})
                     if st.step % cfg.log_every == 0:
-                        now = time.monotonic()
+                        logged = now()
                         self.log(event="train", epoch=st.epoch, epochs=cfg.epochs, loss=round(loss, 4),
-                                 lr=self.scheduler.get_last_lr()[0], tokens_per_s=tokens_since / (now - last_log),
+                                 lr=self.scheduler.get_last_lr()[0],
+                                 tokens_per_s=tokens_since / max(logged - last_log, 1e-9),
                                  progress=st.batch / len(updates), elapsed=round(st.elapsed, 2))
-                        last_log, tokens_since = now, 0
+                        last_log, tokens_since = logged, 0
                     if cfg.eval_every and st.step % cfg.eval_every == 0:
                         self._evaluate()
                         self.save()
                     elif cfg.save_every and st.step % cfg.save_every == 0:
                         self.save()
-                    self._start_cooldown(time_limit)
-                    reason = self._stop_requested(time_limit)
+                    self._start_cooldown()
+                    reason = self._stop_requested()
                     if reason:
                         raise Stop(reason)
                 st.epoch += 1
@@ -591,8 +610,8 @@ class Trainer:
                 if not cfg.eval_every:
                     self._evaluate()
                 self.save()
-                st.elapsed = time.monotonic() - started  # the limit counts validation too
-                reason = self._stop_requested(time_limit)
+                st.elapsed = now() - started  # the limit counts validation too
+                reason = self._stop_requested()
                 if reason and (not cfg.epochs or st.epoch < cfg.epochs):
                     raise Stop(reason)
             if st.evaluated_at != st.step:  # eval_every did not land on the last step
@@ -603,5 +622,5 @@ class Trainer:
             if st.evaluated_at != st.step and not self.stop_reason:
                 self._evaluate()  # a partial epoch still gets its chance to be the best
             self.save()
-        st.elapsed = time.monotonic() - started
+        st.elapsed = now() - started
         return asdict(st)

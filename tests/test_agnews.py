@@ -15,6 +15,8 @@ from taskformer.app.prepare import make_config
 from taskformer.app.cli import main
 from taskformer.plugins.manager import plugins
 
+pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
+
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
 # A very small model that still learns the fixture's keyword-separable classes in a few seconds. fp32: in bf16 a
 # batch of several lines and a line alone can differ in the 4th decimal of a probability.

@@ -8,6 +8,8 @@ import pytest
 import taskformer
 from conftest import run_cli
 
+pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
+
 DOC = Path(__file__).parents[1] / "docs" / "api.md"
 
 

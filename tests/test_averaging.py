@@ -15,6 +15,8 @@ from taskformer.core.engine import TrainConfig, Trainer
 from taskformer.core.errors import TaskformerError
 from taskformer.core.model import BOS, EOS, ModelConfig, Transformer
 
+pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
+
 FP32_UNIT = torch.finfo(torch.float32).eps
 
 

@@ -15,6 +15,8 @@ import taskformer
 from conftest import DATA, TINY, run_cli
 from taskformer.app import runner
 
+pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
+
 
 def one_line_error(result, *expected):
     assert result.exit_code == 2, result.output

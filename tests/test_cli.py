@@ -4,6 +4,8 @@ import re
 
 import pytest
 
+pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
+
 
 def test_copy_task_reaches_full_exact_match(default_copy_run):
     out, result = default_copy_run

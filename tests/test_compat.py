@@ -3,10 +3,13 @@ import hashlib
 import json
 import shutil
 
+import pytest
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from conftest import TINY
+
+pytestmark = pytest.mark.slow  # trains, serves or starts processes: the full run's, not the quick tier's
 
 
 def test_a_checkpoint_from_before_the_cooldown_resumes(cli, tmp_path):

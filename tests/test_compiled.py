@@ -15,6 +15,8 @@ from taskformer.core.model import PAD, Ensemble, ModelConfig, Transformer
 
 from conftest import TINY, run_cli
 
+pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
+
 V = 24
 
 

@@ -1,6 +1,7 @@
 """`taskformer config` prints every option with its help and range, and `run --dry-run` trains nothing."""
 import json
 
+import pytest
 import tagging_plugin
 
 
@@ -43,6 +44,7 @@ def test_an_unknown_key_lists_the_keys_of_its_section(cli):
     assert out_of_range.exit_code == 2 and "decode.beam must be at least 1, got 0" in out_of_range.stderr
 
 
+@pytest.mark.slow
 def test_dry_run_checks_and_describes_the_run_but_trains_nothing(cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "r"

@@ -9,6 +9,8 @@ from safetensors.torch import load_file
 from conftest import run_cli
 from taskformer.core import checkpoint as ckpt
 
+pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
+
 SMALL = ["--quiet", "--set", "data.train_size=600", "--set", "data.val_size=20", "--set", "data.test_size=20",
          "--set", "train.log_every=1", "--set", "train.warmup=5"]
 
@@ -50,9 +52,9 @@ def test_a_time_limit_sets_the_cooldown_from_the_pace_so_far(tmp_path, cli):
     after = [lr for step, lr in sorted(rates(out).items()) if step >= start["after"]]
     assert after and all(a > b for a, b in zip(after, after[1:])) and after[0] < start["lr"]
     info = json.loads((out / "result.json").read_text())["info"]
-    # the pace was measured over half the budget, so the cool-down ends near the time limit (either stops it)
+    # the decay follows the time left (tests/test_clock.py drives it with a fake clock): it ends with the
+    # time limit, whichever stops the run first
     assert info["stopped"].startswith(("the cool-down brought the learning rate to zero", "time limit"))
-    assert info["steps"] <= start["after"] + start["updates"]
 
 
 def test_resume_inside_the_cooldown_is_exact(tmp_path):

@@ -19,6 +19,8 @@ from taskformer.app.hooks import build_model, decode_texts, load_data, score
 from taskformer.plugins.manager import plugins
 from taskformer.tasks.couplet import FREE, LEVEL, OBLIQUE, form_constraint, tone, tone_checks, tone_targets
 
+pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
+
 TASK = "couplet"
 TONES_OFF = ["decode.tone_final=off", "decode.tone_opposition=off"]
 TONES_HARD = ["decode.tone_final=hard", "decode.tone_opposition=hard"]

@@ -14,6 +14,8 @@ from safetensors.torch import load_file
 
 from conftest import run_cli
 
+pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
+
 KILLPOINT = Path(__file__).with_name("killpoint.py")
 # Seven checkpoint writes: steps 4 and 4 again (an epoch of 4 updates ends), 6 (an evaluation), 8 and 8
 # again, 12 (an evaluation) and 12 again (with why the run stopped).

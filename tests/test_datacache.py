@@ -6,6 +6,8 @@ import pytest
 
 from taskformer import Task, TaskData, hookimpl, read_tsv, symbols
 
+pytestmark = pytest.mark.slow  # trains, serves or starts processes: the full run's, not the quick tier's
+
 SMALL = {"d_model": 32, "n_heads": 2, "enc_layers": 1, "dec_layers": 1, "d_ff": 64, "dropout": 0.0, "max_len": 16}
 
 

@@ -8,6 +8,8 @@ import pytest
 
 from conftest import TINY, run_cli
 
+pytestmark = pytest.mark.slow  # trains, serves or starts processes: the full run's, not the quick tier's
+
 # Batches of 1 to 120 sentences of 1 to 10 symbols through the Python API, as a server decodes them:
 # every batch, and every step in which some of its sentences have finished, has a new number of rows.
 DECODE = """

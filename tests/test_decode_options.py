@@ -23,6 +23,8 @@ from taskformer.testing import cli, run_task
 import decode_options_plugin
 from test_language_model import lm  # noqa: F401 -- its tiny language model, a fixture of that module
 
+pytestmark = pytest.mark.slow  # trains, serves or starts processes: the full run's, not the quick tier's
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"model.d_model": 32, "model.n_heads": 2, "model.enc_layers": 1, "model.dec_layers": 1, "model.d_ff": 64,
         "model.max_len": 16, "train.bf16": False}

@@ -3,6 +3,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import pytest
+
 from taskformer import hookimpl
 from taskformer.core import decoding, inference
 from taskformer.core.decoding import DecodeConfig
@@ -39,6 +41,7 @@ def test_cached_greedy_gives_the_tokens_of_a_full_rerun():
         assert decoding.greedy(inference.for_decoding(model, "none"), src, torch.full((src.size(0),), 20)) == fast
 
 
+@pytest.mark.slow
 def test_the_decoding_copy_gives_the_models_outputs_and_leaves_it_alone():
     """On CPU ``for_decoding(model, "none")`` is a copy with pre-packed linear layers: the same
     parameters, the same logits up to rounding, the same searches; made again when the weights change."""
@@ -91,6 +94,7 @@ def test_rows_that_finish_leave_the_batch_without_changing_any_output():
                                                                                         constraint=keep_all)
 
 
+@pytest.mark.slow
 def test_int8_decoding_follows_the_fp32_model_and_leaves_it_alone():
     model, src = model_and_src(0, batch=32)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
@@ -263,6 +267,7 @@ def test_search_calls_the_head_with_hidden_states_and_the_source_mask():
         assert model.head.calls > 1
 
 
+@pytest.mark.slow
 def test_int8_reaches_predict_eval_and_the_python_api(default_copy_run, cli):
     import taskformer
 
@@ -300,6 +305,7 @@ class LinearWatch:
         self.gaps.append(gap)
 
 
+@pytest.mark.slow
 def test_validation_during_training_decodes_the_current_weights(cli, register, tmp_path):
     # The fused optimizer writes the weights in place without moving their version counters: a
     # decoding copy kept by those counters decoded the first validation's weights ever after.

@@ -14,6 +14,8 @@ import taskformer
 from conftest import run_cli
 from test_hostile import one_error
 
+pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
+
 DATA = ["--set", "data.train_size=8", "--set", "data.val_size=4", "--set", "data.test_size=4",
         "--set", "data.length=4", "--set", "train.bf16=false"]  # fp32: the same outputs on any CPU
 # One evaluation, after the last update: the student's val score is against the references, which it

@@ -3,9 +3,12 @@ import json
 import subprocess
 import sys
 
+import pytest
 from safetensors.torch import load_file
 
 from conftest import run_cli
+
+pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
 
 CPU = {"CUDA_VISIBLE_DEVICES": ""}  # these are CPU (gloo) tests, also on a machine with one GPU
 COMMON = ["--set", "data.train_size=2000", "--set", "train.max_steps=6", "--set", "train.warmup=0",

@@ -52,6 +52,7 @@ def test_each_member_learns_from_its_own_loss():
     assert all(m.embed.weight.grad is not None and m.embed.weight.grad.abs().sum() > 0 for m in nets)
 
 
+@pytest.mark.slow
 def test_agnews_trains_saves_and_predicts_an_ensemble(cli, data_dir, tmp_path):
     out = tmp_path / "run"
     result = cli("run", "agnews", "--data-dir", str(data_dir / "ag_news"), "--out", str(out), *TINY,

@@ -12,6 +12,8 @@ from safetensors.torch import load_file, save_file
 
 from conftest import DATA, TINY, run_cli
 
+pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
+
 
 def one_line_error(result, expected):
     assert result.exit_code == 2, result.output

@@ -13,6 +13,8 @@ from tokenizers import Tokenizer
 
 from taskformer.app.cli import main
 
+pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
+
 needs_ct2 = pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None,
                                reason="ctranslate2 is not installed (pip install taskformer[export])")
 DATA = Path(__file__).parent / "data"

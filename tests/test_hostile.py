@@ -15,6 +15,8 @@ import pytest
 import taskformer
 from conftest import TINY
 
+pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
+
 CONTROL_TYPED = "1 [EOS] 2 [PAD] [BOS] [UNK] 3"
 
 

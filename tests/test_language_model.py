@@ -122,6 +122,7 @@ def test_every_variant_reports_its_loss(tmp_path):
     assert "loss" in trained.report and "None" not in trained.report.split("Metrics")[1].split("\n\n")[0]
 
 
+@pytest.mark.slow
 def test_the_server_streams_a_continuation(lm):
     httpx = pytest.importorskip("httpx", reason="the serve tests need the test extra")
     server = subprocess.Popen([sys.executable, "-m", "taskformer", "serve", f"lm={lm.dir}", "--port", "0"],

@@ -10,6 +10,8 @@ import pytest
 
 from conftest import run_cli
 
+pytestmark = pytest.mark.slow  # trains, serves or starts processes: the full run's, not the quick tier's
+
 
 def test_a_plugin_and_the_plugin_manager_load_without_the_application():
     """A plugin's one import, a task of its own, every built-in plugin and task: none of it imports

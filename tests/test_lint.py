@@ -7,6 +7,10 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # lints the package: the full run's, not the quick tier's
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

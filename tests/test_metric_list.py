@@ -2,7 +2,11 @@
 import json
 import shutil
 
+import pytest
+
 from taskformer import hookimpl
+
+pytestmark = pytest.mark.slow  # trains, serves or starts processes: the full run's, not the quick tier's
 
 LONG = [f"a_rather_long_metric_name_number_{i:02d}_that_no_column_could_hold" for i in range(12)]
 

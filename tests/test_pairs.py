@@ -23,6 +23,8 @@ from taskformer.app.rundir import model_digest
 from taskformer.core.checkpoint import sha256
 from taskformer.plugins.manager import plugins
 
+pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
+
 PAIRS = [("3 1 4 1 5 9 2", "9 1"), ("3 1 4 1 5 9 2", "1 8"), ("0 0 0 0 0 0 0", "0 0")]
 LINES = [f"{first}\t{second}" for first, second in PAIRS]
 SMALL = ["--quiet", *(a for setting in ("data.train_size=300", "train.max_steps=30", "train.threads=1",

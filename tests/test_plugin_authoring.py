@@ -4,8 +4,12 @@ import json
 import random
 from dataclasses import dataclass
 
+import pytest
+
 from taskformer import Task, TaskData, hookimpl, option, symbols
 from taskformer.testing import cli, dry_run, plugin, run_task
+
+pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
 
 FIRST, LAST = ["anna", "tom", "maria", "jan"], ["schmidt", "meyer", "rossi"]
 CITIES, WORDS = ["berlin", "paris", "oslo"], ["met", "visited", "left", "saw", "the", "old", "bridge", "in"]

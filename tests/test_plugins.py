@@ -9,6 +9,8 @@ import legacy_plugin
 from conftest import run_cli
 from taskformer import Task, TaskData, hookimpl, symbols
 
+pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "taskformer-reverse"
 
 

@@ -18,6 +18,7 @@ TINY = ["--quiet", "--set", "train.max_steps=2", "--set", "data.train_size=200",
         "--set", "data.test_size=20"]
 
 
+@pytest.mark.slow
 def test_forced_avx2_makes_bf16_not_native_and_says_why():
     code = "from taskformer.core import precision; print(precision.bf16_native('cpu'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **AVX2},
@@ -43,6 +44,7 @@ def test_a_bad_bf16_setting_is_a_one_line_error(cli, value, tmp_path):
     assert result.stderr.strip().splitlines() == [f"Error: config: train.bf16 must be auto, true or false, not '{value}'"]
 
 
+@pytest.mark.slow
 def test_a_run_on_an_avx2_cpu_trains_in_fp32_and_records_why(tmp_path):
     out = tmp_path / "run"
     result = run_cli("run", "copy", "--out", str(out), *TINY, env=AVX2)
@@ -52,6 +54,7 @@ def test_a_run_on_an_avx2_cpu_trains_in_fp32_and_records_why(tmp_path):
     assert "precision" in (out / "report.txt").read_text()
 
 
+@pytest.mark.slow
 def test_forcing_bf16_where_it_is_emulated_warns_in_one_line(tmp_path):
     out = tmp_path / "run"
     result = run_cli("run", "copy", "--out", str(out), *TINY, "--set", "train.bf16=true", env=AVX2)
@@ -72,6 +75,7 @@ def test_linear_schedule_warms_up_then_falls_to_zero_at_the_last_update():
     assert lr_factor(40, warmup) == pytest.approx(math.sqrt(warmup / 40))
 
 
+@pytest.mark.slow
 def test_a_linear_schedule_run_logs_a_falling_rate(tmp_path, cli):
     out = tmp_path / "run"
     result = cli("run", "copy", "--out", str(out), "--quiet", "--set", "train.schedule=linear",
@@ -82,6 +86,7 @@ def test_a_linear_schedule_run_logs_a_falling_rate(tmp_path, cli):
     assert len(rates) >= 3 and rates == sorted(rates, reverse=True) and rates[-1] < 0.3 * rates[0]
 
 
+@pytest.mark.slow
 def test_a_run_records_its_precision_and_a_damaged_record_is_named_on_resume(tmp_path):
     run = tmp_path / "run"
     assert run_cli("run", "copy", "--out", str(run), *TINY).returncode == 0

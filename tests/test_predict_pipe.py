@@ -7,6 +7,8 @@ import pytest
 
 from conftest import run_cli
 
+pytestmark = pytest.mark.slow  # trains, serves or starts processes: the full run's, not the quick tier's
+
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):

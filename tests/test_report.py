@@ -10,6 +10,8 @@ import pytest
 
 from conftest import TINY, run_cli
 
+pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
+
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):

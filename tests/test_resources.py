@@ -14,6 +14,8 @@ from safetensors.torch import load_file
 from conftest import TINY, run_cli
 from taskformer.core import optimizer_state
 
+pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
+
 
 def one_line_error(result, expected):
     assert result.exit_code == 2, result.output

@@ -14,6 +14,8 @@ from safetensors.torch import load_file
 
 from conftest import run_cli
 
+pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
+
 SMALL = ["--set", "data.train_size=3000", "--set", "train.epochs=3", "--set", "train.save_every=4",
          "--set", "train.log_every=2", "--quiet"]
 

@@ -14,6 +14,8 @@ from safetensors.torch import load_file
 
 from conftest import TINY, run_cli
 
+pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
+
 
 def test_runs_never_share_a_default_directory(cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

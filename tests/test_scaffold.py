@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import run_cli
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "taskformer-reverse"
@@ -27,6 +29,7 @@ def test_scaffold_for_reverse_is_the_example_package(tmp_path, cli):
         assert filecmp.cmp(tmp_path / "pkg" / rel, EXAMPLE / rel, shallow=False), rel
 
 
+@pytest.mark.slow
 def test_every_variant_installs_runs_and_passes_its_own_test(tmp_path, cli):
     """One package per variant, installed by one pip call; their own tests run in one pytest."""
     site = tmp_path / "site"

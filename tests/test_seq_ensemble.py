@@ -176,6 +176,7 @@ def ensemble_run(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_a_trained_ensemble_evaluates_predicts_and_loads_alike(ensemble_run, cli):
     tests = [json.loads(line) for line in (ensemble_run / "outputs-test.jsonl").read_text().splitlines()]
     sources_, outputs = [t["source"] for t in tests], [t["output"] for t in tests]
@@ -192,6 +193,7 @@ def test_a_trained_ensemble_evaluates_predicts_and_loads_alike(ensemble_run, cli
     assert result.exit_code == 0, result.output
 
 
+@pytest.mark.slow
 def test_export_refuses_an_ensemble(ensemble_run, cli, tmp_path):
     result = cli("export", str(ensemble_run), "--to", "ctranslate2", str(tmp_path / "ct2"))
     assert result.exit_code == 2 and "Traceback" not in result.output
@@ -200,6 +202,7 @@ def test_export_refuses_an_ensemble(ensemble_run, cli, tmp_path):
     assert not (tmp_path / "ct2").exists()
 
 
+@pytest.mark.slow
 def test_serve_decodes_an_ensemble_as_predict_does(ensemble_run, cli):
     pytest.importorskip("fastapi", reason="taskformer serve needs the serve extra")
     from test_serve import COPY_INPUTS, Server, predicted
@@ -217,6 +220,7 @@ def test_serve_decodes_an_ensemble_as_predict_does(ensemble_run, cli):
         server.stop()
 
 
+@pytest.mark.slow
 def test_the_search_memory_check_counts_every_members_cache(ensemble_run, cli):
     result = cli("predict", str(ensemble_run), "--beam", "10", "--set", "decode.batch_size=1000000000", "1 2 3")
     assert result.exit_code == 2 and result.stderr.startswith("Error:") and len(result.stderr.splitlines()) == 1

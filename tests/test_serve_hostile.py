@@ -10,6 +10,8 @@ import socket
 
 import pytest
 
+pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
+
 pytest.importorskip("httpx", reason="the serve tests need the test extra (httpx, fastapi, uvicorn)")
 pytest.importorskip("fastapi", reason="taskformer serve needs the serve extra")
 

@@ -64,6 +64,7 @@ def test_a_classifier_learns_a_distribution_as_it_learns_a_label():
     assert torch.allclose(hard, -(smoothed[[0, 2]] * logp[[0, 2]]).sum(), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_tagging_task_trains_predicts_evaluates_and_reports_through_the_cli(register, cli, tmp_path):
     register(tagging_plugin, "truecase-fixture")
     out = tmp_path / "run"

@@ -10,6 +10,8 @@ from conftest import run_cli, task_data
 from taskformer.app.hooks import score
 from taskformer.plugins.manager import plugins
 
+pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
+
 TASK = "translate-de-en"
 TINY = ["model.d_model=32", "model.n_heads=2", "model.enc_layers=1", "model.dec_layers=1", "model.d_ff=64",
         "model.max_len=48", "train.epochs=2", "train.max_tokens=600", "train.warmup=10", "train.bf16=false",

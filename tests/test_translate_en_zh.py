@@ -13,6 +13,8 @@ from conftest import task_data
 from taskformer.app.hooks import score
 from taskformer.plugins.manager import plugins
 
+pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
+
 TASK = "translate-en-zh"
 TINY = ["model.d_model=32", "model.n_heads=2", "model.enc_layers=1", "model.dec_layers=1", "model.d_ff=64",
         "model.max_len=48", "train.epochs=12", "train.max_tokens=600", "train.lr=3e-3", "train.warmup=10",

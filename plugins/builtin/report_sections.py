@@ -35,10 +35,11 @@ def taskformer_report_sections(run):
             ("device", info.get("device")), ("precision", info.get("precision")), ("threads", info.get("threads")),
             ("distilled from", distilled_from(info.get("distill"))),
             ("recipe", info["recipe"].get("why") if isinstance(info.get("recipe"), dict) else None),
-            ("budget warning", info["recipe"].get("short") if isinstance(info.get("recipe"), dict) else None),
+            *(("budget warning", info["recipe"].get(key)) for key in ("short", "few") if isinstance(info.get("recipe"), dict)),
             ("training and validation", f"{info.get('train_seconds', 0):,.1f} s"),
             ("wall time (all)", f"{info.get('wall_seconds', 0):,.1f} s"
              + (f" of the {info['time_limit_seconds'] / 60:g} min time limit" if info.get("time_limit_seconds") else "")),
+            *clock_rows(info.get("clock")),
             ("steps", info.get("steps")),
             ("epochs", info.get("epochs")), ("throughput", f"{info.get('tokens_per_s', 0):,} target tokens/s"),
             ("best step", info.get("best_step")),
@@ -67,6 +68,17 @@ def resumed_at(record) -> str | None:
     said = [f"after update {fmt(r.get('step'))} (it had stopped: {r.get('after')})"
             for r in record if isinstance(r, dict)] if isinstance(record, list) else []
     return "; ".join(said) or None
+
+
+def clock_rows(record) -> list[tuple[str, str | None]]:
+    """The pace before training and over the run, the share of the time limit used, and why it is
+    short of the limit where it is: a busy machine shows here."""
+    if not isinstance(record, dict):
+        return []
+    start, run, used = record.get("start_pace"), record.get("run_pace"), record.get("used")
+    return [("pace", f"{fmt(start)} target tokens/s before training, {fmt(run)} over the run" if start else None),
+            ("time limit used", f"{used:.0%}" if isinstance(used, (int, float)) else None),
+            ("why not all of it", record.get("short_of_limit"))]
 
 
 def distilled_from(record) -> str | None:

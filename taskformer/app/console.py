@@ -74,8 +74,9 @@ class ProgressDisplay:
                       f"{e['tokens_per_s']:,.0f} tok/s")
         elif kind == "recipe":
             self._say(f"recipe: {e['why']}")
-            if e.get("short"):
-                self._say(f"warning: {e['short']}")
+            for warning in (e.get("short"), e.get("few")):
+                if warning:
+                    self._say(f"warning: {warning}")
         elif kind == "resumed":
             self._say(f"resuming after update {e['step']:,} (epoch {e['epoch'] + 1}, {e['batch']:,} of its updates "
                       f"done); the run had stopped: {e['after']}")

@@ -5,12 +5,15 @@ layers (the recipe its budget buys is one of them), the checks that refuse a run
 (the budget, memory, ``--out``), its data and, under a time limit, the plan of that time. A dry run
 is :func:`prepare` and a description, so it checks what the run checks and plans what it will do.
 
-Under ``--time-limit`` the minutes are the wall time of the whole command. Before training, a
-probe on a throwaway copy of the model measures the training pace (target tokens/s) and how long
-the final evaluation (val and test, with the run's own search) will take per example. The time left
-after the start and that evaluation is the training budget; pace x budget picks the task's recipe,
-and the warm-up is cut to a share of the updates the budget buys (a 1,000-update warm-up in a
-400-update run never reaches its peak rate).
+Under ``--time-limit`` the minutes are the wall time of the whole command, held by the run's
+:class:`~taskformer.core.clock.Clock`. Before training, a probe on a throwaway copy of the model
+measures the training pace (target tokens/s, the median of its updates') and how long the final
+evaluation (val and test, with the run's own search) will take per example, decoding as many tokens
+as the references hold (a trained model's length: an untrained one writes to the length limit). The
+clock keeps that evaluation back; the time left is the training budget, pace x budget picks the
+task's recipe, and the warm-up is cut to a share of the updates the budget buys (a 1,000-update
+warm-up in a 400-update run never reaches its peak rate). A limit that leaves no time to train is
+refused with the minimum that would, and a plan of too few updates to learn is said before training.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from taskformer.app.resources import check_memory, pick_device, use_threads
 from taskformer.core import budget, progress, variants
 from taskformer.core import checkpoint as ckpt
 from taskformer.core import config as C
+from taskformer.core.clock import FEW_UPDATES, Clock, reserve_for
 from taskformer.core.config import RunConfig
 from taskformer.core.data import Encoded, TaskData
 from taskformer.core.engine import epoch_updates
@@ -119,14 +123,10 @@ class Prepared:
     data: TaskData
     data_dir: str | None
     device: torch.device
-    time_limit: float | None  # minutes of wall time for the whole command
-    started: float  # time.monotonic() when the command began: the time limit counts from here
+    time_limit: float | None  # minutes of wall time for the whole command, as config.json records them
+    clock: Clock  # the time limit, counted from when the command began
     recipe: dict | None = None  # what the budget bought, the record config.json and result.json keep
     distill: dict | None = None  # where the train targets came from (a teacher), the same files' record
-
-    def seconds_left(self) -> float | None:
-        """The time limit's seconds not yet spent, or None without one."""
-        return self.time_limit * 60 - (time.monotonic() - self.started) if self.time_limit else None
 
 
 MAX_TIME_LIMIT = 525_600  # minutes: a year, which keeps train.pace x the time limit a finite number
@@ -146,10 +146,10 @@ def check_budget(config: RunConfig, time_limit: float | None) -> None:
 
 def prepare(request: TrainRequest, shard: tuple[int, int] = (0, 1)) -> Prepared:
     """Everything a new run settles before training; writes nothing. See the module's docstring."""
-    started = request.started or time.monotonic()
     task, time_limit = request.task, request.time_limit
     assert task is not None, "a new run names its task (a resumed one is not prepared anew)"
     check_time_limit(time_limit)
+    clock = Clock.minutes(time_limit, request.started)
     layers = Layers.of(task, request.config_file, request.overrides, request.seed, time_limit, request.settings)
     config = layers.build()
     check_budget(config, time_limit)
@@ -166,7 +166,7 @@ def prepare(request: TrainRequest, shard: tuple[int, int] = (0, 1)) -> Prepared:
         data = distilled(data, request.distill, request.claimed)
     world = shard[1] if shard[1] > 1 else request.nproc
     check_batches(task, config, data, world)  # before the probe, which would train on them
-    run = Prepared(task, config, data, request.data_dir, pick_device(), time_limit, started, distill=request.distill)
+    run = Prepared(task, config, data, request.data_dir, pick_device(), time_limit, clock, distill=request.distill)
     if time_limit:
         run.recipe = plan_time(run, layers, shard)
         run.config = layers.build(run.recipe["overrides"])
@@ -249,27 +249,29 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
         train_enc = datacache.encoded(run.data, "train", probed.model.max_len, task.variant)
         pace, source, per_example, ratio = probe(run, probed, train_enc, shard[1])
         timer = row_timer(run, layers, probed, shard[1])
-        # after training: a last validation (of the updates since the one before), the final evaluation;
-        # each member of an ensemble decodes, so a row's members scale the probe's time
-        val, test = run.data.splits["val"], run.data.splits["test"]
-        examples = len(val) / ratio + len(val) + (0 if test == val else len(test))  # a test that is val is decoded once
+        clock = run.clock
 
-        def final(overrides: dict) -> float:
+        def final(overrides: dict) -> float:  # each member of an ensemble decodes: a row's members scale the probe's
             own = timer(overrides)
             if own is not None:
-                return own.per_example * examples
-            return per_example * examples * layers.build(overrides).model.members / probed.model.members
+                return final_seconds(run.data, own.per_example, ratio)
+            return final_seconds(run.data, per_example, ratio) * layers.build(overrides).model.members / probed.model.members
 
-        left = run.seconds_left
         plan = budget.choose(task.recipes, table_owner(task), pace,
-                             lambda o: (left() or 0.0) - final(o) * (1 + budget.RESERVE_MARGIN), source,
+                             lambda o: (clock.left() or 0.0) - reserve_for(final(o)), source,
                              batching(layers, train_enc, probed, pace, timer))  # left(): a time limit's, never None
-        chosen = final(plan["overrides"])
+        clock.keep_final(final(plan["overrides"]))
+        training = FEW_UPDATES / plan["updates_per_second"]  # the least that learns
         if plan["train_seconds"] <= 0:
             raise TaskformerError(f"--time-limit {run.time_limit:g} leaves no time to train: the start took "
-                                  f"{time.monotonic() - run.started:.0f} s and the final evaluation needs about "
-                                  f"{chosen:.0f} s here; give more minutes")
-        plan.update(final_seconds=round(chosen, 1), reserve_seconds=round(chosen * (1 + budget.RESERVE_MARGIN), 1),
+                                  f"{clock.elapsed():.0f} s and the final evaluation needs about "
+                                  f"{clock.kept['final evaluation']:.0f} s here; give at least "
+                                  f"{clock.minimum(training):g} minutes (for {FEW_UPDATES} updates at "
+                                  f"{pace:,.0f} tok/s)")
+        if plan["planned_updates"] < FEW_UPDATES:
+            plan["few"] = (f"about {plan['planned_updates']:,} updates are too few to learn the task; at "
+                           f"{pace:,.0f} tok/s, --time-limit {clock.minimum(training):g} would buy {FEW_UPDATES}")
+        plan.update(final_seconds=round(clock.kept["final evaluation"], 1), reserve_seconds=round(clock.reserve(), 1),
                     search_ratio=round(ratio, 3))
         if overridden := yours_over(task, layers, plan["overrides"]):
             plan["overridden"] = overridden
@@ -278,6 +280,8 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
     if shard[1] > 1:
         torch.distributed.broadcast_object_list(record, src=0)
     assert record[0] is not None
+    run.clock.keep_final(record[0]["final_seconds"])  # every rank's clock, as rank 0 measured
+    run.clock.start_pace = record[0]["pace"]
     return record[0]
 
 
@@ -351,20 +355,35 @@ def batching(layers: Layers, train_enc: Encoded, probed: RunConfig, pace: float,
 @torch.no_grad()
 def decode_seconds(run: Run, data: TaskData) -> tuple[float, float]:
     """Seconds per example of the final evaluation's search on one decoding batch of val examples,
-    and how many times slower it is than the validations' search (``decode.eval_strategy``). An
-    untrained model writes up to the length limit, so the first figure errs long, on the safe side."""
+    and how many times slower it is than the validations' search (``decode.eval_strategy``), each
+    writing a trained model's length (see :func:`seconds_per_example`)."""
     run.model.eval()
-    seconds = [seconds_per_example(run, data, replace(run.config, decode=replace(run.config.decode, strategy=s)))
+    seconds = [seconds_per_example(run, data, replace(run.config, decode=replace(run.config.decode, strategy=s)), True)
                for s in dict.fromkeys((run.config.decode.strategy, run.config.decode.eval_strategy))]
     return seconds[0], seconds[0] / max(seconds[-1], 1e-9)
 
 
-def seconds_per_example(run: Run, data: TaskData, config: RunConfig) -> float:
-    """Seconds per example of decoding and scoring one decoding batch of val with ``config``'s search."""
+def seconds_per_example(run: Run, data: TaskData, config: RunConfig, trained_length: bool = False) -> float:
+    """Seconds per example of decoding and scoring one decoding batch of val with ``config``'s search;
+    with ``trained_length``, writing as many tokens as the batch's longest reference (an untrained
+    model writes to the length limit, several times what a trained one writes)."""
     sample = data.splits["val"][:config.decode.batch_size]
+    if trained_length and variants.of(run.task.variant).decoder:
+        longest = max(len(run.tokenizer.encode(str(row[1])).ids) for row in sample) + 1  # and its end
+        decode = (replace(config.decode, max_len_a=0.0, max_len_b=longest) if variants.of(run.task.variant).shifted
+                  else replace(config.decode, max_new_tokens=longest))
+        config = replace(config, decode=decode)
     begun = time.perf_counter()
     evaluate_split(run, sample, config, "timing the final evaluation")
     return (time.perf_counter() - begun) / max(len(sample), 1)
+
+
+def final_seconds(data: TaskData, per_example: float, ratio: float) -> float:
+    """Seconds of what follows the last update: a last validation (its search ``ratio`` times faster
+    than the final one) and the final evaluation of val and test (a test that is val decoded once),
+    from the final search's ``per_example`` seconds."""
+    val, test = data.splits["val"], data.splits["test"]
+    return per_example * (len(val) / ratio + len(val) + (0 if test == val else len(test)))
 
 
 def table_keys(task: Task) -> list[tuple[str, str]]:

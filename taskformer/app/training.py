@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import signal
-import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
@@ -20,6 +19,7 @@ from taskformer.app.prepare import (
     TrainRequest,
     check_batches,
     distilled,
+    final_seconds,
     prepare,
     seconds_per_example,
 )
@@ -47,9 +47,10 @@ from taskformer.app.rundir import (
     write_result,
     write_tokenizer,
 )
-from taskformer.core import budget, precision, progress
 from taskformer.core import checkpoint as ckpt
 from taskformer.core import config as C
+from taskformer.core import precision, progress
+from taskformer.core.clock import Clock
 from taskformer.core.config import RunConfig
 from taskformer.core.data import Encoded, TaskData
 from taskformer.core.engine import TrainConfig, Trainer, patience_reason
@@ -107,7 +108,7 @@ def train(request: TrainRequest, on_event=lambda e: None, shard: tuple[int, int]
                     on_event({"event": "recipe", **prepared.recipe})
                 begun = begin(prepared, request.out, shard, lock, request.claimed)
             on_event({"event": "begun", "run_dir": str(begun.run.dir), "time_limit": begun.time_limit,
-                      "since_start": time.monotonic() - begun.started})
+                      "since_start": begun.clock.since_start()})
             state = fit(begun, on_event, shard)
             return begun.run if shard[0] != 0 else finish(begun, state)  # rank 0 alone evaluates and reports
         except RunDirBusy as e:
@@ -120,8 +121,8 @@ class Begun:
 
     run: Run
     data: TaskData
-    time_limit: float | None  # minutes
-    started: float  # time.monotonic() when the command began
+    time_limit: float | None  # minutes, as config.json records them
+    clock: Clock  # the time limit, counted from when the command began
     stamp: dict | None  # what the run's weights must carry (see rundir.bound_files)
     recipe: dict | None
     resume: bool
@@ -166,13 +167,13 @@ def begin(prepared: Prepared, out: str | None, shard: tuple[int, int], lock: Exi
                                            distill=prepared.distill or None,
                                            precision=precision_record(prepared.device)))
     run = Run(run_dir, task, config, data.tokenizer, data.labels, model, read_history=partial(read_metrics, run_dir))
-    return Begun(run, data, prepared.time_limit, prepared.started, stamp, prepared.recipe, resume=False,
+    return Begun(run, data, prepared.time_limit, prepared.clock, stamp, prepared.recipe, resume=False,
                  distill=prepared.distill).encoded()
 
 
 def resumed(request: TrainRequest, shard: tuple[int, int], lock: ExitStack) -> Begun:
     """An interrupted run as its config.json, tokenizer and data say, to continue from its last checkpoint."""
-    started = time.monotonic()
+    clock = Clock(None)  # the limit is the saved one, counted from now
     assert request.resume is not None
     run_dir = Path(request.resume)
     if not run_dir.is_dir():
@@ -197,33 +198,35 @@ def resumed(request: TrainRequest, shard: tuple[int, int], lock: ExitStack) -> B
     torch.manual_seed(config.train.seed)
     model = build_model(task, config, data.tokenizer.get_vocab_size(), data.labels, training=True).to(pick_device())
     run = Run(run_dir, task, config, data.tokenizer, data.labels, model, read_history=partial(read_metrics, run_dir))
-    return Begun(run, data, saved.time_limit, started, stamp, saved.recipe, resume=True,
+    clock.limit = saved.time_limit * 60 if saved.time_limit else None
+    if isinstance(saved.recipe, dict) and saved.recipe.get("final_seconds"):
+        clock.keep_final(saved.recipe["final_seconds"])  # until the checkpoint says what the run kept
+        clock.start_pace = saved.recipe.get("pace")
+    return Begun(run, data, saved.time_limit, clock, stamp, saved.recipe, resume=True,
                  distill=saved.distill).encoded()
 
 
 def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
     """Train ``begun``'s model under its signals until its budget is spent; returns the trainer's final state.
 
-    Under a time limit the trainer gets the seconds left of it and keeps back the final evaluation's
-    time: first the probe's estimate, then after every validation the time it took, scaled to val and
-    test and to the final search (the probe's ratio of the two searches' times)."""
+    Under a time limit the clock keeps back the final evaluation's time: first the probe's estimate,
+    then after every validation the time it took, scaled to val and test and to the final search
+    (timed once on the learning model, at the first validation)."""
     run, data, config = begun.run, begun.data, begun.run.config
     device, task, train_enc, val_enc = run.device, run.task, begun.train, begun.val
     assert train_enc is not None and val_enc is not None  # encoded as it began
     eval_config = replace(config, decode=replace(config.decode, strategy=config.decode.eval_strategy))
-    final_examples = len(data.splits["val"]) + len(data.splits["test"])
-    recipe = begun.recipe or {}
-    reserve = [recipe.get("reserve_seconds", 0.0)]  # the probe's estimate until the first validation
+    clock = begun.clock
     ratio: list[float | None] = [None]  # the final search's time per example over the validations', once measured
 
     def evaluate() -> dict:
-        begun_at = time.monotonic()
+        begun_at = clock.now()
         metrics, _ = evaluate_split(run, data.splits["val"], eval_config, "validating", val_enc)
-        validation = time.monotonic() - begun_at  # one more may follow the last update (see Trainer.fit)
-        if begun.time_limit and ratio[0] is None:  # an untrained model's searches end anywhere: time a learning one
-            ratio[0] = search_ratio(run, data, validation / len(data.splits["val"]))
-        final = validation / len(data.splits["val"]) * final_examples * (ratio[0] or 1.0)
-        reserve[0] = (validation + final) * (1 + budget.RESERVE_MARGIN)
+        per_example = (clock.now() - begun_at) / len(data.splits["val"])  # one more may follow the last update
+        if clock.limit and ratio[0] is None:  # an untrained model's searches end anywhere: time a learning one
+            ratio[0] = search_ratio(run, data, per_example)
+        if clock.limit:
+            clock.keep_final(final_seconds(data, per_example * (ratio[0] or 1.0), ratio[0] or 1.0))
         return metrics
 
     trainer = Trainer(run.model, config.train, train_enc, evaluate, (task.metric, task.higher_is_better), run.dir,
@@ -232,14 +235,11 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
     if latest and begun.stamp:
         ckpt.check_stamp(latest / ckpt.WEIGHTS, begun.stamp, config_path(run.dir))
     checkpoint_bytes = 3 * sum(p.numel() * p.element_size() for p in run.model.parameters())  # weights, Adam's 2 moments
-    seconds = begun.time_limit * 60 - (time.monotonic() - begun.started) if begun.time_limit else None
     with stop_on_signals(trainer, begun.again()), writes_named(run.dir, checkpoint_bytes):
         if begun.resume and not trainer.resume():  # resuming rewrites metrics.jsonl: a write like the others
             raise TaskformerError(f"{run.dir}: no checkpoint to resume from (checkpoints/ is empty); the run "
                                   f"stopped before its first one, so start it again: {begun.again()}")
-        if seconds is not None and begun.resume:  # the clock of a resumed run counts its earlier training too
-            seconds += trainer.state.elapsed
-        state = trainer.fit(seconds, lambda: reserve[0])
+        state = trainer.fit(clock if clock.limit else None)  # a resumed run's clock counts its earlier training too
     if trainer.stop_reason:
         raise Interrupted(run.dir, trainer.stop_reason)
     return state
@@ -274,12 +274,15 @@ def finish(begun: Begun, state: dict) -> Run:
     model, run_dir, task = run.model, run.dir, run.task
     assert begun.train is not None and begun.val is not None  # encoded as it began
     load_run_weights(model, run_dir, begun.stamp)
+    decoding = begun.clock.now()
     for split in ("val", "test"):
         if split == "test" and data.splits["test"] == data.splits["val"]:  # a task whose test is its val text
             run.metrics["test"], run.outputs["test"] = run.metrics["val"], run.outputs["val"]  # decoded once
             continue
         run.metrics[split], run.outputs[split] = evaluate_split(run, data.splits[split], name=f"decoding {split}")
+    final = begun.clock.now() - decoding
     bf16, why = precision.choose(config.train.bf16, run.device)
+    stopped = stopped_because(config.train, state)
     run.info = {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "device": str(run.device),
@@ -291,7 +294,7 @@ def finish(begun: Begun, state: dict) -> Run:
         "truncated": {"train": begun.train.truncated, "val": begun.val.truncated},
         "notes": data.notes,
         "train_seconds": round(state["elapsed"], 1),
-        "wall_seconds": round(time.monotonic() - begun.started, 1),
+        "wall_seconds": round(begun.clock.since_start(), 1),
         **({"time_limit_seconds": round(begun.time_limit * 60)} if begun.time_limit else {}),
         "steps": state["step"],
         "epochs": state["epoch"] + (1 if state["batch"] else 0),
@@ -299,8 +302,9 @@ def finish(begun: Begun, state: dict) -> Run:
         "tokens_per_s": round(state["tokens"] / max(state["elapsed"], 1e-9)),
         "best_step": state["best_step"],
         "kept_weights": ckpt.weights_name(state["best_weights"] or [state["best_step"]]),
-        "stopped": stopped_because(config.train, state),
+        "stopped": stopped,
         **({"resumed": state["resumed"]} if state["resumed"] else {}),
+        "clock": begun.clock.account(state["tokens"], state["elapsed"], stopped, final),
         **({"recipe": begun.recipe} if begun.recipe else {}),
         **({"distill": begun.distill} if begun.distill else {}),
     }

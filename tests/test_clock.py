@@ -1,0 +1,183 @@
+"""The time limit's clock: a fake time source drives slow and fast stretches through the engine (the
+cool-down follows the time left, and a resumed run decays as an uninterrupted one), the estimates
+(a median pace, the reserve that follows the validations), and what a run says about its limit (the
+minimum for a limit too short is in tests/test_budget.py)."""
+import json
+import shutil
+
+import pytest
+import torch
+
+from taskformer.core import clock
+from taskformer.core.clock import Clock
+from taskformer.core.data import Encoded
+from taskformer.core.engine import TrainConfig, Trainer
+from taskformer.core.model import BOS, EOS, ModelConfig, Transformer
+
+LIMIT = 100.0  # fake seconds of the whole limit
+FINAL = 10.0  # fake seconds the final evaluation is estimated at
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """A tiny model on a shared machine: one thread does not wait on the others' spinning."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class FakeTime:
+    """A time source that moves only when told: update ``step`` takes ``per_update(step)`` fake seconds."""
+
+    def __init__(self, per_update):
+        self.t, self.per_update = 0.0, per_update
+
+    def __call__(self) -> float:
+        return self.t
+
+    def tick(self, step: int) -> None:
+        self.t += self.per_update(step)
+
+
+def trainer(run_dir, time, limit=LIMIT, spent_at_start=0.0, **cfg):
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=25, d_model=16, n_heads=2, enc_layers=1, dec_layers=1, d_ff=32,
+                                    dropout=0.0))
+    data = Encoded(src=[[5, 6, 7, EOS]] * 8, tgt=[[BOS, 5, 6, 7, EOS]] * 8)
+    options = dict(epochs=0, max_tokens=10, warmup=4, cooldown=0.5, log_every=1, patience=0, eval_every=10)
+    lrs: dict[int, float] = {}
+
+    def on_event(e):
+        if e["event"] == "train":
+            lrs[e["step"]] = e["lr"]
+
+    run_dir.mkdir(exist_ok=True)
+    limit_clock = Clock(limit, started=time(), now=time)
+    limit_clock.keep_final(FINAL)
+    t = Trainer(model, TrainConfig(**{**options, **cfg}), data, lambda: {"score": 1.0}, ("score", True), run_dir,
+                torch.device("cpu"), on_event=on_event)
+    model.register_forward_pre_hook(lambda module, args: time.tick(t.state.step + 1))  # an update takes its time
+    return t, limit_clock, lrs
+
+
+def budget_end():
+    return LIMIT - clock.reserve_for(FINAL)  # the training time a run with no start overhead has
+
+
+@pytest.mark.parametrize("first, then", [(2.0, 0.5), (0.5, 2.0)], ids=["busy-then-idle", "idle-then-busy"])
+def test_the_cooldown_follows_a_change_of_pace_to_the_end_of_the_budget(tmp_path, first, then):
+    """The pace changes a third of the way in, before the decay begins at half the budget and again
+    inside it: the rate still reaches (nearly) zero at the end of the budget, not before or after."""
+    def per_update(step):
+        return first if time.t < budget_end() / 3 or 0.7 * budget_end() < time.t < 0.8 * budget_end() else then
+    time = FakeTime(per_update)
+    t, limit, lrs = trainer(tmp_path / "run", time)
+    state = t.fit(limit)
+    assert budget_end() - max(first, then) <= state["elapsed"] <= budget_end() + max(first, then)
+    start = state["cooldown"][3]
+    assert start > 0 and t.state.elapsed >= budget_end() / 2
+    falling = [lr for step, lr in sorted(lrs.items()) if step >= start]
+    assert all(a >= b for a, b in zip(falling, falling[1:]))  # it only ever falls
+    assert falling[-1] <= 0.1 * lrs[start - 1]  # and ends near zero, where the time ends
+
+
+def test_a_run_that_turns_fast_uses_its_budget_instead_of_ending_its_decay_early(tmp_path):
+    """The case a decay fixed once from the pace so far got wrong: slow until the decay begins, then
+    four times faster. Its updates are those the time buys, not those the slow pace promised."""
+    time = FakeTime(lambda step: 2.0 if time.t < budget_end() / 2 else 0.5)
+    t, limit, _ = trainer(tmp_path / "run", time)
+    state = t.fit(limit)
+    slow_updates = int(budget_end() / 2 / 2.0)
+    assert state["step"] > slow_updates + budget_end() / 2 / 0.5 * 0.9  # most of the fast updates were made
+    assert state["elapsed"] >= budget_end() - 0.5
+
+
+def test_the_reserve_follows_each_validation(tmp_path):
+    """A validation that shows the final evaluation will take longer keeps more back at once: training
+    stops that much earlier."""
+    time = FakeTime(lambda step: 1.0)
+    t, limit, _ = trainer(tmp_path / "run", time)
+
+    def evaluate():
+        limit.keep_final(30.0)  # measured: three times the probe's estimate
+        return {"score": 1.0}
+    t.evaluate = evaluate
+    state = t.fit(limit)
+    assert limit.reserve() == clock.reserve_for(30.0)
+    assert state["elapsed"] <= LIMIT - clock.reserve_for(30.0) + 1.0
+    assert state["stopped"].startswith(("time limit", "the cool-down"))
+
+
+def test_a_resumed_run_decays_as_an_uninterrupted_one_at_the_same_pace(tmp_path):
+    def per_update(step):
+        return 1.0 if step < 30 or step > 60 else 0.25  # a change of pace after the checkpoint it resumes from
+    full_time = FakeTime(per_update)
+    full, full_clock, full_lrs = trainer(tmp_path / "full", full_time, save_every=5, keep_last=100)
+    full.evaluate = lambda: (full_clock.keep_final(FINAL + full.state.step / 20), {"score": 1.0})[1]
+    whole = full.fit(full_clock)
+    start = whole["cooldown"][3]
+    crashed = tmp_path / "crashed"
+    shutil.copytree(tmp_path / "full", crashed)
+    states = sorted((crashed / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+    inside = [s for s in states if start < int(s.name.split("-")[1]) < whole["step"] - 5]
+    assert inside, "no checkpoint inside the cool-down to resume from"
+    for later in states[states.index(inside[0]) + 1:]:
+        shutil.rmtree(later)
+    resumed_time = FakeTime(per_update)
+    again, again_clock, again_lrs = trainer(crashed, resumed_time, save_every=5, keep_last=100)
+    again.evaluate = lambda: (again_clock.keep_final(FINAL + again.state.step / 20), {"score": 1.0})[1]
+    assert again.resume()
+    resumed = again.fit(again_clock)
+    assert again_lrs == {s: lr for s, lr in full_lrs.items() if s >= min(again_lrs)}  # the same rates, bit for bit
+    assert (resumed["step"], resumed["cooldown"], resumed["stopped"]) == (whole["step"], whole["cooldown"],
+                                                                          whole["stopped"])
+
+
+def test_the_pace_is_the_median_of_its_samples():
+    """One busy update among five does not decide the pace."""
+    assert clock.median_pace([100] * 5, [1.0, 1.0, 10.0, 1.0, 1.0]) == 100.0
+    assert clock.updates_per_second([[0.0, 10], [5.0, 20]]) == 2.0
+    assert clock.updates_per_second([[0.0, 10]]) is None
+
+
+def test_a_clock_says_what_it_keeps_back_and_why():
+    now = FakeTime(lambda step: 0.0)
+    limit = Clock.minutes(2, now=now)
+    limit.keep_final(40.0)
+    now.t = 30.0
+    assert limit.kept == {"final evaluation": 40.0, "margin": pytest.approx(10.0)}
+    assert (limit.left(), limit.for_training()) == (90.0, pytest.approx(40.0))
+    assert limit.minimum(100.0) == 3.0  # 30 used + 50 kept + 100 of training = 180 s: 3 minutes
+    assert Clock(None).for_training() is None and Clock(None).updates_left([[0, 1], [1, 2]]) == -1
+
+
+def test_a_run_that_used_little_of_its_limit_says_why_and_that_the_machine_was_busy():
+    now = FakeTime(lambda step: 0.0)
+    limit = Clock(300.0, now=now)
+    limit.keep_final(50.0)
+    limit.start_pace = 3_000.0  # probed while the machine was busy
+    now.t = 200.0
+    record = limit.account(tokens=1_500_000, trained=120.0, stopped="patience", final=5.0)
+    assert record["start_pace"] == 3_000 and record["run_pace"] == 12_500 and record["used"] == pytest.approx(0.667)
+    why = record["short_of_limit"]
+    assert "patience" in why and "took 5 s of the 62 s kept" in why and "busier when the pace was probed" in why
+    now.t = 290.0
+    assert "short_of_limit" not in limit.account(1_500_000, 120.0, "time limit", 40.0)
+
+
+@pytest.mark.slow
+def test_a_plan_too_small_to_learn_says_so_before_training_and_in_the_report(cli, tmp_path):
+    out = tmp_path / "run"
+    result = cli("run", "copy", "--out", str(out), "--time-limit", "1", "--set", "train.pace=100",
+                 "--set", "train.max_steps=2", "--set", "data.train_size=200", "--set", "data.val_size=8",
+                 "--set", "data.test_size=8")
+    assert result.exit_code == 0, result.output
+    console = result.output + result.stderr
+    assert "updates are too few to learn the task" in console and "would buy 100" in console
+    info = json.loads((out / "result.json").read_text())["info"]
+    assert "too few to learn" in info["recipe"]["few"]
+    assert set(info["clock"]) >= {"start_pace", "run_pace", "used", "short_of_limit"}
+    assert info["clock"]["start_pace"] == 100 and "reached train.max_steps=2" in info["clock"]["short_of_limit"]
+    report = (out / "report.txt").read_text()
+    assert "too few to learn" in report and "time limit used" in report and "why not all of it" in report
