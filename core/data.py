@@ -452,6 +452,8 @@ def token_batches(lengths: Indices, max_tokens: int, seed: int | None = None) ->
     A batch of examples no longer than ``L`` holds ``max_tokens // L`` of them (at least one).
     """
     lengths = np.asarray(lengths, dtype=np.int64)
+    if not len(lengths):
+        return []
     rng = np.random.default_rng(seed % 2**63) if seed is not None else None
     order = rng.permutation(len(lengths)) if rng else np.arange(len(lengths))
     order = order[np.argsort(lengths[order], kind="stable")]  # stable: shuffled ties stay shuffled
@@ -466,7 +468,7 @@ def token_batches(lengths: Indices, max_tokens: int, seed: int | None = None) ->
                 cuts.append(pos)
                 start = pos
             pos += min(int(end) - pos, cap - (pos - start))
-    batches = np.split(order, cuts) if len(order) else []
+    batches = np.split(order, cuts)
     if rng:
         batches = [batches[i] for i in rng.permutation(len(batches))]
     return batches
