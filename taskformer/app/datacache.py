@@ -88,20 +88,27 @@ def reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {words[:150]}" if words else type(e).__name__
 
 
-def scan(data_dir: Path) -> tuple[str, int]:
-    """SHA-256 over the relative path and contents of every regular file under ``data_dir`` (or of that one file), and
-    the bytes of text they hold (a ``.gz`` file's size times :data:`GZIP_RATIO`)."""
-    digest, size = hashlib.sha256(), 0
+def files(data_dir: Path) -> list[Path]:
+    """The regular files of a data folder, or the one file ``--data`` names."""
     data_dir = Path(data_dir)
-    found = [data_dir] if data_dir.is_file() else sorted(p for p in data_dir.rglob("*") if p.is_file())
-    for path in found:  # a --data file is its own single entry
-        name = path.name if path == data_dir else str(path.relative_to(data_dir))
+    return [data_dir] if data_dir.is_file() else sorted(p for p in data_dir.rglob("*") if p.is_file())
+
+
+def text_bytes(data_dir: Path) -> int:
+    """The bytes of text under ``data_dir``: a ``.gz`` file's size times :data:`GZIP_RATIO`."""
+    return sum(p.stat().st_size * (GZIP_RATIO if p.suffix == ".gz" else 1) for p in files(data_dir))
+
+
+def files_digest(data_dir: Path) -> str:
+    """SHA-256 over the relative path and contents of every regular file under ``data_dir`` (or of that one file)."""
+    digest = hashlib.sha256()
+    for path in files(data_dir):
+        name = path.name if path == Path(data_dir) else str(path.relative_to(data_dir))
         digest.update(name.encode("utf-8", "surrogateescape") + b"\0")
-        size += path.stat().st_size * (GZIP_RATIO if path.suffix == ".gz" else 1)
         with open(path, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
-    return digest.hexdigest(), size
+    return digest.hexdigest()
 
 
 def key(task: Task, config: RunConfig, digest: str, tokenizer: Tokenizer | None) -> str:
@@ -140,12 +147,12 @@ def load(task: Task, config: RunConfig, data_dir: str | None, hook: Callable[[],
     folder = root()
     if data_dir is None or str(data_dir).startswith("hub:"):  # the hub has its own cache
         return hook()
-    with progress.stage("checking the data cache"):
-        digest, size = scan(Path(data_dir))
+    size = text_bytes(Path(data_dir))
     if folder is None:
         check_data_memory(data_dir, size)
         return hook()
-    entry = folder / key(task, config, digest, tokenizer)
+    with progress.stage("checking the data cache"):
+        entry = folder / key(task, config, files_digest(Path(data_dir)), tokenizer)
     data = None
     try:
         present = (entry / MARK).is_file()

@@ -96,7 +96,8 @@ def available_memory() -> int | None:
         return None
 
 
-BYTES_PER_DATA_BYTE = 5  # preparing a data set: its text as Python strings and rows, the tokenizer's work
+BYTES_PER_DATA_BYTE = 7  # preparing a data set: its text as Python strings and rows, the tokenizer's work
+# (measured: 280 MB above a warm start's for the 40 MB of 300k Multi30k pairs, docs/benchmarks.md)
 GZIP_RATIO = 4  # the text a byte of a .gz file holds, about
 
 
