@@ -331,6 +331,7 @@ def decode_seconds(run: Run, data: TaskData) -> tuple[float, float]:
 def seconds_per_example(run: Run, data: TaskData, config: RunConfig) -> float:
     """Seconds per example of decoding and scoring one decoding batch of val with ``config``'s search."""
     sample = data.splits["val"][:config.decode.batch_size]
+    config = replace(config, decode=replace(config.decode, engine="torch"))  # a runtime would convert these weights
     begun = time.perf_counter()
     evaluate_split(run, sample, config, "timing the final evaluation")
     return (time.perf_counter() - begun) / max(len(sample), 1)

@@ -112,6 +112,7 @@ class Served:
                 "metrics": {k: v for k, v in (run.metrics.get("test") or run.metrics.get("val") or {}).items()
                             if not isinstance(v, float) or math.isfinite(v)},  # JSON has no NaN
                 "precision": f"{'bf16' if bf16 else 'fp32'} ({why})", "labels": run.labels, "options": options,
+                "engine": hooks.engine_choice(task, run.model, run.config).as_dict(),
                 "precision_words": precision_words(run.config.train.bf16, bf16, run.device.type),
                 "description": task.description, "pairs": run.model.cfg.pairs,
                 "examples": list(task.examples), "languages": list(task.languages or ())}
@@ -178,7 +179,7 @@ class Served:
         elif self.run.model.cfg.kind.per_word:
             out = {"output": [list(pair) for pair in word_tags(text, prediction)]}
         elif not self.run.model.cfg.kind.encoder:  # a language model: its continuation, as predict --json gives it
-            out = {"output": prediction, "prompt": text, "settings": runner.generation_settings(config)}
+            out = {"output": prediction, "prompt": text, "settings": runner.generation_settings(self.run, config)}
         else:
             out = {"output": prediction}
             marks = [self.marks(text), self.marks(prediction)]

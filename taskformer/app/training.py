@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from taskformer.app import datacache
-from taskformer.app.hooks import build_model, evaluate_split, load_data
+from taskformer.app.hooks import build_model, engine_choice, evaluate_split, load_data
 from taskformer.app.prepare import Prepared, TrainRequest, distilled, prepare, seconds_per_example
 from taskformer.app.resources import pick_device, use_threads
 from taskformer.app.rundir import (
@@ -201,7 +201,8 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
     run, data, config = begun.run, begun.data, begun.run.config
     device, task, train_enc, val_enc = run.device, run.task, begun.train, begun.val
     assert train_enc is not None and val_enc is not None  # encoded as it began
-    eval_config = replace(config, decode=replace(config.decode, strategy=config.decode.eval_strategy))
+    # validations decode with torch: a runtime would convert the weights anew after every update
+    eval_config = replace(config, decode=replace(config.decode, strategy=config.decode.eval_strategy, engine="torch"))
     final_examples = len(data.splits["val"]) + len(data.splits["test"])
     recipe = begun.recipe or {}
     reserve = [recipe.get("reserve_seconds", 0.0)]  # the probe's estimate until the first validation
@@ -275,6 +276,7 @@ def finish(begun: Begun, state: dict) -> Run:
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "device": str(run.device),
         "precision": f"{'bf16' if bf16 else 'fp32'} ({why})",
+        "engine": str(engine_choice(task, model, config)),
         "threads": torch.get_num_threads(),
         "parameters": model.num_parameters(),
         "data": {s: len(data.splits[s]) for s in SPLITS},
