@@ -277,8 +277,11 @@ def runtime(choice: Choice, model: Transformer | Ensemble, tokenizer: Tokenizer,
             return kept[1]
         base = root()
         with tempfile.TemporaryDirectory(prefix="taskformer-engine-") as scratch:  # the cache is off: loaded, then gone
-            folder = cached(choice, net, tokenizer, base) if base is not None else \
-                (convert(choice, net, tokenizer, Path(scratch) / "entry"), Path(scratch) / "entry")[1]
+            if base is not None:
+                folder = cached(choice, net, tokenizer, base)
+            else:
+                folder = Path(scratch) / "entry"
+                convert(choice, net, tokenizer, folder)
             if choice.engine == "ctranslate2":
                 from taskformer.core.export import vocabulary
 

@@ -26,6 +26,7 @@ import torch
 from taskformer.app import datacache, rundir
 from taskformer.app.hooks import build_model, evaluate_split, load_data
 from taskformer.app.resources import check_memory, pick_device, use_threads
+from taskformer.app.trackers import check_installed
 from taskformer.core import budget, progress
 from taskformer.core import checkpoint as ckpt
 from taskformer.core import config as C
@@ -150,6 +151,7 @@ def prepare(request: TrainRequest, shard: tuple[int, int] = (0, 1)) -> Prepared:
     layers = Layers.of(task, request.config_file, request.overrides, request.seed, time_limit, request.settings)
     config = layers.build()
     check_budget(config, time_limit)
+    check_installed(config)
     footprint = getattr(config.data, "footprint", None)  # data made from options: can it be made here?
     if footprint:
         check_memory(task, config, **footprint())

@@ -13,13 +13,12 @@ from pathlib import Path
 
 import torch
 
-from taskformer.app import datacache
+from taskformer.app import datacache, trackers
 from taskformer.app.hooks import build_model, engine_choice, evaluate_split, load_data
 from taskformer.app.prepare import Prepared, TrainRequest, distilled, prepare, seconds_per_example
 from taskformer.app.resources import pick_device, use_threads
 from taskformer.app.rundir import (
     ConfigRecord,
-    MetricsLog,
     ResultRecord,
     RunDirBusy,
     bound_files,
@@ -40,6 +39,7 @@ from taskformer.app.rundir import (
     write_result,
     write_tokenizer,
 )
+from taskformer.app.trackers import TrackedLog
 from taskformer.core import budget, precision, progress
 from taskformer.core import checkpoint as ckpt
 from taskformer.core import config as C
@@ -219,7 +219,7 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
         return metrics
 
     trainer = Trainer(run.model, config.train, train_enc, evaluate, (task.metric, task.higher_is_better), run.dir,
-                      device, on_event=on_event, shard=shard, stamp=begun.stamp, events=MetricsLog(run.dir))
+                      device, on_event=on_event, shard=shard, stamp=begun.stamp, events=TrackedLog(run.dir, task))
     latest = last_checkpoint(run.dir) if begun.resume else None
     if latest and begun.stamp:
         ckpt.check_stamp(latest / ckpt.WEIGHTS, begun.stamp, config_path(run.dir))
@@ -231,6 +231,8 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
                                   f"stopped before its first one, so start it again: {begun.again()}")
         if seconds is not None and begun.resume:  # the clock of a resumed run counts its earlier training too
             seconds += trainer.state.elapsed
+        if shard[0] == 0:
+            trackers.started(task, run.dir, config, begun.resume, trainer.state.step)
         state = trainer.fit(seconds, lambda: reserve[0])
     if trainer.stop_reason:
         raise Interrupted(run.dir, trainer.stop_reason)
@@ -302,6 +304,7 @@ def finish(begun: Begun, state: dict) -> Run:
         samples = {split: [row_json(row) for row in rows] for split, rows in run.samples.items()}
         write_result(run_dir, ResultRecord(task=task.name, metric=task.metric, metrics=run.metrics, samples=samples,
                                            info=run.info, weights_sha256=ckpt.sha256(run_dir / ckpt.WEIGHTS)))
+    trackers.track(task, run_dir, {"event": "result", "metrics": run.metrics, "info": run.info})
     return run
 
 
