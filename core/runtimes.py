@@ -66,8 +66,8 @@ class CTranslate2Search:
         beam = config.beam if config.strategy == "beam" and not sampled else 1
         options = dict(beam_size=beam, length_penalty=config.length_penalty, disable_unk=True,
                        suppress_sequences=[[SPECIALS[i]] for i in NEVER_WRITTEN if i != UNK])
-        if sampled:  # top_k 0 is every token, as ours
-            options.update(sampling_temperature=config.temperature, sampling_topk=config.top_k,
+        if sampled:  # top_k 0 is every token, as ours; one above the vocabulary is too (CTranslate2 refuses it)
+            options.update(sampling_temperature=config.temperature, sampling_topk=min(config.top_k, len(self.ids)),
                            sampling_topp=config.top_p)
             self.ctranslate2.set_random_seed(config.seed)  # read by a worker thread the first time it samples
         if on_token is not None:

@@ -3,7 +3,6 @@ metrics.jsonl as it is appended, and its result. TensorBoard, MLflow or W&B are 
 (the built-in TensorBoard one: ``plugins/builtin/tensorboard.py``), never core code."""
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,5 +39,10 @@ class TrackedLog(MetricsLog):
 
 def check_installed(config: RunConfig) -> None:
     """Refuse ``train.tensorboard=true`` before any work where its package is missing."""
-    if config.train.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        raise TaskformerError("train.tensorboard=true needs the tensorboard package: pip install taskformer[tensorboard]")
+    if not config.train.tensorboard:
+        return
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        raise TaskformerError("train.tensorboard=true needs the tensorboard package: pip install "
+                              "taskformer[tensorboard]") from None
