@@ -50,10 +50,11 @@ class DecodeConfig:
                            "needs a C++ compiler on CPU, falls back without one; the first compile takes tens of "
                            "seconds). Pays where a step is mostly dispatch (a small model, one input at a time); "
                            "not for the translation defaults (docs/benchmarks.md).", variants=SEARCHED)
-    quantize: str = option("none", "int8: decode with int8 linear layers (torchao, CPU: per-row weights; inputs "
-                           "per token where the CPU multiplies int8 exactly (VNNI), else fp32). Smaller weights, "
-                           "but on CPU slower than fp32 (faster with decode.compile); for fast int8, export to CTranslate2 "
-                           "(docs/benchmarks.md).", choices=QUANTIZE)
+    quantize: str = option("none", "int8: decode with int8 weights: CTranslate2's int8 (ONNX Runtime's dynamic int8 "
+                           "for a classifier or tagger) where decode.engine runs one, else int8 linear layers in "
+                           "torch (torchao, CPU: per-row weights; inputs per token where the CPU multiplies int8 "
+                           "exactly (VNNI), else fp32), which on CPU is slower than fp32 unless decode.compile; what "
+                           "each buys: docs/benchmarks.md.", choices=QUANTIZE)
     engine: str = option("auto", "What decodes: torch (our decoder), ctranslate2 (encoder-decoder and decoder-only "
                          "runs) or onnxruntime (classifiers and taggers), each converted once into the user's cache; "
                          "auto: the fast engine where it is installed and can decode the run and its search, else "

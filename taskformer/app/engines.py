@@ -270,8 +270,10 @@ def runtime(choice: Choice, model: Transformer | Ensemble, tokenizer: Tokenizer,
     net = cast(Transformer, model)
     device = next(net.parameters()).device.type
     workers = decode_workers(decode.workers, next(net.parameters()).device, 1 << 20)
+    # The same weights (their version counters), choice, tokenizer and workers: the loaded runtime, with
+    # no digest computed (a server asks for every batch).
+    key = (choice, workers, id(tokenizer), tuple(p._version for p in net.parameters()))
     with _lock:
-        key = (entry_key(choice, net, tokenizer), workers)
         kept = _loaded.get(net)
         if kept is not None and kept[0] == key:
             return kept[1]
