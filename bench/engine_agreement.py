@@ -1,6 +1,7 @@
 """Do the engines give our decoder's outputs? CTranslate2 or ONNX Runtime against torch, search by search.
 
-    python bench/engine_agreement.py RUN_DIR [--split test] [--limit N]
+    python bench/engine_agreement.py RUN_DIR [--split test] [--limit N] [--int8]
+    python bench/engine_agreement.py RUN_DIR --inputs FILE    # one source per line, no references
 
 Decodes the sources of the run's ``outputs-SPLIT.jsonl`` with ``decode.engine=torch`` and with the
 run's runtime (CTranslate2 for a search, ONNX Runtime for a classifier or tagger), in fp32, through
@@ -23,6 +24,8 @@ import taskformer
 
 
 def score(outputs: list, references: list[str]) -> str:
+    if not any(references):
+        return "no references"
     if all(isinstance(o, str) for o in outputs):
         return f"sacreBLEU {sacrebleu.corpus_bleu(outputs, [references]).score:.2f}"
     right = sum(getattr(o, "label", o) == r for o, r in zip(outputs, references))
@@ -39,8 +42,11 @@ def main() -> None:
     parser.add_argument("--split", default="test", help="whose outputs-SPLIT.jsonl gives the sources (default test)")
     parser.add_argument("--limit", type=int, default=0, help="the first N sources only (0: all)")
     parser.add_argument("--int8", action="store_true", help="also compare decode.quantize=int8")
+    parser.add_argument("--inputs", type=Path, help="decode these lines (one source each) instead; no scores")
     args = parser.parse_args()
-    rows = [json.loads(line) for line in (args.run_dir / f"outputs-{args.split}.jsonl").read_text().splitlines()]
+    where = args.inputs or args.run_dir / f"outputs-{args.split}.jsonl"
+    rows = [{"source": line, "reference": ""} for line in where.read_text().splitlines()] if args.inputs else [
+        json.loads(line) for line in where.read_text().splitlines()]
     rows = rows[: args.limit or None]
     sources, references = [r["source"] for r in rows], [r["reference"] for r in rows]
     if isinstance(sources[0], list):
@@ -49,7 +55,7 @@ def main() -> None:
     model.config.train.bf16 = False  # the claim is about fp32
     runtime = model.engine(engine="auto")
     searched = model.task.variant in ("encoder-decoder", "decoder-only")
-    print(f"{len(sources)} sources of {args.run_dir}/outputs-{args.split}.jsonl, fp32; runtime: {runtime['engine']} "
+    print(f"{len(sources)} sources of {where}, fp32; runtime: {runtime['engine']} "
           f"({runtime['reason']})")
     if runtime["engine"] == "torch":
         return
