@@ -26,9 +26,9 @@ def taskformer_track(run_dir: Path, event: dict[str, Any]) -> None:
         from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
 
         # A resumed run logs again what followed its checkpoint: TensorBoard drops the earlier copies.
-        writer = _writers[run_dir] = SummaryWriter(str(run_dir / FOLDER),
-                                                   purge_step=event["step"] + 1 if event["resumed"] else None)
-        writer.add_text("config", "```\n" + json.dumps(event["config"], indent=2) + "\n```", event["step"])
+        purge = event["step"] + 1 if event["resumed"] else None
+        started = _writers[run_dir] = SummaryWriter(str(run_dir / FOLDER), purge_step=purge)
+        started.add_text("config", "```\n" + json.dumps(event["config"], indent=2) + "\n```", event["step"])
         return
     writer = _writers.get(run_dir)
     if writer is None:
