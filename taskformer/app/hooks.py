@@ -261,3 +261,10 @@ def engine_choice(task: Task, model: Transformer | Ensemble, config: RunConfig) 
                           own_head, device.type)
     bf16, _ = precision.choose(config.train.bf16, device)
     return engines.choose(config.decode.engine, facts, config.decode, bf16, engines.available(device.type))
+
+
+def label_network(task: Task, model: Transformer | Ensemble, tokenizer: Tokenizer, config: RunConfig):
+    """What computes a classifier's or tagger's logits under ``config``: ONNX Runtime's network where
+    ``decode.engine`` picks it (called as our model is: ``network(src)``), else ``model``."""
+    choice = engine_choice(task, model, config)
+    return model if choice.engine != "onnxruntime" else engines.runtime(choice, model, tokenizer, config.decode)

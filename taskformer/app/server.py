@@ -196,6 +196,7 @@ class Served:
     def distributions(self, texts: list) -> list[dict[str, float] | None]:
         """Every label's probability for each text or pair (the page's bars), each on its own."""
         run = self.run
+        network = hooks.label_network(run.task, run.model, run.tokenizer, run.config)  # ONNX Runtime's, where it decodes
         found: list[dict[str, float] | None] = []
         for text in hooks.normalize(run.task, texts):
             if is_blank(text):
@@ -203,7 +204,7 @@ class Served:
                 continue
             src, _ = encode_sources(run.tokenizer, [text], run.model.cfg.max_len, classify=True)
             with autocast(run.config.train.bf16, run.device):
-                probs = decoding.classify(run.model, pad(src).to(run.device))[0].tolist()
+                probs = decoding.classify(network, pad(src).to(run.device))[0].tolist()
             found.append(dict(zip(run.labels or [], probs)))
         return found
 
