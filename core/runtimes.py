@@ -97,5 +97,9 @@ class OnnxNetwork:
         self.cfg = cfg
         self.session = onnxruntime.InferenceSession(str(path), options, providers=providers + ["CPUExecutionProvider"])
 
+    def fits(self, src: torch.Tensor, config: DecodeConfig) -> bool:
+        """Any batch our model reads: the export's length is dynamic up to ``model.max_len``."""
+        return True
+
     def __call__(self, src: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(self.session.run(None, {"src": src.cpu().numpy()})[0])

@@ -129,7 +129,7 @@ def decode_texts(task: Task, model: Transformer | Ensemble, tokenizer: Tokenizer
     def run(chunk: list[int]) -> list[Prediction]:
         batch = pad([src[j] for j in chunk]).to(device)
         starts = None if words is None else [words[j] for j in chunk]
-        if runtime is not None and getattr(runtime, "fits", lambda *_: True)(batch, dc):
+        if runtime is not None and runtime.fits(batch, dc):
             return engines.decode(runtime, batch, starts, labels, dc, tokenizer)
         with autocast(config.train.bf16 if dc.quantize == "none" else False, device):
             plugin, outs = plugins().first("taskformer_decode", task, model=network(), src=batch, tokenizer=tokenizer,
