@@ -13,6 +13,12 @@ German sentences average about that many subwords), and every sentence is decode
 - ``cudagraph``: the same step captured as a CUDA graph (what ``decode.compile`` does on a GPU);
 - ``ctranslate2``: the exported weights on the GPU, where CTranslate2 can use it.
 
+Then the engine choice (bench/engine_race.py): ``decode.engine=auto`` through taskformer's predict
+path (on a GPU: CTranslate2 with CUDA where it has it, else our decoder, and the reason) against raw
+CTranslate2 on the same device and weights, batch 1 and 128, greedy and beam 5, fp32 and int8, with
+natural lengths (a budget of ``--steps`` tokens, EOS ending a sentence sooner). ``--no-engines``
+leaves it out.
+
 Each is timed at batch 1 (``--n1`` sentences one by one) and batch 128 (``--n128`` sentences), greedy
 and beam 5; the first pass of each (compiling and capturing) is timed apart. Greedy outputs of each
 contender are compared with eager's. Inductor's counters (graphs, recompiles, CUDA graph skips) are
@@ -92,6 +98,21 @@ def ctranslate2_run(translator, src: torch.Tensor, batch: int, steps: int):
     return run
 
 
+def engines(model, args, device: torch.device) -> dict | str:
+    """``decode.engine=auto`` against raw CTranslate2 on this device (bench/engine_race.py), or why it cannot run."""
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        return "ctranslate2 is not installed: decode.engine=auto decodes with torch here"
+    from engine_race import print_race, race
+
+    with torch.no_grad():
+        rows = [row.tolist() for row in sources(max(args.n1, args.n128), args.src_len)]
+    result = race(rows, model, V, args.rounds, {1: args.n1, 128: args.n128}, device.type)
+    print_race(result)
+    return result
+
+
 def profile(model, src: torch.Tensor, steps: int, device: torch.device) -> str:
     """Where a sentence's time goes, one at a time: the profiler's table of operators by host time."""
     from torch.profiler import ProfilerActivity
@@ -114,6 +135,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a smoke run: few sentences, one round")
     parser.add_argument("--profile", action="store_true",
                         help="also profile the CUDA graph contender's greedy decode at batch 1 (torch.profiler)")
+    parser.add_argument("--no-engines", action="store_true", help="leave out the engine choice's race")
     parser.add_argument("--out", type=Path, help="write the results here as JSON")
     args = parser.parse_args()
     if args.quick:
@@ -165,6 +187,10 @@ def main() -> None:
             results["profile greedy b1"] = profile(contenders["cudagraph"], sources(args.n1, args.src_len), args.steps,
                                                    device)
             print(results["profile greedy b1"])
+    if not args.no_engines:
+        results["engines"] = engines(model, args, device)
+        if args.out:
+            args.out.write_text(json.dumps(results, indent=1) + "\n")
     from torch._dynamo.utils import counters
     results["counters"] = {group: dict(values) for group, values in counters.items()
                            if group in ("stats", "inductor", "recompiles") and values}

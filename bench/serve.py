@@ -24,6 +24,14 @@ after every part too, which shows whether memory levels off or keeps growing.
 
     python bench/serve.py runs/copy/bench --hostile 60 --rounds 4      # about 3 minutes
 
+`--engines LIST` serves the run once per `decode.engine` (e.g. `auto,torch`) and races the raw
+runtime instead: one client's p50 latency against raw CTranslate2's median time for the same
+sentences one at a time (the run's search and budget per sentence, the threads our runtime uses), and
+the most clients' throughput against a CTranslate2 loop that decodes all the sentences in batches of
+the server's `--max-batch` (32), each batch's budget its longest sentence's.
+
+    python bench/serve.py runs/copy/bench --engines auto,torch --clients 1,32 --seconds 30 --soak 0
+
 The clients are aiohttp's, all in this process, and share the machine with the server; each row
 says how much of a core they took (`client_cpu`). They are lean on purpose: httpx's client, used
 before, took about 3 ms of CPU per request, a core of a 2-core machine at 300 requests/s, so it
@@ -48,7 +56,6 @@ import urllib.request
 from pathlib import Path
 
 import aiohttp
-
 from machine import cpu_name
 
 
@@ -213,6 +220,75 @@ def hostile(run_dir: Path, sentences: list[str], clients: int, seconds: float, s
             "server_up_at_end": up}
 
 
+def raw_ctranslate2(run_dir: Path, sentences: list[str], batch: int) -> dict:
+    """Raw CTranslate2 on the run's weights (exported here): the median seconds of one sentence at a
+    time, and sentences/s of all of them in batches of ``batch``."""
+    import tempfile
+
+    import ctranslate2
+    import torch
+
+    from taskformer.app import hooks, runner
+    from taskformer.core.data import encode_sources
+    from taskformer.core.decoding import decode_workers, max_lengths
+    from taskformer.core.export import vocabulary
+
+    run = runner.load(run_dir)
+    d = run.config.decode
+    vocab = vocabulary(run.tokenizer, run.model.cfg.vocab_size)
+    ids, _ = encode_sources(run.tokenizer, hooks.normalize(run.task, sentences), run.model.cfg.max_len)
+    tokens = [[vocab[i] for i in row[:-1]] for row in ids]  # the export adds the EOS itself
+    budgets = [int(max_lengths(torch.tensor([row]), d.max_len_a, d.max_len_b, run.model.cfg.max_len)[0]) for row in ids]
+    options = dict(beam_size=d.beam if d.strategy == "beam" else 1, length_penalty=d.length_penalty,
+                   min_decoding_length=0, disable_unk=True, suppress_sequences=[["[PAD]"], ["[BOS]"]])
+    workers = decode_workers(d.workers, torch.device("cpu"), 1 << 20)
+    with tempfile.TemporaryDirectory() as folder:
+        runner.export(run, Path(folder) / "ct2", "int8" if d.quantize == "int8" else "float32")
+        translator = ctranslate2.Translator(str(Path(folder) / "ct2"), device="cpu",
+                                            compute_type="int8" if d.quantize == "int8" else "float32",
+                                            inter_threads=workers, intra_threads=max(torch.get_num_threads() // workers, 1))
+    one = []
+    for t, b in zip(tokens, budgets):
+        started = time.perf_counter()
+        translator.translate_batch([t], max_decoding_length=b, **options)
+        one.append(time.perf_counter() - started)
+    started = time.perf_counter()
+    for i in range(0, len(tokens), batch):
+        translator.translate_batch(tokens[i : i + batch], max_decoding_length=max(budgets[i : i + batch]), **options)
+    return {"batch1_median_ms": 1000 * statistics.median(one[1:] or one),
+            "batched_sentences_per_s": len(tokens) / (time.perf_counter() - started), "batch": batch}
+
+
+def engines_race(run_dir: Path, sentences: list[str], clients: list[int], seconds: float, engines: list[str],
+                 serve_options: str) -> dict:
+    """Serve with each engine at one client and the most clients, against raw CTranslate2 (:func:`raw_ctranslate2`)."""
+    figures: dict = {"rows": {}, "engine": {}}
+    for engine in engines:
+        server = Server(run_dir, "--set", f"decode.engine={engine}", *shlex.split(serve_options))
+        try:
+            with urllib.request.urlopen(f"{server.url}/v1/models") as response:
+                figures["engine"][engine] = json.load(response)["models"][0]["engine"]
+            asyncio.run(load(server.url, server.name, sentences, max(clients), min(5.0, seconds)))  # warm-up
+            for c in sorted({1, max(clients)}):
+                row = figures["rows"][f"{engine} {c}"] = asyncio.run(load(server.url, server.name, sentences, c,
+                                                                          seconds))
+                print(f"serve decode.engine={engine} ({figures['engine'][engine]['engine']}), {c} clients: "
+                      f"{row['sentences_per_s']:.1f} sent/s, p50 {row['p50_ms']:.1f} ms", flush=True)
+        finally:
+            server.stop()
+    raw = figures["ctranslate2"] = raw_ctranslate2(run_dir, sentences, 32)
+    print(f"raw CTranslate2: one sentence {raw['batch1_median_ms']:.1f} ms (median), batches of {raw['batch']}: "
+          f"{raw['batched_sentences_per_s']:.1f} sent/s", flush=True)
+    for engine in engines:
+        one, many = figures["rows"][f"{engine} 1"], figures["rows"][f"{engine} {max(clients)}"]
+        figures[f"{engine}_p50_vs_raw_batch1"] = one["p50_ms"] / raw["batch1_median_ms"]
+        figures[f"{engine}_throughput_vs_raw_batched"] = many["sentences_per_s"] / raw["batched_sentences_per_s"]
+        print(f"decode.engine={engine}: one client's p50 / raw batch-1 time {figures[f'{engine}_p50_vs_raw_batch1']:.2f}x "
+              f"(goal: at most 1.2x); {max(clients)} clients' throughput / raw batched "
+              f"{figures[f'{engine}_throughput_vs_raw_batched']:.2f}x (goal: at least 1.0x)", flush=True)
+    return figures
+
+
 def predict_bar(run_dir: Path, sentences: list[str]) -> float:
     """Sentences per second of the function behind `taskformer predict`, all sentences in one call."""
     import taskformer
@@ -237,10 +313,19 @@ def main() -> None:
                              "one request in ten a bad one")
     parser.add_argument("--rounds", type=int, default=1,
                         help="with --hostile, alternate the clean and the hostile load in this many parts each")
+    parser.add_argument("--engines", metavar="LIST", help="serve once per decode.engine in LIST (auto,torch,...) "
+                        "and race raw CTranslate2 instead")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
     clients = [int(c) for c in args.clients.split(",")]
     sentences = sentences_of(args.run_dir, args.sentences)
+    if args.engines:
+        figures = {"cpu": os.cpu_count(), "cpu_name": cpu_name(), "sentences": len(sentences),
+                   **engines_race(args.run_dir, sentences, clients, args.seconds, args.engines.split(","),
+                                  args.serve_options)}
+        if args.json:
+            args.json.write_text(json.dumps(figures, indent=2))
+        return
     if args.hostile:
         figures = {"cpu": os.cpu_count(), "cpu_name": cpu_name(), **hostile(args.run_dir, sentences, max(clients),
                                                                              args.hostile, args.serve_options,

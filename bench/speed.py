@@ -26,7 +26,11 @@ Workloads (model shape for all: vocab 8000, d_model 256, 3+3 layers, 8 heads, FF
    beside taskformer's rows, with taskformer/CTranslate2 ratios; taskformer int8
    (``decode.quantize=int8``) races CTranslate2 int8, and both race again one sentence at a time
    (batch 1);
-6. what each decoding change bought (``decode_ablation.py``: the current code against the same with
+6. when ``ctranslate2`` is importable: ``decode.engine=auto`` through taskformer's predict path against
+   raw CTranslate2 on the same weights (``engine_race.py``: batch 1 and 128, greedy and beam 5, fp32
+   and int8), the ratios printed; ``--classifier RUN`` adds a classifier run's batch-1 latency through
+   ONNX Runtime against torch, with the labels' agreement on its test outputs;
+7. what each decoding change bought (``decode_ablation.py``: the current code against the same with
    one change undone by monkeypatching), and the training step with ``core/model.py`` at ``--before``
    against today's.
 
@@ -58,6 +62,7 @@ except ImportError:  # the race rows need it: pip install taskformer[export]
     ctranslate2 = None
 
 from decode_ablation import ablation
+from engine_race import classifier, print_race, race
 from machine import alternate, cpu_name, forced_isa, timed
 from workload import (B, BOS, CPU, L, PAD, ROOT, V, Transformer, decode_fixed, make_reference, make_taskformer,
                       multi30k, ref)
@@ -271,6 +276,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="reduced workloads and rounds (fp32 kept: it races CTranslate2)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument("--classifier", type=Path, metavar="RUN", help="a finished classifier run (agnews) whose batch-1 "
+                    "latency through ONNX Runtime races our torch decoder")
     ap.add_argument("--max-tokens", type=int, default=4096, help="taskformer batch size in tokens (real data)")
     ap.add_argument("--before", default="568e46a", metavar="REV",
                     help="git revision whose core/model.py the training step is compared with (default: before the "
@@ -308,6 +315,14 @@ def main() -> None:
         dec |= decoding_speed(val_src, n_baseline=0, n_taskformer=16 if quick else 200, rounds=1 if quick else 3,
                               precisions=precisions, folder=Path(folder) if ctranslate2 else None, batch_size=1)
     ct2 = {k: dec.pop(k) for k in list(dec) if k.startswith("ctranslate2")}
+    engines = {}
+    if ctranslate2:
+        stage("decode.engine=auto against raw CTranslate2")
+        engines = race(val_src, make_taskformer(False)[0], V, 1 if quick else 3, {1: 16 if quick else 200,
+                                                                                  128: 192 if quick else 1000})
+    if args.classifier:
+        stage(f"classifier {args.classifier}: ONNX Runtime against torch")
+        engines["classifier"] = classifier(args.classifier, 20 if quick else 200)
     stage("ablation: each decoding change undone alone")
     changes = ablation(val_src, n=128 if quick else 512, rounds=1 if quick else 3, workers=dec["workers"])
     stage(f"training step: model code at {args.before} vs now")
@@ -353,6 +368,7 @@ def main() -> None:
         "decode_ablation": changes,
         "train_before_after": train_ab,
         "train_now_vs_before_ratio": train_ab["model code now"] / train_ab[f"model code at {args.before}"],
+        "engines": engines,
         "seconds": time.perf_counter() - started,
     }
     if ct2:
@@ -414,6 +430,7 @@ def print_table(r: dict) -> None:
     if "vs_ctranslate2" in r:
         print(f"taskformer / CTranslate2 {r['ctranslate2']['version']} (above 1: taskformer faster): "
               + ", ".join(f"{k} {v:.2f}x" for k, v in r["vs_ctranslate2"].items()))
+    print_race(r.get("engines", {}))
     print(f"training step, model code now / before: {r['train_now_vs_before_ratio']:.3f}x")
     print("each decoding change, speed with it / with it undone (above 1: it helps):")
     for change, ratios in r["decode_ablation"].items():

@@ -15,6 +15,7 @@ from taskformer.core.variants import VARIANTS
 QUANTIZE = ("none", "int8")  # the weights decoding runs on: as trained, or int8 linear layers (core/inference.py)
 STRATEGIES = ("beam", "greedy")
 MAX_NEW_TOKENS = 100_000  # a continuation's bound: each token is a step of the model, and a request must end
+ENGINES = ("auto", "torch", "ctranslate2", "onnxruntime")  # what decodes: taskformer/app/engines.py chooses
 SEARCHED = tuple(v for v in VARIANTS if variants.of(v).decoder)  # outputs are searched: the search options apply
 SHIFTED = tuple(v for v in VARIANTS if variants.of(v).shifted)  # an output's length follows its source's
 PROMPTED = tuple(v for v in VARIANTS if not variants.of(v).encoder)  # an output continues a prompt
@@ -58,10 +59,16 @@ class DecodeConfig:
                            "needs a C++ compiler on CPU, falls back without one; the first compile takes tens of "
                            "seconds). Pays where a step is mostly dispatch (a small model, one input at a time); "
                            "not for the translation defaults (docs/benchmarks.md).", variants=SEARCHED)
-    quantize: str = option("none", "int8: decode with int8 linear layers (torchao, CPU: per-row weights; inputs "
-                           "per token where the CPU multiplies int8 exactly (VNNI), else fp32). Smaller weights, "
-                           "but on CPU slower than fp32 (faster with decode.compile); for fast int8, export to CTranslate2 "
-                           "(docs/benchmarks.md).", choices=QUANTIZE)
+    quantize: str = option("none", "int8: decode with int8 weights: CTranslate2's int8 (ONNX Runtime's dynamic int8 "
+                           "for a classifier or tagger) where decode.engine runs one, else int8 linear layers in "
+                           "torch (torchao, CPU: per-row weights; inputs per token where the CPU multiplies int8 "
+                           "exactly (VNNI), else fp32), which on CPU is slower than fp32 unless decode.compile; what "
+                           "each buys: docs/benchmarks.md.", choices=QUANTIZE)
+    engine: str = option("auto", "What decodes: torch (our decoder), ctranslate2 (encoder-decoder and decoder-only "
+                         "runs) or onnxruntime (classifiers and taggers), each converted once into the user's cache; "
+                         "auto: the fast engine where it is installed and can decode the run and its search, else "
+                         "torch (predict --json, eval --json, serve and the report say which ran and why; "
+                         "docs/engines.md).", choices=ENGINES)
 
     def validate(self) -> None:
         """Refuse values outside each field's range (its metadata); a task's subclass adds its own checks."""

@@ -70,6 +70,8 @@ class TrainConfig:
                           "torch's choice, shared out among --nproc processes (on a busy 2-core machine one "
                           "can be much faster than two).", at_least=0,
                           at_most=1024)  # torch overflows past 2**31 and would start every thread it is given
+    tensorboard: bool = option(False, "Write TensorBoard event files into the run directory (tensorboard/): the "
+                               "built-in tracker plugin; needs pip install taskformer[tensorboard].")
 
     def validate(self) -> None:
         """Refuse values outside each field's range (its metadata) and a bf16 setting that is not one."""

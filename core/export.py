@@ -216,7 +216,7 @@ def _replaceable(out_dir: Path, overwrite: bool) -> list[str]:
         raise ExportError(f"{out_dir}: exists and is not empty, and holds no export of taskformer's (no {MANIFEST} "
                           "listing the files it wrote); choose a new directory (nothing in it was changed)")
     if not overwrite:
-        raise ExportExists(f"{out_dir}: already holds a CTranslate2 model")
+        raise ExportExists(f"{out_dir}: already holds an export")
     folder = next((f for f in files if (out_dir / f).is_dir() and not (out_dir / f).is_symlink()), None)
     if folder:  # an export writes files only: a folder of that name is the user's
         raise ExportError(f"{out_dir / folder}: a folder, not a file the earlier export wrote (its {MANIFEST} lists "
@@ -224,26 +224,16 @@ def _replaceable(out_dir: Path, overwrite: bool) -> list[str]:
     return files
 
 
-def to_ctranslate2(model: Transformer | Ensemble, tokenizer: Tokenizer, out_dir: str | Path, quantization: str = "float32",
-                   overwrite: bool = False, info: dict | None = None) -> Path:
-    """Write ``model`` as a CTranslate2 model in ``out_dir``, with ``tokenizer.json`` beside it.
-
-    ``quantization`` is CTranslate2's weight type (``int8`` etc.); ``info`` is saved in the manifest
-    ``taskformer.json`` (task, decoding settings) with the names of the files written, so that the
-    folder says where it came from and a later ``overwrite`` replaces exactly those. The model is
-    built in a temporary folder beside ``out_dir`` (CTranslate2's converter deletes the folder it
-    writes to) and each file is moved in by rename, replacing a link rather than writing through it.
-    """
-    import torch
-
+def _write_folder(out_dir: str | Path, overwrite: bool, build, tokenizer: Tokenizer, info: dict | None) -> Path:
+    """Write an export into ``out_dir``: ``build(folder)`` fills a temporary folder beside it (CTranslate2's
+    converter deletes the folder it writes to), ``tokenizer.json`` and the manifest join it, and each file
+    is moved in by rename, replacing a link rather than writing through it. ``info`` is saved in the
+    manifest ``taskformer.json`` with the names of the files written, so that the folder says where it
+    came from and a later ``overwrite`` replaces exactly those."""
     from taskformer.core.checkpoint import write_json
 
-    net = check_exportable(model)
-    if quantization not in QUANTIZATIONS:
-        raise ExportError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, not {quantization!r}")
     out_dir = Path(out_dir)
     earlier = _replaceable(out_dir, overwrite)
-    converter = _converter_class()(net.eval(), vocabulary(tokenizer, net.cfg.vocab_size))
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.export-"))
@@ -251,8 +241,7 @@ def to_ctranslate2(model: Transformer | Ensemble, tokenizer: Tokenizer, out_dir:
         raise ExportError(f"{out_dir}: cannot write there ({e.strerror or e})") from None
     try:
         built = staging / "model"
-        with torch.no_grad():
-            converter.convert(str(built), quantization=quantization)
+        build(built)
         tokenizer.save(str(built / "tokenizer.json"))
         files = sorted(p.name for p in built.iterdir()) + [MANIFEST]
         write_json(built / MANIFEST, {**(info or {}), "files": files})
@@ -267,3 +256,21 @@ def to_ctranslate2(model: Transformer | Ensemble, tokenizer: Tokenizer, out_dir:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out_dir
+
+
+def to_ctranslate2(model: Transformer | Ensemble, tokenizer: Tokenizer, out_dir: str | Path, quantization: str = "float32",
+                   overwrite: bool = False, info: dict | None = None) -> Path:
+    """Write ``model`` as a CTranslate2 model in ``out_dir``, with ``tokenizer.json`` beside it and the
+    manifest (see :func:`_write_folder`); ``quantization`` is CTranslate2's weight type (``int8`` etc.)."""
+    import torch
+
+    net = check_exportable(model)
+    if quantization not in QUANTIZATIONS:
+        raise ExportError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, not {quantization!r}")
+    converter = _converter_class()(net.eval(), vocabulary(tokenizer, net.cfg.vocab_size))
+
+    def build(folder: Path) -> None:
+        with torch.no_grad():
+            converter.convert(str(folder), quantization=quantization)
+
+    return _write_folder(out_dir, overwrite, build, tokenizer, info)

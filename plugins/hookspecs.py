@@ -371,11 +371,41 @@ def taskformer_register_commands(cli: click.Group) -> None:
     """
 
 
+@hookspec
+def taskformer_track(task: Task, run_dir: Path, event: dict[str, Any]) -> None:
+    """Receive every event a run logs, as it logs it: a tracker (TensorBoard, MLflow, W&B) is a plugin
+    of this one hook.
+
+    ``event`` is a JSON-ready dict whose ``"event"`` names it, in the order the run logs them:
+
+    * ``"start"``: ``config`` (the run's whole configuration, as ``config.json`` holds it), ``task``
+      and ``resumed`` (true when ``run --resume`` continues it from the checkpoint at ``step``);
+    * every record of ``metrics.jsonl``, the moment it is appended: ``"train"`` (loss, learning rate,
+      tokens/s), ``"eval"`` (``split`` and the metrics of a validation) and the others the trainer
+      logs, each with its ``step``. A resumed run logs again the records after its checkpoint, which
+      the lost process had logged: drop what a tracker holds past the start's ``step``;
+    * ``"result"``: ``metrics`` (val and test, as ``result.json`` holds them) and ``info``, once the
+      run has finished and written them.
+
+    Only the process that writes the run directory calls it (rank 0 of ``--nproc``). An exception
+    stops the run with an ``Error:`` naming the plugin; its last checkpoint resumes it. The built-in
+    TensorBoard tracker (``--set train.tensorboard=true``) is one such plugin.
+
+    Example::
+
+        @hookimpl
+        def taskformer_track(event):
+            if event["event"] == "eval":
+                print(event["step"], event["loss"])
+    """
+
+
 PHASES = {  # the hooks in the order a run calls them, for the reference in docs/plugins.md
     "Declare": ("taskformer_tasks", "taskformer_register_commands"),
     "Data": ("taskformer_data", "taskformer_normalize"),
     "Model": ("taskformer_head",),
     "Decode": ("taskformer_decode",),
     "Score and report": ("taskformer_metrics", "taskformer_report_sections"),
+    "Track": ("taskformer_track",),
     "Serve": ("taskformer_annotate",),
 }

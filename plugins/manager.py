@@ -27,6 +27,7 @@ from taskformer.plugins.hookspecs import Task
 BUILTIN = [
     "taskformer.plugins.builtin.defaults",
     "taskformer.plugins.builtin.report_sections",
+    "taskformer.plugins.builtin.tensorboard",
     "taskformer.tasks.copy",
     "taskformer.tasks.translate",
     "taskformer.tasks.translate_en_zh",

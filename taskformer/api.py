@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from taskformer.app import runner
+from taskformer.app import hooks, runner
 from taskformer.core.decoding import word_tags
 from taskformer.core.errors import TaskformerError
 
@@ -97,6 +97,13 @@ class Model:
         if self._run.model.cfg.kind.per_word:  # a tagger: the user's words, each with its tag
             return [word_tags(text, tags) for text, tags in zip(rows, outputs)]
         return outputs
+
+    def engine(self, **decode) -> dict[str, str]:
+        """Which engine decodes ``predict`` with these ``decode`` settings (the run's own by default), its
+        compute type and why: ``model.engine()`` -> ``{"engine": "ctranslate2", "compute_type": "float32",
+        "reason": ...}``; ``model.predict(texts, engine="torch")`` picks one for a call."""
+        config = runner.with_decoding(self._run, decode, "engine") if decode else self.config
+        return hooks.engine_choice(self.task, self._run.model, config).as_dict()
 
     def evaluate(self, split: str = "test", data_dir: str | Path | None = None) -> dict:
         """Metrics of the run's best weights on ``split`` (val or test) of the task's data.

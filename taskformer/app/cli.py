@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 C, decoding, export = lazy("taskformer.core.config"), lazy("taskformer.core.decoding"), lazy("taskformer.core.export")
 data = lazy("taskformer.core.data")
 console, distributed, plan = lazy("taskformer.app.console"), lazy("taskformer.app.distributed"), lazy("taskformer.app.plan")
-distill = lazy("taskformer.app.distill")
+distill, hooks = lazy("taskformer.app.distill"), lazy("taskformer.app.hooks")
 prepare, report, resources = lazy("taskformer.app.prepare"), lazy("taskformer.app.report"), lazy("taskformer.app.resources")
 rundir, runner, training = lazy("taskformer.app.rundir"), lazy("taskformer.app.runner"), lazy("taskformer.app.training")
 
@@ -254,15 +254,17 @@ def eval_cmd(run_dir, split, data_dir, overrides, average, as_json, quiet) -> No
     run = runner.load(run_dir)
     runner.set_decoding(run, overrides, "eval --set")
     weights = runner.use_average(run, average) if average else run.info.get("kept_weights", "best")
+    engine = hooks.engine_choice(run.task, run.model, run.config)  # an engine that cannot decode it: refused here
     with console.ProgressDisplay(quiet) as display, progress.listening(display):
         results = runner.evaluate_saved(run, split or ("val", "test"), data_dir)
     if as_json:
         click.echo(json.dumps({"task": run.task.name, "run_dir": str(run.dir), "weights": weights,
-                               "metrics": results}, indent=2, ensure_ascii=False))
+                               "engine": engine.as_dict(), "metrics": results}, indent=2, ensure_ascii=False))
         return
     click.echo(f"{run.task.name}: {run.dir}")  # a line of its own: a table title would wrap the path
     listing_console().print(metric_list(results, run.task.metric, run.task.metric_groups))
     click.echo(f"weights: {weights}")
+    click.echo(f"engine: {engine}")
 
 
 @main.command("predict")
@@ -297,7 +299,10 @@ def predict_cmd(run_dir, text, beam, overrides, as_json, threads, quiet) -> None
     runner.set_decoding(run, overrides, "predict --set")
     config = runner.with_search(run.config, beam)
     tagger, pairs, cut, done = run.model.cfg.kind.per_word, run.model.cfg.pairs, 0, 0
-    settings = None if run.model.cfg.kind.encoder else runner.generation_settings(config)
+    engine = hooks.engine_choice(run.task, run.model, config)  # an engine that cannot decode it: refused here
+    settings = None if run.model.cfg.kind.encoder else runner.generation_settings(run, config)
+    if as_json:  # the outputs stay one JSON value per line; which engine ran, and why, is a message
+        click.echo(f"engine: {json.dumps(engine.as_dict())}", err=True)
     texts = [t.encode("utf-8", "surrogateescape").decode("utf-8", "replace") for t in text]  # as stdin's lines
     terminal = sys.stdout.isatty()  # a model's text reaches a terminal with its control characters visible
     for i in (i for i, (t, clean) in enumerate(zip(text, texts), 1) if t != clean):
@@ -391,20 +396,29 @@ def stdin_batches(size: int):
 @main.command("export")
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.argument("out_dir", type=click.Path(file_okay=False))
-@click.option("--to", "target", type=click.Choice(["ctranslate2"]), required=True, help="Format to write.")
+@click.option("--to", "target", type=click.Choice(["ctranslate2", "onnx"]), required=True,
+              help="Format to write: ctranslate2 (encoder-decoder, decoder-only), onnx (encoder-only, tagging).")
 @click.option("--quantization", default="float32", show_default=True, type=click.Choice(export.QUANTIZATIONS),
-              help="Weight type of the exported model.")
+              help="Weight type of a CTranslate2 model (ONNX: float32).")
 @click.option("--force", is_flag=True, help="Export even though the task decodes with its own (e.g. constrained) "
                                             "search, which CTranslate2 cannot run.")
 @click.option("--overwrite", is_flag=True, help="Replace an earlier export in OUT_DIR.")
 def export_cmd(run_dir, out_dir, target, quantization, force, overwrite) -> None:
-    """Write RUN_DIR's model to OUT_DIR for another inference engine (CTranslate2), tokenizer beside it.
+    """Write RUN_DIR's model to OUT_DIR for another inference engine (CTranslate2, ONNX Runtime), tokenizer beside it.
 
     Only the network and the plain greedy/beam search travel: a task whose plugin decodes by its
     own rules (couplet's form constraint) would give other outputs there, so it is refused unless
-    --force. docs/export.md has the details.
+    --force. An ONNX model is checked against the run's logits before it is written. docs/export.md
+    has the details.
     """
-    runner.export(runner.load(run_dir), out_dir, quantization, overwrite, force)
+    if target == "onnx" and quantization != "float32":
+        raise TaskformerError(f"--quantization {quantization}: an ONNX export is float32 (decode.engine=onnxruntime "
+                              "with decode.quantize=int8 quantizes it for ONNX Runtime)")
+    runner.export(runner.load(run_dir), out_dir, quantization, overwrite, force, target)
+    if target == "onnx":
+        click.echo(f"wrote {out_dir}: ONNX model (model.onnx: input src, output logits; checked against the run's "
+                   f"logits), tokenizer.json, taskformer.json (load it with onnxruntime.InferenceSession)")
+        return
     click.echo(f"wrote {out_dir}: CTranslate2 {quantization} model, tokenizer.json, taskformer.json "
                f"(load it with ctranslate2.Translator({str(out_dir)!r}))")
 

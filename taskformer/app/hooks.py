@@ -16,8 +16,9 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
+from taskformer.app import engines
 from taskformer.app.resources import check_memory
-from taskformer.core import decoding, inference, progress, variants
+from taskformer.core import decoding, inference, precision, progress, variants
 from taskformer.core.config import RunConfig
 from taskformer.core.data import (
     Encoded,
@@ -34,7 +35,7 @@ from taskformer.core.data import (
 from taskformer.core.decoding import Label
 from taskformer.core.engine import autocast, reference_logprobs
 from taskformer.core.errors import TaskformerError
-from taskformer.core.model import BOS, UNK, Ensemble, Transformer
+from taskformer.core.model import BOS, DEFAULT_HEADS, UNK, Ensemble, Transformer
 from taskformer.core.tokenize import check_specials
 from taskformer.plugins.builtin import defaults as default_decoder
 from taskformer.plugins.hookspecs import Output, Task
@@ -105,9 +106,20 @@ def decode_texts(task: Task, model: Transformer | Ensemble, tokenizer: Tokenizer
     Returns the predictions in input order and how many inputs were truncated to ``model.max_len``.
     A tagging task's decoder also receives where each word starts (``words``; ``None`` otherwise).
     ``purpose`` tells the decoder why: ``"evaluate"`` (a val or test evaluation) or ``"predict"`` (a user's inputs).
+    Where ``decode.engine`` picks a runtime (:func:`engine_choice`), it decodes the batches instead of the
+    task's decoder (a decoder-only batch whose continuation would pass the model's positions excepted).
     """
-    kind = model.cfg.kind  # a CPU copy: packed, or int8 (fp32 inputs); compiled where the outputs are searched
-    net = inference.for_decoding(model.eval(), config.decode.quantize, config.decode.compile and kind.decoder)
+    kind, dc = model.cfg.kind, config.decode
+    choice = engine_choice(task, model, config)
+    device = next(model.parameters()).device
+    runtime = None if choice.engine == "torch" else engines.runtime(choice, model, tokenizer, dc)
+    copies: list = []  # the torch model decodes where no runtime does: made on first use
+
+    def network():  # a CPU copy: packed, or int8 (fp32 inputs); compiled where the outputs are searched
+        if not copies:
+            copies.append(inference.for_decoding(model.eval(), dc.quantize, dc.compile and kind.decoder))
+        return copies[0]
+
     blank = Label("", 0.0) if kind.labelled and not kind.per_word else ""  # one type of answer per task
     outputs: list[Prediction] = [blank] * len(texts)
     # A language model continues even an empty prompt for a user (it starts from BOS); a blank source
@@ -115,11 +127,10 @@ def decode_texts(task: Task, model: Transformer | Ensemble, tokenizer: Tokenizer
     todo = [i for i, t in enumerate(texts) if not is_blank(t) or (purpose == "predict" and not kind.encoder)]
     inputs = [texts[i] for i in todo]
     if kind.per_word:
-        src, words, cut = encode_words(tokenizer, inputs, net.cfg.max_len)
+        src, words, cut = encode_words(tokenizer, inputs, model.cfg.max_len)
     else:
         words = None
-        src, cut = encode_sources(tokenizer, inputs, net.cfg.max_len, classify=kind.labelled, prompt=not kind.encoder)
-    dc, device = config.decode, next(net.parameters()).device
+        src, cut = encode_sources(tokenizer, inputs, model.cfg.max_len, classify=kind.labelled, prompt=not kind.encoder)
     # A batch holds sources of one length. Padding changes a row's rounding (in bf16, its words), and a
     # sentence must decode to the same output alone, in eval's batches or beside a stranger's on a server.
     # Longest sources first: workers take batches in turn, and a long batch left for last would leave
@@ -132,8 +143,10 @@ def decode_texts(task: Task, model: Transformer | Ensemble, tokenizer: Tokenizer
     def run(chunk: list[int]) -> list[Prediction]:
         batch = pad([src[j] for j in chunk]).to(device)
         starts = None if words is None else [words[j] for j in chunk]
+        if runtime is not None and runtime.fits(batch, dc):
+            return engines.decode(runtime, batch, starts, labels, dc, tokenizer)
         with autocast(config.train.bf16 if dc.quantize == "none" else False, device):
-            plugin, outs = plugins().first("taskformer_decode", task, model=net, src=batch, tokenizer=tokenizer,
+            plugin, outs = plugins().first("taskformer_decode", task, model=network(), src=batch, tokenizer=tokenizer,
                                            labels=labels, words=starts, config=config, purpose=purpose)
         wrong = "not a list" if not isinstance(outs, list) else (
             f"{len(outs)} for {len(chunk)} rows" if len(outs) != len(chunk) else
@@ -253,3 +266,22 @@ def own_decoder(task: Task) -> str | None:
     before the built-in default's), or None where the default decoder decodes it."""
     first, _ = next(iter(plugins().listeners("taskformer_decode", task)), ("", None))
     return first if first and first != default_decoder.__name__ else None
+
+
+def engine_choice(task: Task, model: Transformer | Ensemble, config: RunConfig) -> engines.Choice:
+    """Which engine decodes ``task``'s ``model`` under ``config`` (``decode.engine``), and why: what
+    ``predict --json``, ``eval --json``, the server and the report say."""
+    device = next(model.parameters()).device
+    head = model.members[0].head if isinstance(model, Ensemble) else model.head
+    own_head = None if type(head) is DEFAULT_HEADS[model.cfg.variant] else type(head).__name__
+    facts = engines.Facts(task.variant, len(model.members) if isinstance(model, Ensemble) else 1, own_decoder(task),
+                          own_head, device.type)
+    bf16, _ = precision.choose(config.train.bf16, device)
+    return engines.choose(config.decode.engine, facts, config.decode, bf16, engines.available(device.type))
+
+
+def label_network(task: Task, model: Transformer | Ensemble, tokenizer: Tokenizer, config: RunConfig):
+    """What computes a classifier's or tagger's logits under ``config``: ONNX Runtime's network where
+    ``decode.engine`` picks it (called as our model is: ``network(src)``), else ``model``."""
+    choice = engine_choice(task, model, config)
+    return model if choice.engine != "onnxruntime" else engines.runtime(choice, model, tokenizer, config.decode)

@@ -29,6 +29,7 @@ import torch
 from taskformer.app import datacache, rundir
 from taskformer.app.hooks import build_model, evaluate_split, load_data
 from taskformer.app.resources import check_memory, pick_device, use_threads
+from taskformer.app.trackers import check_installed
 from taskformer.core import budget, progress, variants
 from taskformer.core import checkpoint as ckpt
 from taskformer.core import config as C
@@ -153,6 +154,7 @@ def prepare(request: TrainRequest, shard: tuple[int, int] = (0, 1)) -> Prepared:
     layers = Layers.of(task, request.config_file, request.overrides, request.seed, time_limit, request.settings)
     config = layers.build()
     check_budget(config, time_limit)
+    check_installed(config)
     footprint = getattr(config.data, "footprint", None)  # data made from options: can it be made here?
     if footprint:
         check_memory(task, config, **footprint())
@@ -368,6 +370,7 @@ def seconds_per_example(run: Run, data: TaskData, config: RunConfig, trained_len
     with ``trained_length``, writing as many tokens as the batch's longest reference (an untrained
     model writes to the length limit, several times what a trained one writes)."""
     sample = data.splits["val"][:config.decode.batch_size]
+    config = replace(config, decode=replace(config.decode, engine="torch"))  # a runtime would convert these weights
     if trained_length and variants.of(run.task.variant).decoder:
         longest = max(len(run.tokenizer.encode(str(row[1])).ids) for row in sample) + 1  # and its end
         decode = (replace(config.decode, max_len_a=0.0, max_len_b=longest) if variants.of(run.task.variant).shifted

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from taskformer.app import hooks, training
+from taskformer.app import engines, hooks, training
 from taskformer.app.hooks import build_model, decode_texts, evaluate_split, load_data, normalize
 from taskformer.app.prepare import TrainRequest
 from taskformer.app.resources import check_search_memory, pick_device, use_threads
@@ -84,31 +84,53 @@ def pair_from_line(line: str, where: str) -> tuple[str, str]:
 def continue_prompt(run: Run, text: str, config: RunConfig, on_text) -> str:
     """A language model's continuation of ``text``, as :func:`predict` gives it, calling ``on_text(piece)``
     with the text each new token adds as soon as it is chosen (the server streams them); returns the
-    continuation. A search that keeps several hypotheses (beam) or a task's own decoder gives its text
-    at the end, in one piece. ``on_text`` may raise to stop the search."""
+    continuation: from CTranslate2's generation callback where it decodes (``decode.engine``), else from
+    an observer of our search. A search that keeps several hypotheses (beam) or a task's own decoder
+    gives its text at the end, in one piece. ``on_text`` may raise to stop the search."""
     if config.decode.temperature == 0 and config.decode.strategy == "beam" and config.decode.beam > 1 \
             or hooks.own_decoder(run.task) or config.decode.samples > 1:
         out = predict(run, [text], config)[0][0]
         if isinstance(out, str):  # several samples come as their list, in the result
             on_text(out)
         return out
-    model = inference.for_decoding(run.model.eval(), config.decode.quantize, config.decode.compile)
-    ids, _ = encode_sources(run.tokenizer, normalize(run.task, [text], config), model.cfg.max_len, prompt=True)
+    ids, _ = encode_sources(run.tokenizer, normalize(run.task, [text], config), run.model.cfg.max_len, prompt=True)
+    src = torch.tensor(ids, dtype=torch.long, device=run.device)
     shown, width = "", max(len(ids[0]), 1)  # an empty prompt starts from BOS (core/decoding.py)
 
-    def emit(step, prefix, logprobs):  # an observer in the constraint's place: it changes nothing
+    def show(written: str) -> None:
         nonlocal shown
-        written = run.tokenizer.decode(prefix[0, width:].tolist())
         if written.startswith(shown) and len(written) > len(shown):
             on_text(written[len(shown):])
             shown = written
-        return logprobs
 
-    with autocast(config.train.bf16 if config.decode.quantize == "none" else False, run.device):
-        prompt = torch.tensor(ids, dtype=torch.long, device=run.device)
-        out = run.tokenizer.decode(decoding.search(model, prompt, config.decode, emit)[0])
-    if out.startswith(shown) and len(out) > len(shown):
-        on_text(out[len(shown):])
+    choice = hooks.engine_choice(run.task, run.model, config)
+    runtime = None if choice.engine == "torch" else engines.runtime(choice, run.model, run.tokenizer, config.decode)
+    if runtime is not None and runtime.fits(src, config.decode):  # CTranslate2's generation callback
+        chosen: list[int] = []
+        stopped: list[BaseException] = []
+
+        def on_token(token: int) -> bool:  # True stops the search: the reader is gone
+            chosen.append(token)
+            try:
+                show(run.tokenizer.decode(chosen))
+            except BaseException as e:  # raised through the runtime's C++ it would be lost: kept, raised after
+                stopped.append(e)
+            return bool(stopped)
+
+        out_ids = runtime.search(src, config.decode, on_token)[0]
+        if stopped:
+            raise stopped[0]
+    else:
+        model = inference.for_decoding(run.model.eval(), config.decode.quantize, config.decode.compile)
+
+        def emit(step, prefix, logprobs):  # an observer in the constraint's place: it changes nothing
+            show(run.tokenizer.decode(prefix[0, width:].tolist()))
+            return logprobs
+
+        with autocast(config.train.bf16 if config.decode.quantize == "none" else False, run.device):
+            out_ids = decoding.search(model, src, config.decode, emit)[0]
+    out = run.tokenizer.decode(out_ids)
+    show(out)
     return out
 
 
@@ -124,15 +146,16 @@ def with_search(config: RunConfig, beam: int | None = None, batch_size: int | No
     return replace(config, decode=decode)
 
 
-def generation_settings(config: RunConfig) -> dict:
-    """The decode settings that shaped a language model's continuation: what ``predict --json`` and the
-    server report beside it."""
+def generation_settings(run: Run, config: RunConfig) -> dict:
+    """The decode settings that shaped a language model's continuation, and the engine that ran them:
+    what ``predict --json`` and the server report beside it."""
     d = config.decode
     how = ({"temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p, "seed": d.seed} if d.temperature > 0
            else {"strategy": d.strategy if d.beam > 1 else "greedy", "beam": d.beam if d.strategy == "beam" else 1})
     extra = {**({"samples": d.samples} if d.samples > 1 else {}),
              **({"no_repeat_ngram": d.no_repeat_ngram} if d.no_repeat_ngram else {})}
-    return {**how, **extra, "max_new_tokens": d.max_new_tokens}
+    return {**how, **extra, "max_new_tokens": d.max_new_tokens,
+            "engine": hooks.engine_choice(run.task, run.model, config).engine}
 
 
 def whole_number(name: str, value: object) -> int | None:
@@ -181,9 +204,9 @@ def refuse_unused(kind: type, name: str, variant: str, given: str) -> None:
 
 
 # Decode options that only the whole process sets (`serve --set`, `predict --set`): the decoding batch, its
-# threads and its weights (an int8 copy, a compiled step, which would stall every other request for tens of
-# seconds), and the search of validations, which a request never runs.
-PROCESS_WIDE = ("batch_size", "workers", "quantize", "compile", "eval_strategy")
+# threads, its weights (an int8 copy, a compiled step, which would stall every other request for tens of
+# seconds) and engine (a runtime loaded once), and the search of validations, which a request never runs.
+PROCESS_WIDE = ("batch_size", "workers", "quantize", "compile", "engine", "eval_strategy")
 
 
 def request_options(run: Run) -> dict[str, Field]:
@@ -254,24 +277,32 @@ def evaluate_saved(run: Run, splits, data_dir: str | Path | None = None) -> dict
     return {s: evaluate_split(run, data.splits[s], name=f"decoding {s}")[0] for s in splits}
 
 
-def export(run: Run, out_dir: str | Path, quantization: str, overwrite: bool = False, force: bool = False) -> None:
-    """Write the run's network for CTranslate2 (core/export.py), with a manifest of where it came from.
+def export(run: Run, out_dir: str | Path, quantization: str, overwrite: bool = False, force: bool = False,
+           target: str = "ctranslate2") -> None:
+    """Write the run's network for CTranslate2 (core/export.py) or ONNX (core/onnx_export.py), with a
+    manifest of where it came from.
 
     Only the network and plain greedy or beam search travel: a task whose plugin decodes by its own
     rules (couplet's form constraint) would give other outputs there, so it is refused unless ``force``.
     """
-    export_model.check_exportable(run.model)
+    from taskformer.core import onnx_export
+
+    (onnx_export if target == "onnx" else export_model).check_exportable(run.model)
     if hooks.own_decoder(run.task):
         why = (f"task {run.task.name!r} is decoded by its plugin's own search (taskformer_decode hook, e.g. a "
-               "constrained one); CTranslate2 runs plain greedy/beam search, so its outputs would differ from "
-               "`taskformer predict`")
+               f"constrained one); {'ONNX' if target == 'onnx' else 'CTranslate2'} runs the plain network, so its "
+               "outputs would differ from `taskformer predict`")
         if not force:
             raise TaskformerError(f"{why}; pass --force to export the network anyway")
         warnings.warn(why, stacklevel=2)
-    info = {"task": run.task.name, "run_dir": str(run.dir), "quantization": quantization,
-            "max_input_length": run.model.cfg.max_len, "decode": run.config.to_dict()["decode"]}
+    info = {"task": run.task.name, "run_dir": str(run.dir), "max_input_length": run.model.cfg.max_len,
+            "decode": run.config.to_dict()["decode"]}
     try:
-        export_model.to_ctranslate2(run.model, run.tokenizer, out_dir, quantization, overwrite, info)
+        if target == "onnx":
+            onnx_export.to_onnx(run.model, run.tokenizer, out_dir, overwrite, {**info, "labels": run.labels})
+        else:
+            export_model.to_ctranslate2(run.model, run.tokenizer, out_dir, quantization, overwrite,
+                                        {**info, "quantization": quantization})
     except export_model.ExportExists as e:
         raise TaskformerError(f"{e}; pass --overwrite to replace it") from None
 

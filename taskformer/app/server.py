@@ -112,6 +112,7 @@ class Served:
                 "metrics": {k: v for k, v in (run.metrics.get("test") or run.metrics.get("val") or {}).items()
                             if not isinstance(v, float) or math.isfinite(v)},  # JSON has no NaN
                 "precision": f"{'bf16' if bf16 else 'fp32'} ({why})", "labels": run.labels, "options": options,
+                "engine": hooks.engine_choice(task, run.model, run.config).as_dict(),
                 "precision_words": precision_words(run.config.train.bf16, bf16, run.device.type),
                 "description": task.description, "pairs": run.model.cfg.pairs,
                 "examples": list(task.examples), "languages": list(task.languages or ())}
@@ -183,7 +184,7 @@ class Served:
         elif self.run.model.cfg.kind.per_word:
             out = {"output": [list(pair) for pair in word_tags(text, prediction)]}
         elif not self.run.model.cfg.kind.encoder:  # a language model: its continuation, as predict --json gives it
-            out = {"output": prediction, "prompt": text, "settings": runner.generation_settings(config)}
+            out = {"output": prediction, "prompt": text, "settings": runner.generation_settings(self.run, config)}
         else:
             out = {"output": prediction}
             marks = [self.marks(text), self.marks(prediction)] if isinstance(prediction, str) else []  # not samples
@@ -200,6 +201,7 @@ class Served:
     def distributions(self, texts: list) -> list[dict[str, float] | None]:
         """Every label's probability for each text or pair (the page's bars), each on its own."""
         run = self.run
+        network = hooks.label_network(run.task, run.model, run.tokenizer, run.config)  # ONNX Runtime's, where it decodes
         found: list[dict[str, float] | None] = []
         for text in hooks.normalize(run.task, texts, run.config):
             if is_blank(text):
@@ -207,7 +209,7 @@ class Served:
                 continue
             src, _ = encode_sources(run.tokenizer, [text], run.model.cfg.max_len, classify=True)
             with autocast(run.config.train.bf16, run.device):
-                probs = decoding.classify(run.model, pad(src).to(run.device))[0].tolist()
+                probs = decoding.classify(network, pad(src).to(run.device))[0].tolist()
             found.append(dict(zip(run.labels or [], probs)))
         return found
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from taskformer.app import datacache
-from taskformer.app.hooks import build_model, evaluate_split, load_data
+from taskformer.app import datacache, trackers
+from taskformer.app.hooks import build_model, engine_choice, evaluate_split, load_data
 from taskformer.app.prepare import (
     Prepared,
     TrainRequest,
@@ -26,7 +26,6 @@ from taskformer.app.prepare import (
 from taskformer.app.resources import pick_device, use_threads
 from taskformer.app.rundir import (
     ConfigRecord,
-    MetricsLog,
     ResultRecord,
     RunDirBusy,
     bound_files,
@@ -47,6 +46,7 @@ from taskformer.app.rundir import (
     write_result,
     write_tokenizer,
 )
+from taskformer.app.trackers import TrackedLog
 from taskformer.core import checkpoint as ckpt
 from taskformer.core import config as C
 from taskformer.core import precision, progress
@@ -215,7 +215,8 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
     run, data, config = begun.run, begun.data, begun.run.config
     device, task, train_enc, val_enc = run.device, run.task, begun.train, begun.val
     assert train_enc is not None and val_enc is not None  # encoded as it began
-    eval_config = replace(config, decode=replace(config.decode, strategy=config.decode.eval_strategy))
+    # validations decode with torch: a runtime would convert the weights anew after every update
+    eval_config = replace(config, decode=replace(config.decode, strategy=config.decode.eval_strategy, engine="torch"))
     clock = begun.clock
     ratio: list[float | None] = [None]  # the final search's time per example over the validations', once measured
 
@@ -230,7 +231,7 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
         return metrics
 
     trainer = Trainer(run.model, config.train, train_enc, evaluate, (task.metric, task.higher_is_better), run.dir,
-                      device, on_event=on_event, shard=shard, stamp=begun.stamp, events=MetricsLog(run.dir))
+                      device, on_event=on_event, shard=shard, stamp=begun.stamp, events=TrackedLog(run.dir, task))
     latest = last_checkpoint(run.dir) if begun.resume else None
     if latest and begun.stamp:
         ckpt.check_stamp(latest / ckpt.WEIGHTS, begun.stamp, config_path(run.dir))
@@ -239,6 +240,8 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
         if begun.resume and not trainer.resume():  # resuming rewrites metrics.jsonl: a write like the others
             raise TaskformerError(f"{run.dir}: no checkpoint to resume from (checkpoints/ is empty); the run "
                                   f"stopped before its first one, so start it again: {begun.again()}")
+        if shard[0] == 0:
+            trackers.started(task, run.dir, config, begun.resume, trainer.state.step)
         state = trainer.fit(clock if clock.limit else None)  # a resumed run's clock counts its earlier training too
     if trainer.stop_reason:
         raise Interrupted(run.dir, trainer.stop_reason)
@@ -287,6 +290,7 @@ def finish(begun: Begun, state: dict) -> Run:
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "device": str(run.device),
         "precision": f"{'bf16' if bf16 else 'fp32'} ({why})",
+        "engine": str(engine_choice(task, model, config)),
         "threads": torch.get_num_threads(),
         "parameters": model.num_parameters(),
         "data": {s: len(data.splits[s]) for s in SPLITS},
@@ -314,6 +318,7 @@ def finish(begun: Begun, state: dict) -> Run:
         samples = {split: [row_json(row) for row in rows] for split, rows in run.samples.items()}
         write_result(run_dir, ResultRecord(task=task.name, metric=task.metric, metrics=run.metrics, samples=samples,
                                            info=run.info, weights_sha256=ckpt.sha256(run_dir / ckpt.WEIGHTS)))
+    trackers.track(task, run_dir, {"event": "result", "metrics": run.metrics, "info": run.info})
     return run
 
 

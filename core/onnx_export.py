@@ -1,0 +1,158 @@
+"""Export an encoder-only or tagging model (the network and its head) to ONNX, checked against our logits.
+
+CTranslate2 has no place for a classifier's head (:mod:`taskformer.core.export`); ONNX takes any
+network torch can trace. The graph comes from torch's own exporter (``torch.onnx.export(dynamo=True)``,
+which traces with ``torch.export``), with the batch and the source length dynamic (the length up to
+``model.max_len``), at opset :data:`OPSET`. Before anything is written, ONNX Runtime runs the graph on
+probe batches of another size and padding than the one traced, and the export is refused where its
+logits differ from ours by more than :data:`TOLERANCE` of their scale: a graph that traced one branch
+of the model, or an operator the runtime computes otherwise, never reaches the user.
+
+``onnx``, ``onnxscript`` (the exporter's) and ``onnxruntime`` are optional (``taskformer[export]``).
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tokenizers import Tokenizer
+
+from taskformer.core.export import ExportError, _write_folder
+from taskformer.core.model import BOS, EOS, PAD
+
+if TYPE_CHECKING:
+    import torch
+
+    from taskformer.core.model import Ensemble, Transformer
+
+# The torch exporter's own opset (ONNX 1.15's operators): no version conversion runs, and ONNX Runtime
+# reads it from 1.17 on (its compatibility table, onnxruntime.ai/docs/reference/compatibility.html).
+OPSET = 20
+TOLERANCE = 1e-4  # the largest logit difference allowed, relative to the largest logit (at least 1)
+MODEL = "model.onnx"
+
+
+def _requirements() -> None:
+    missing = [name for name in ("onnx", "onnxscript", "onnxruntime") if not _importable(name)]
+    if missing:
+        raise ExportError(f"exporting to ONNX needs the {', '.join(missing)} package{'s' * (len(missing) > 1)}: "
+                          "pip install taskformer[export]")
+
+
+def _importable(name: str) -> bool:
+    try:
+        __import__(name)
+    except ImportError:
+        return False
+    return True
+
+
+def probe(model: Transformer, batch: int, length: int, padded: bool, seed: int = 0) -> torch.Tensor:
+    """Source ids framed as the model reads them: ``[BOS] + ids``, a pair's two texts split by EOS,
+    the last row shorter by a third (padding) where ``padded``."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, model.cfg.vocab_size, (batch, length), generator=g)
+    src[:, 0] = BOS
+    if model.cfg.pairs:
+        src[:, length // 2] = EOS
+        src[:, -1] = EOS
+    if padded and batch > 1:
+        cut = max(length * 2 // 3, 2)
+        src[-1, cut:] = PAD
+        if model.cfg.pairs:
+            src[-1, cut - 1] = EOS
+    return src
+
+
+def check_exportable(model: Transformer | Ensemble) -> Transformer:
+    from taskformer.core.model import Ensemble
+
+    if model.cfg.kind.decoder:
+        raise ExportError(f"ONNX export is for encoder-only and tagging models; this one is {model.cfg.variant} "
+                          "(export it to CTranslate2: --to ctranslate2)")
+    if isinstance(model, Ensemble):
+        raise ExportError(f"this model is an ensemble of {len(model.members)} networks (model.members); the ONNX "
+                          "export writes one network: decode the ensemble with taskformer, or train with model.members=1")
+    return model
+
+
+def build(model: Transformer | Ensemble, path: Path, tolerance: float = TOLERANCE) -> float:
+    """Write ``model`` as one ONNX file at ``path`` and check it against our logits; returns the largest
+    difference found. Raises :class:`ExportError`, with ``path`` removed, where it is above ``tolerance``."""
+    import numpy as np
+    import torch
+
+    _requirements()
+    import onnxruntime
+
+    net = check_exportable(model).eval().cpu()
+    length = min(12, net.cfg.max_len)
+    batch, positions = torch.export.Dim("batch", min=1), torch.export.Dim("length", min=2, max=net.cfg.max_len)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    quiet = [logging.getLogger(name) for name in ("torch.onnx", "torch.export", "onnxscript")]
+    levels = [logger.level for logger in quiet]
+    try:
+        for logger in quiet:
+            logger.setLevel(logging.ERROR)
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # the exporter's notes on ops it registered, for its own developers
+            program = torch.onnx.export(net, (probe(net, 3, length, padded=True),), dynamo=True, opset_version=OPSET,
+                                        input_names=["src"], output_names=["logits"], verbose=False,
+                                        dynamic_shapes={"src": {0: batch, 1: positions}}, external_data=False)
+            assert program is not None  # the dynamo exporter always returns its program
+            program.save(str(path))
+    except Exception as e:
+        path.unlink(missing_ok=True)
+        if isinstance(e, ExportError):
+            raise
+        raise ExportError(f"torch could not export this model to ONNX: {str(e).strip().splitlines()[0][:300]}") from None
+    finally:
+        for logger, level in zip(quiet, levels):
+            logger.setLevel(level)
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    worst = 0.0
+    with torch.no_grad():
+        for shape, padded in (((1, 2), False), ((5, min(20, net.cfg.max_len)), True), ((2, length), False)):
+            src = probe(net, *shape, padded=padded, seed=1)
+            ours = net(src).float().numpy()
+            theirs = session.run(None, {"src": src.numpy()})[0]
+            scale = max(1.0, float(np.abs(ours).max()))
+            worst = max(worst, float(np.abs(ours - theirs).max()) / scale)
+    if not worst <= tolerance:  # NaN too
+        path.unlink(missing_ok=True)
+        raise ExportError(f"the ONNX model's logits differ from taskformer's by {worst:.3g} of their scale (at most "
+                          f"{tolerance:g} allowed); nothing was written")
+    return worst
+
+
+def quantized(fp32: Path, path: Path) -> None:
+    """An int8 copy of a checked ONNX model: ONNX Runtime's dynamic quantization (int8 weights, inputs
+    quantized per call), the counterpart of ``decode.quantize=int8``; its logits are not ours to the
+    tolerance, by design."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # its advice to pre-process image models is not the user's to act on
+    try:
+        quantize_dynamic(str(fp32), str(path), weight_type=QuantType.QInt8)
+    finally:
+        root.setLevel(level)
+
+
+def to_onnx(model: Transformer | Ensemble, tokenizer: Tokenizer, out_dir: str | Path, overwrite: bool = False,
+            info: dict | None = None, tolerance: float = TOLERANCE) -> Path:
+    """Write ``model`` as ``model.onnx`` in ``out_dir`` (input ``src``: ids (batch, length); output
+    ``logits``), with ``tokenizer.json`` and the manifest beside it; refused where the check fails."""
+    check_exportable(model)
+    _requirements()
+    manifest = {**(info or {}), "opset": OPSET}
+
+    def write(folder: Path) -> None:  # the manifest is written after this: it records the check
+        manifest["largest_logit_difference"] = build(model, folder / MODEL, tolerance)
+
+    return _write_folder(out_dir, overwrite, write, tokenizer, manifest)

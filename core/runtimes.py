@@ -1,0 +1,105 @@
+"""Decoding outside torch: a converted model run by CTranslate2 or ONNX Runtime, fed our token ids.
+
+Both runtimes take the batches our decoder takes (:func:`taskformer.app.hooks.decode_texts` groups
+sources of one length) and give back what it gives: token ids per row for a search, logits for a
+classifier or tagger, so that tokenizing, detokenizing and labelling stay ours.
+
+CTranslate2 is told what our search does (``taskformer.core.decoding``): the budget
+``max_len_a * source length + max_len_b`` (one per call: a batch's sources share their length; EOS
+may come first, as ours allows: an empty output), the
+specials no search writes (``disable_unk``, PAD and BOS suppressed), beam size and length penalty,
+sampling's temperature, top-k and top-p. Two conventions differ. Its beam ranks finished hypotheses by
+``score / length ** length_penalty`` where ours uses Wu et al.'s ``((5 + length) / 6) ** length_penalty``,
+and equal scores may be broken differently; docs/engines.md measures the agreement. Its sampling draws
+from a random generator per worker thread, seeded by ``ctranslate2.set_random_seed`` when the thread
+first samples: a new process given the same inputs in the same order and seed samples the same
+outputs, but an input's output depends on what was drawn before it, where ours depends on the input
+and seed alone (so ``decode.engine=auto`` samples with ours).
+
+Neither package is imported before a runtime is made: both are optional (``taskformer[export]``).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from taskformer.core.decode_config import DecodeConfig
+from taskformer.core.decoding import NEVER_WRITTEN, max_lengths
+from taskformer.core.model import PAD, UNK
+from taskformer.core.tokenize import SPECIALS
+from taskformer.core.variants import Variant
+
+
+class CTranslate2Search:
+    """A CTranslate2 ``Translator`` (encoder-decoder) or ``Generator`` (decoder-only) over our ids."""
+
+    def __init__(self, path: Path, kind: Variant, vocabulary: list[str], max_len: int, device: str,
+                 compute_type: str, workers: int = 1):
+        import ctranslate2
+
+        self.ctranslate2, self.kind, self.max_len = ctranslate2, kind, max_len
+        self.vocabulary, self.ids = vocabulary, {t: i for i, t in enumerate(vocabulary)}
+        threads = torch.get_num_threads()
+        make = ctranslate2.Translator if kind.encoder else ctranslate2.Generator
+        self.model = make(str(path), device=device, compute_type=compute_type, inter_threads=max(workers, 1),
+                          intra_threads=max(threads // max(workers, 1), 1))
+        torch.set_num_threads(threads)  # the runtime sets the OpenMP threads it shares with torch to 1
+
+    def fits(self, src: torch.Tensor, config: DecodeConfig) -> bool:
+        """Whether the outputs stay within the model's positions: a decoder-only model's prompt and
+        continuation must, since CTranslate2 cannot slide the context as our decoder does."""
+        return self.kind.encoder or src.size(1) + config.max_new_tokens <= self.max_len
+
+    def search(self, src: torch.Tensor, config: DecodeConfig,
+               on_token: Callable[[int], bool] | None = None) -> list[list[int]]:
+        """The output ids of each row of ``src`` (one length per batch, as our batches are) under
+        ``config``'s search. ``on_token(id)`` (one greedy or sampled row) is called with each token as it
+        is chosen and stops the search by returning True."""
+        rows = [[self.vocabulary[i] for i in row if i != PAD] for row in src.tolist()]
+        if self.kind.encoder:  # the export frames sources itself (add_source_eos): ours end in EOS already
+            rows = [row[:-1] for row in rows]
+        budget = int(max_lengths(src, config.max_len_a, config.max_len_b, self.max_len).max()) if self.kind.encoder \
+            else config.max_new_tokens
+        sampled = config.temperature > 0
+        beam = config.beam if config.strategy == "beam" and not sampled else 1
+        options = dict(beam_size=beam, length_penalty=config.length_penalty, disable_unk=True,
+                       suppress_sequences=[[SPECIALS[i]] for i in NEVER_WRITTEN if i != UNK])
+        if sampled:  # top_k 0 is every token, as ours; one above the vocabulary is too (CTranslate2 refuses it)
+            options.update(sampling_temperature=config.temperature, sampling_topk=min(config.top_k, len(self.ids)),
+                           sampling_topp=config.top_p)
+            self.ctranslate2.set_random_seed(config.seed)  # read by a worker thread the first time it samples
+        if on_token is not None:
+            options["callback"] = lambda step: bool(on_token(step.token_id))
+        return self._run(rows, budget, options)
+
+    def _run(self, rows: list[list[str]], budget: int, options: dict) -> list[list[int]]:
+        if self.kind.encoder:
+            results = self.model.translate_batch(rows, max_decoding_length=budget, min_decoding_length=0,
+                                                 max_input_length=self.max_len, **options)
+            return [[self.ids[t] for t in r.hypotheses[0]] for r in results]
+        results = self.model.generate_batch(rows, max_length=budget, include_prompt_in_result=False, **options)
+        return [list(r.sequences_ids[0]) for r in results]
+
+
+class OnnxNetwork:
+    """An exported encoder-only or tagging network under ONNX Runtime, called as our model is:
+    ``network(src)`` gives the logits, so that labels and tags are read from them as ours are."""
+
+    def __init__(self, path: Path, cfg, device: str):
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = torch.get_num_threads()
+        options.log_severity_level = 3  # warnings about the graph's unused initializers are not the user's
+        providers = ["CUDAExecutionProvider"] if device == "cuda" else []
+        self.cfg = cfg
+        self.session = onnxruntime.InferenceSession(str(path), options, providers=providers + ["CPUExecutionProvider"])
+
+    def fits(self, src: torch.Tensor, config: DecodeConfig) -> bool:
+        """Any batch our model reads: the export's length is dynamic up to ``model.max_len``."""
+        return True
+
+    def __call__(self, src: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(self.session.run(None, {"src": src.cpu().numpy()})[0])
