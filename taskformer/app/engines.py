@@ -109,6 +109,8 @@ def obstacle(runtime: str, facts: Facts, decode: DecodeConfig, found: dict[str, 
         return f"the task's plugin gives the model its own output head ({facts.own_head}); CTranslate2 has only a linear one"
     if decode.compile:
         return "decode.compile=true asks for our compiled decoding step"
+    if runtime == "ctranslate2" and decode.no_repeat_ngram:
+        return "decode.no_repeat_ngram is our search's rule (the prompt's n-grams count too)"
     if runtime not in found:
         where = " with CUDA" if facts.device == "cuda" else ""
         return f"{runtime}{where} is not installed ({INSTALL})"
