@@ -294,8 +294,8 @@ def test_eval_of_a_run_whose_data_moved_names_data_dir(echo, echo_data, tmp_path
         moved.rename(echo_data)
 
 
-def test_readme_lists_every_option_of_eval_and_predict():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_guide_lists_every_option_of_eval_and_predict():
+    readme = (ROOT / "docs" / "guide.md").read_text(encoding="utf-8")
     for command in ("eval", "predict"):
         row = next(line for line in readme.splitlines() if line.startswith(f"| `taskformer {command} "))
         usage = row.split("|")[1]

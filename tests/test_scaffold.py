@@ -66,8 +66,8 @@ def test_scaffold_refuses_bad_names_and_existing_folders(tmp_path, cli):
     assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
 
 
-def test_new_task_takes_exactly_the_variants_readme_lists(tmp_path, cli):
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+def test_new_task_takes_exactly_the_variants_the_guide_lists(tmp_path, cli):
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "guide.md").read_text(encoding="utf-8")
     listed = re.search(r"`taskformer new-task NAME \[--variant ([\w/-]+)\]", readme).group(1).split("/")
     offered = re.search(r"--variant \[([\w|-]+)\]", cli("new-task", "--help").output).group(1).split("|")
     assert offered == listed
