@@ -524,8 +524,9 @@ class Trainer:
         elif cfg.max_steps and st.step >= cfg.max_steps:
             reason = f"reached train.max_steps={cfg.max_steps}"
         elif st.cooldown and st.step >= st.cooldown[0] + st.cooldown[1]:
-            start, length, *_, origin = (*st.cooldown, st.cooldown[0])
-            reason = (f"the cool-down brought the learning rate to zero ({int(start + length - origin)} updates after "
+            origin = st.cooldown[3] if len(st.cooldown) > 3 else st.cooldown[0]  # where the decay first began
+            fell = int(st.cooldown[0] + st.cooldown[1] - origin)
+            reason = (f"the cool-down brought the learning rate to zero ({fell} update{'s' * (fell != 1)} after "
                       f"step {int(origin)})")
         elif self.clock and (left := self.clock.for_training()) is not None and left <= 0:
             reason = (f"time limit: after {st.elapsed:.0f} s of training and validation, the rest of the time "

@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 import threading
+import warnings
 import weakref
 from pathlib import Path
 from typing import Any, NamedTuple, cast
@@ -281,9 +282,14 @@ def runtime(choice: Choice, model: Transformer | Ensemble, tokenizer: Tokenizer,
             return kept[1]
         base = root()
         with tempfile.TemporaryDirectory(prefix="taskformer-engine-") as scratch:  # the cache is off: loaded, then gone
+            folder = None
             if base is not None:
-                folder = cached(choice, net, tokenizer, base)
-            else:
+                try:
+                    folder = cached(choice, net, tokenizer, base)
+                except OSError as e:  # a cache that cannot be written costs the conversion's time, never the run
+                    warnings.warn(f"engine cache: cannot use {base} ({datacache.reason(e)}); the converted model "
+                                  "is not kept", stacklevel=2)
+            if folder is None:
                 folder = Path(scratch) / "entry"
                 convert(choice, net, tokenizer, folder)
             if choice.engine == "ctranslate2":

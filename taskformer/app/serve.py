@@ -11,6 +11,7 @@ import logging
 import math
 import re
 import socket
+import sys
 from typing import TYPE_CHECKING
 
 import click
@@ -37,12 +38,25 @@ class LogLines(logging.Formatter):
         return visible(super().format(record))
 
 
-LOGGING = {  # uvicorn's loggers and the rest (asyncio's), every record through LogLines
+class Stderr(logging.StreamHandler):
+    """A handler that writes to ``sys.stderr`` as it is when a record comes, not as it was when the
+    server started: a server run inside another program (a test's runner) outlives the stream it began with."""
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+LOGGING = {  # uvicorn's loggers and asyncio's, every record through LogLines
     "version": 1, "disable_existing_loggers": False,
     "formatters": {"lines": {"()": LogLines, "fmt": "%(levelname)s: %(message)s"}},
-    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "lines", "stream": "ext://sys.stderr"}},
-    "loggers": {"uvicorn": {"handlers": ["stderr"], "level": "INFO", "propagate": False}},
-    "root": {"handlers": ["stderr"], "level": "WARNING"},
+    "handlers": {"stderr": {"class": "taskformer.app.serve.Stderr", "formatter": "lines"}},
+    "loggers": {"uvicorn": {"handlers": ["stderr"], "level": "INFO", "propagate": False},
+                "asyncio": {"handlers": ["stderr"], "level": "WARNING", "propagate": False}},
 }
 
 
