@@ -3,6 +3,7 @@ old standard -- one ``Error:`` line naming the culprit, nothing of the user's lo
 control character on a terminal, a record that says what ran."""
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -181,17 +182,24 @@ def test_an_error_naming_a_file_shows_its_control_characters_as_escapes(tmp_path
 
 
 def test_the_server_log_shows_a_clients_control_characters_as_escapes(capfd):
-    import logging.config
-
+    """serve.LOGGING's handler and formatter, on the loggers it routes (not through dictConfig, which
+    would close every handler of this process, pytest's own among them)."""
     from taskformer.app import serve
 
-    logging.config.dictConfig(serve.LOGGING)
+    routed = {name: spec["handlers"] for name, spec in serve.LOGGING["loggers"].items()}
+    assert routed == {"uvicorn": ["stderr"], "asyncio": ["stderr"]}
+    assert serve.LOGGING["handlers"]["stderr"]["formatter"] == "lines"
+    handler = serve.Stderr()
+    handler.setFormatter(serve.LogLines(serve.LOGGING["formatters"]["lines"]["fmt"]))
+    loggers = [logging.getLogger(name) for name in routed]
+    for logger in loggers:
+        logger.addHandler(handler)
     try:
         logging.getLogger("uvicorn.error").warning("a client sent %s", HOSTILE)
         logging.getLogger("asyncio").error("a task failed on %s", HOSTILE)
     finally:
-        logging.config.dictConfig({"version": 1, "disable_existing_loggers": False,
-                                   "root": {"handlers": [], "level": "WARNING"}})
+        for logger in loggers:
+            logger.removeHandler(handler)
     err = capfd.readouterr().err
     assert err.count("\\x1b]0;PWN\\x07") == 2 and not CONTROL.search(err), err
 
