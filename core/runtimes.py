@@ -49,8 +49,11 @@ class CTranslate2Search:
 
     def fits(self, src: torch.Tensor, config: DecodeConfig) -> bool:
         """Whether the outputs stay within the model's positions: a decoder-only model's prompt and
-        continuation must, since CTranslate2 cannot slide the context as our decoder does."""
-        return self.kind.encoder or src.size(1) + config.max_new_tokens <= self.max_len
+        continuation must, since CTranslate2 cannot slide the context as our decoder does; and whether
+        every prompt has a token (our decoder starts an empty one from BOS, CTranslate2 cannot start one)."""
+        if self.kind.encoder:
+            return True
+        return src.size(1) + config.max_new_tokens <= self.max_len and bool((src != PAD).any(1).all())
 
     def search(self, src: torch.Tensor, config: DecodeConfig,
                on_token: Callable[[int], bool] | None = None) -> list[list[int]]:

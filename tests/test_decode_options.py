@@ -130,7 +130,7 @@ def test_a_request_sets_the_decode_options_its_model_lists_the_tasks_own_include
     ({"top_p": 0}, "top_p", "decode.top_p must be in (0, 1]"),
     ({"strategy": "sample"}, "strategy", "must be beam or greedy"),
     ({"beam": 17}, "beam", "at most 16"),
-    ({"quantize": "int8"}, "quantize", "not a decode option"),
+    ({"quantize": "int8"}, "quantize", "set for the whole process, not per request"),
     ({"max_new_tokens": 5}, "max_new_tokens", "not a decode option"),
     ({"nope": 1}, "nope", "it takes"),
 ])

@@ -42,7 +42,7 @@ class Stderr(logging.StreamHandler):
     """A handler that writes to ``sys.stderr`` as it is when a record comes, not as it was when the
     server started: a server run inside another program (a test's runner) outlives the stream it began with."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self):
         return sys.stderr
 
