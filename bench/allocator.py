@@ -29,8 +29,10 @@ from machine import cpu_name  # bench/ is on the path when a script here runs
 
 from taskformer.app.resources import keep_freed_memory
 from taskformer.core import config as C
-from taskformer.core.engine import TrainConfig, Trainer
-from taskformer.core.model import ModelConfig, Transformer
+from taskformer.core.engine import Trainer
+from taskformer.core.model import Transformer
+from taskformer.core.model_config import ModelConfig
+from taskformer.core.train_config import TrainConfig
 from taskformer.plugins.manager import plugins
 
 VOCAB = 10_000

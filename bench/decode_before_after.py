@@ -18,7 +18,8 @@ import torch
 
 from taskformer.core import decoding, inference
 from taskformer.core.data import pad
-from taskformer.core.model import EOS, ModelConfig, Transformer
+from taskformer.core.model import EOS, Transformer
+from taskformer.core.model_config import ModelConfig
 
 SHAPE = dict(vocab_size=8000, d_model=256, n_heads=8, enc_layers=3, dec_layers=3, d_ff=1024, dropout=0.1,
              tie_embeddings=False, max_len=128)

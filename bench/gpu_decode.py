@@ -38,7 +38,8 @@ import torch
 
 from taskformer.core import decoding, export, inference
 from taskformer.core.compiled import Compiled
-from taskformer.core.model import EOS, ModelConfig, Transformer
+from taskformer.core.model import EOS, Transformer
+from taskformer.core.model_config import ModelConfig
 from taskformer.core.tokenize import symbols
 
 V = 8000

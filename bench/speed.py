@@ -70,7 +70,7 @@ from workload import (B, BOS, CPU, L, PAD, ROOT, V, Transformer, decode_fixed, m
 from taskformer.app.resources import keep_freed_memory
 from taskformer.core import decoding, export, inference, precision
 from taskformer.core.data import pad, token_batches
-from taskformer.core.engine import autocast
+from taskformer.core.precision import autocast
 from taskformer.core.tokenize import symbols
 
 

@@ -18,9 +18,11 @@ import reference_transformer as ref  # noqa: E402
 
 from taskformer.core import decoding  # noqa: E402
 from taskformer.core.data import encode_sources, read_parallel  # noqa: E402
-from taskformer.core.engine import TrainConfig, Trainer  # noqa: E402
-from taskformer.core.model import BOS, EOS, PAD, ModelConfig, Transformer  # noqa: E402
+from taskformer.core.engine import Trainer  # noqa: E402
+from taskformer.core.model import BOS, EOS, PAD, Transformer  # noqa: E402
+from taskformer.core.model_config import ModelConfig  # noqa: E402
 from taskformer.core.tokenize import subword  # noqa: E402
+from taskformer.core.train_config import TrainConfig  # noqa: E402
 
 V, D, LAYERS, FF, HEADS, B, L = 8000, 256, 3, 1024, 8, 128, 24
 CPU = torch.device("cpu")

@@ -23,9 +23,10 @@ import torch
 
 from taskformer.core import clock
 from taskformer.core.data import Encoded, collate
-from taskformer.core.engine import TrainConfig, Trainer
+from taskformer.core.engine import Trainer
 from taskformer.core.errors import TaskformerError
 from taskformer.core.model import Ensemble, Transformer
+from taskformer.core.train_config import TrainConfig
 
 # Evaluations without improvement after which a time-limited run stops when no train.patience is set.
 # Ten evaluations ride out the noise of val scores and the plateaus a falling rate or an average of

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from taskformer.core.decode_config import DecodeConfig
-from taskformer.core.engine import TrainConfig
 from taskformer.core.errors import TaskformerError
-from taskformer.core.model import ModelConfig
+from taskformer.core.model_config import ModelConfig
 from taskformer.core.options import check, describe, option, renamed, retired
+from taskformer.core.train_config import TrainConfig
 
 
 @dataclass

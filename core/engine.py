@@ -26,58 +26,7 @@ from taskformer.core import clock, inference, precision
 from taskformer.core.data import IGNORE, Batch, Encoded, Indices, collate, token_batches
 from taskformer.core.errors import TaskformerError
 from taskformer.core.model import PAD, Ensemble, SequenceModel, Transformer
-from taskformer.core.options import check, option
-
-SCHEDULES = ("inverse_sqrt", "linear")
-
-
-@dataclass
-class TrainConfig:
-    """Optimisation settings. ``lr`` is the peak rate, reached after ``warmup`` steps."""
-
-    epochs: int = option(20, "Passes over the training data (an upper bound when another budget ends first); 0: "
-                         "no cap, the time limit or train.max_steps is the budget (a --time-limit sets 0 unless "
-                         "epochs is set by you).", at_least=0)
-    max_steps: int = option(0, "Stop after this many updates; 0: no limit. The budget that gives the same run on "
-                            "a busy machine, where a --time-limit gives fewer updates.", at_least=0)
-    max_tokens: int = option(4096, "Padded tokens per batch (source or target, whichever is longer).", at_least=1)
-    lr: float = option(1e-3, "Peak learning rate, reached after warmup updates.", above=0.0)
-    warmup: int = option(400, "Updates of linear warm-up.", at_least=0)
-    schedule: str = option("inverse_sqrt", "After warm-up: the paper's 1/sqrt(step) decay, or linear to zero at "
-                           "the last update.", choices=SCHEDULES)
-    cooldown: float = option(0.0, "The last fraction of the budget (time limit or planned updates), over which the "
-                             "rate falls linearly to zero; 0: off.", at_least=0.0, below=1.0)
-    label_smoothing: float = option(0.1, "Share of the target probability spread over the other tokens.",
-                                    at_least=0.0, below=1.0)
-    clip: float = option(1.0, "Gradient norm clipping; 0: off.", at_least=0.0)
-    weight_decay: float = option(0.0, "AdamW weight decay.", at_least=0.0)
-    bf16: str = option("auto", "auto: bf16 where the hardware runs it natively (else fp32); true or false force it.")
-    seed: int = option(0, "Random seed of initialisation, batches and synthetic data.")
-    patience: int = option(0, "Stop after this many evaluations without improvement; 0: never (a --time-limit sets "
-                           "10 unless patience is set by you or the task: enough to ride out val noise and plateaus, "
-                           "few enough to stop over-fitting early).", at_least=0)
-    eval_every: int = option(0, "Updates between evaluations; 0: once per epoch.", at_least=0)
-    accumulate: int = option(1, "Batches whose gradients are summed into one update.", at_least=1)
-    save_every: int = option(0, "Updates between resumable checkpoints; 0: at each evaluation only.", at_least=0)
-    keep_last: int = option(2, "Resumable checkpoints kept in checkpoints/.", at_least=1)
-    average_last: int = option(0, "Also evaluate the mean of the last N evaluated weights (kept if best); 0, 1: off.",
-                               at_least=0)
-    log_every: int = option(20, "Updates between training log lines.", at_least=1)
-    pace: float = option(0.0, "Target tokens/s this machine trains the task's model at, from which --time-limit picks "
-                         "the task's recipe; 0: measure it before training (a few seconds). Pin it on a shared "
-                         "machine.", at_least=0.0, at_most=1e12)
-    threads: int = option(0, "torch's intra-op threads for training and decoding, per process with --nproc; 0: "
-                          "torch's choice, shared out among --nproc processes (on a busy 2-core machine one "
-                          "can be much faster than two).", at_least=0,
-                          at_most=1024)  # torch overflows past 2**31 and would start every thread it is given
-    tensorboard: bool = option(False, "Write TensorBoard event files into the run directory (tensorboard/): the "
-                               "built-in tracker plugin; needs pip install taskformer[tensorboard].")
-
-    def validate(self) -> None:
-        """Refuse values outside each field's range (its metadata) and a bf16 setting that is not one."""
-        check("train", self)
-        precision.normalize(self.bf16)
-
+from taskformer.core.train_config import TrainConfig
 
 
 def lr_factor(step: int, warmup: int, schedule: str = "inverse_sqrt", total: int = 0) -> float:
@@ -116,12 +65,6 @@ def planned_updates(cfg: TrainConfig, per_epoch: int) -> int:
     """The updates ``cfg`` plans with ``per_epoch`` updates an epoch: the fewer of its epochs and
     ``max_steps``; 0 where neither is set (a time limit is the budget)."""
     return min((n for n in (cfg.epochs * per_epoch, cfg.max_steps) if n), default=0)
-
-
-def autocast(bf16, device: torch.device):
-    """bf16 autocast where the ``train.bf16`` setting (auto, true or false) resolves to bf16 on ``device``."""
-    use, _ = precision.choose(bf16, device)
-    return torch.autocast(device.type, dtype=torch.bfloat16) if use else nullcontext()
 
 
 def unwrapped(net: SequenceModel | DistributedDataParallel) -> SequenceModel:
@@ -223,35 +166,6 @@ def batch_loss(model: SequenceModel | DistributedDataParallel, src: torch.Tensor
         return loss / members, count
     loss = SmoothedCrossEntropy.apply(logits.flatten(0, -2), gold.reshape(-1), smoothing, skip)
     return loss / members, count
-
-
-@torch.no_grad()
-def reference_logprobs(model: SequenceModel, data: Encoded, rows: int, cfg: TrainConfig,
-                       device: torch.device) -> list[list[float]]:
-    """The model's log-probability (nats) of every scored target of ``data``, one list per row of the
-    split: a sequence's tokens, a class, a tagger's tagged words, a language model's text (whose
-    blocks ``data.owners`` maps back to rows). No smoothing, no dropout: ``-mean`` of them all is the
-    validation loss, and their sums per row give perplexity or a label's likelihood."""
-    model.eval()
-    shifted = teacher_forced(model)
-    per_sequence: list[list[float]] = [[] for _ in range(len(data))]
-    for index in token_batches(data.lengths(), cfg.max_tokens):
-        src, tgt = (t.to(device) for t in collate(data, index))
-        with autocast(cfg.bf16, device):
-            logits = model(src, tgt[:, :-1]) if shifted else model(src)
-        gold, skip = (tgt[:, 1:], PAD) if shifted else (tgt, IGNORE)
-        logits = logits.float()
-        picked = logits.gather(-1, gold.clamp(min=0).unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
-        keep = gold != skip
-        for row, i in enumerate(index):
-            per_sequence[i] = picked[row].reshape(-1)[keep[row].reshape(-1)].tolist()
-    if data.owners is None:
-        return per_sequence
-    out: list[list[float]] = [[] for _ in range(rows)]
-    for scores, owners in zip(per_sequence, data.owners):
-        for score, owner in zip(scores, owners):
-            out[owner].append(score)
-    return out
 
 
 def patience_reason(patience: int) -> str:
@@ -494,7 +408,7 @@ class Trainer:
         for i, (src, tgt) in enumerate(micro):
             net, last = self.net, i == len(micro) - 1  # DDP syncs the gradients of the last micro-batch only
             accumulating = net.no_sync() if isinstance(net, DistributedDataParallel) and not last else nullcontext()
-            with accumulating, autocast(self.cfg.bf16, self.device):
+            with accumulating, precision.autocast(self.cfg.bf16, self.device):
                 loss, _ = batch_loss(self.net, src, tgt, self.cfg.label_smoothing)
             # DDP averages gradients over ranks; scaling by world turns that average into the global sum.
             (loss * self.world / total.clamp(min=1)).backward()

@@ -22,23 +22,16 @@ from __future__ import annotations
 import functools
 import time
 import warnings
+from contextlib import nullcontext
 
 import torch
 
-SETTINGS = ("auto", "true", "false")
+from taskformer.core.train_config import bf16_setting
+
 PROBE_MIN_SPEEDUP = 1.3  # native bf16 matmuls measured 1.5x-5x fp32; emulated ones 0.3x-0.8x
 PROBE_ROUNDS = 3  # rounds of the probe, each timing fp32 and bf16 side by side; the best round counts
 
 _pinned: dict[str, tuple[bool, str]] = {}  # device type -> a decision recorded by the run (see pin)
-
-
-def normalize(setting) -> str:
-    """``train.bf16`` as one of SETTINGS (config files may hold a real boolean)."""
-    text = str(setting).strip().lower()
-    text = {"1": "true", "yes": "true", "on": "true", "0": "false", "no": "false", "off": "false"}.get(text, text)
-    if text not in SETTINGS:
-        raise ValueError(f"train.bf16 must be auto, true or false, not {setting!r}")
-    return text
 
 
 def _matmul_seconds(dtype: torch.dtype, reps: int = 5) -> float:
@@ -85,7 +78,7 @@ def _probe(device_type: str) -> tuple[bool, str]:
 
 def choose(setting, device: torch.device) -> tuple[bool, str]:
     """Resolve ``train.bf16`` for ``device``: (use bf16, the reason a report can show)."""
-    setting = normalize(setting)
+    setting = bf16_setting(setting)
     if setting == "false":
         return False, "train.bf16=false"
     native, why = bf16_native(device.type)
@@ -94,6 +87,13 @@ def choose(setting, device: torch.device) -> tuple[bool, str]:
             _warn_emulated(why)
         return True, f"train.bf16=true ({why})"
     return native, f"auto: {why}"
+
+
+def autocast(setting, device: torch.device):
+    """bf16 autocast where the ``train.bf16`` setting (auto, true or false) resolves to bf16 on
+    ``device``: training, scoring and decoding all run under it."""
+    use, _ = choose(setting, device)
+    return torch.autocast(device.type, dtype=torch.bfloat16) if use else nullcontext()
 
 
 @functools.cache

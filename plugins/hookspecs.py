@@ -36,7 +36,8 @@ if TYPE_CHECKING:  # the types the hooks receive and return; none of them is imp
     from taskformer.core.config import RunConfig
     from taskformer.core.data import TaskData
     from taskformer.core.decoding import Label
-    from taskformer.core.model import ModelConfig, SequenceModel
+    from taskformer.core.model import SequenceModel
+    from taskformer.core.model_config import ModelConfig
     from taskformer.plugins.run import Run
 
 import pluggy

@@ -11,9 +11,11 @@ from conftest import run_cli
 from taskformer.app.cli import main
 from taskformer.core import checkpoint as ckpt
 from taskformer.core.data import Encoded
-from taskformer.core.engine import TrainConfig, Trainer
+from taskformer.core.engine import Trainer
 from taskformer.core.errors import TaskformerError
-from taskformer.core.model import BOS, EOS, ModelConfig, Transformer
+from taskformer.core.model import BOS, EOS, Transformer
+from taskformer.core.model_config import ModelConfig
+from taskformer.core.train_config import TrainConfig
 
 pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
 

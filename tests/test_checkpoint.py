@@ -4,7 +4,8 @@ import torch
 
 from taskformer.core import checkpoint as ckpt
 from taskformer.core.errors import TaskformerError
-from taskformer.core.model import ModelConfig, Transformer
+from taskformer.core.model import Transformer
+from taskformer.core.model_config import ModelConfig
 
 
 def make(seed):

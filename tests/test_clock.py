@@ -11,8 +11,10 @@ import torch
 from taskformer.core import clock
 from taskformer.core.clock import Clock
 from taskformer.core.data import Encoded
-from taskformer.core.engine import TrainConfig, Trainer
-from taskformer.core.model import BOS, EOS, ModelConfig, Transformer
+from taskformer.core.engine import Trainer
+from taskformer.core.model import BOS, EOS, Transformer
+from taskformer.core.model_config import ModelConfig
+from taskformer.core.train_config import TrainConfig
 
 LIMIT = 100.0  # fake seconds of the whole limit
 FINAL = 10.0  # fake seconds the final evaluation is estimated at

@@ -11,7 +11,8 @@ import torch
 
 from taskformer.core import compiled, decoding, inference
 from taskformer.core.decoding import DecodeConfig
-from taskformer.core.model import PAD, Ensemble, ModelConfig, Transformer
+from taskformer.core.model import PAD, Ensemble, Transformer
+from taskformer.core.model_config import ModelConfig
 
 from conftest import TINY, run_cli
 

@@ -8,7 +8,8 @@ import pytest
 from taskformer import hookimpl
 from taskformer.core import decoding, inference
 from taskformer.core.decoding import DecodeConfig
-from taskformer.core.model import BOS, EOS, ModelConfig, Transformer
+from taskformer.core.model import BOS, EOS, Transformer
+from taskformer.core.model_config import ModelConfig
 
 
 def model_and_src(seed=0, batch=6):

@@ -74,3 +74,21 @@ def test_listing_tasks_and_help_load_no_heavy_library(args):
         listed = {t["name"]: t["plugin"] for t in json.loads(result.stdout)["tasks"]}
         assert {"copy", "translate-de-en", "translate-en-zh", "agnews", "couplet"} <= set(listed)
         assert listed["reverse"] == "reverse"  # the entry-point plugin of examples/taskformer-reverse
+
+
+def test_building_a_configuration_loads_no_torch():
+    """The configuration's sections are plain dataclasses: building and checking a run's
+    configuration (what ``taskformer config`` and a task's declaration need) imports no torch."""
+    script = textwrap.dedent("""
+        import sys
+        from taskformer import Task
+        from taskformer.core import config
+        task = Task("demo", "a task of no plugin")
+        cfg = config.merge(config.defaults(task), {"train": {"bf16": "on"}, "model": {"d_model": 64}}, "--set")
+        assert config.build(task, cfg).train.bf16 == "on"
+        assert "model.d_model" in {row["key"] for row in config.reference(task)}
+        loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
+        assert not loaded, loaded[:5]
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from taskformer.core.model import PAD, ModelConfig, Transformer
+from taskformer.core.model import PAD, Transformer
+from taskformer.core.model_config import ModelConfig
 
 
 def small(**kw) -> Transformer:

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 import taskformer
 from taskformer.app.cli import main
 from taskformer.core import onnx_export
-from taskformer.core.config import ModelConfig
+from taskformer.core.model_config import ModelConfig
 from taskformer.core.export import ExportError
 from taskformer.core.model import Transformer
 from taskformer.core.tokenize import symbols

@@ -15,9 +15,11 @@ from conftest import run_cli
 
 from taskformer.app.datacache import KEEP, MARK, VERSION
 from taskformer.core.data import Encoded
-from taskformer.core.engine import TrainConfig, Trainer
+from taskformer.core.engine import Trainer
 from taskformer.core.errors import TaskformerError
-from taskformer.core.model import ModelConfig, Transformer
+from taskformer.core.model import Transformer
+from taskformer.core.model_config import ModelConfig
+from taskformer.core.train_config import TrainConfig
 
 LM = ["--set", "train.max_steps=3", "--set", "model.max_len=16", "--set", "model.d_model=16",
       "--set", "model.n_heads=2", "--set", "model.d_ff=32", "--quiet"]

@@ -11,7 +11,8 @@ from test_hostile import one_error
 from taskformer import BOS, ClassificationHead, Task, TaskData, characters, encode_words, hookimpl, symbols
 from taskformer.core.data import IGNORE, collate, encode
 from taskformer.core.engine import batch_loss
-from taskformer.core.model import ModelConfig, Transformer
+from taskformer.core.model import Transformer
+from taskformer.core.model_config import ModelConfig
 
 
 def test_each_word_is_tagged_at_its_first_token():

@@ -33,9 +33,10 @@ from taskformer.core.data import (
     rows,
 )
 from taskformer.core.decoding import Label
-from taskformer.core.engine import autocast, reference_logprobs
 from taskformer.core.errors import TaskformerError
 from taskformer.core.model import BOS, DEFAULT_HEADS, UNK, Ensemble, Transformer
+from taskformer.core.precision import autocast
+from taskformer.core.scoring import reference_logprobs
 from taskformer.core.tokenize import check_specials
 from taskformer.plugins.builtin import defaults as default_decoder
 from taskformer.plugins.hookspecs import Output, Task

@@ -33,9 +33,9 @@ from taskformer.core import decoding, inference
 from taskformer.core import export as export_model
 from taskformer.core.config import RunConfig
 from taskformer.core.data import encode_sources
-from taskformer.core.engine import autocast
 from taskformer.core.errors import DataError, TaskformerError
 from taskformer.core.options import applies, unused
+from taskformer.core.precision import autocast
 from taskformer.plugins.manager import plugins
 from taskformer.plugins.run import Run
 

@@ -36,9 +36,10 @@ from taskformer.app.batching import Batcher, QueueFull
 from taskformer.core import decoding, precision
 from taskformer.core.data import encode_sources, is_blank, is_pair, pad
 from taskformer.core.decoding import Label, word_tags
-from taskformer.core.engine import autocast
 from taskformer.core.errors import TaskformerError
 from taskformer.core.options import allowed
+from taskformer.core.precision import autocast
+from taskformer.core.train_config import bf16_setting
 from taskformer.plugins.manager import plugins
 
 MAX_BEAM = 16
@@ -554,7 +555,7 @@ def described(run: runner.Run, f: dataclasses.Field) -> dict:
 def precision_words(setting, bf16: bool, device_type: str) -> str:
     """The precision decoding runs in, in plain words for the page (``precision`` gives the measured reason)."""
     unit = "GPU" if device_type == "cuda" else "processor"
-    if precision.normalize(setting) != "auto":
+    if bf16_setting(setting) != "auto":
         return f"{'16-bit (bfloat16)' if bf16 else '32-bit'}, as the run set it"
     return f"16-bit (bfloat16), native on this {unit}" if bf16 else f"32-bit; this {unit} has no fast 16-bit"
 

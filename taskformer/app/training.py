@@ -53,8 +53,9 @@ from taskformer.core import precision, progress
 from taskformer.core.clock import Clock
 from taskformer.core.config import RunConfig
 from taskformer.core.data import Encoded, TaskData
-from taskformer.core.engine import TrainConfig, Trainer, patience_reason
+from taskformer.core.engine import Trainer, patience_reason
 from taskformer.core.errors import TaskformerError
+from taskformer.core.train_config import TrainConfig
 from taskformer.plugins.hookspecs import Task
 from taskformer.plugins.manager import plugins
 from taskformer.plugins.run import SPLITS, Run
