@@ -49,7 +49,7 @@ class ModelConfig:
             raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
         if self.d_model % 2:
             raise ValueError(f"model.d_model must be even for sinusoidal positions, got {self.d_model}")
-        if self.pairs and self.variant != "encoder-only":
+        if self.pairs and not self.kind.classifies:
             raise ValueError(f"model.pairs is for encoder-only models (a class per pair of texts), not {self.variant}")
 
     @property

@@ -42,6 +42,8 @@ if TYPE_CHECKING:  # the types the hooks receive and return; none of them is imp
 
 import pluggy
 
+from taskformer.core import variants
+
 hookspec = pluggy.HookspecMarker("taskformer")
 hookimpl = pluggy.HookimplMarker("taskformer")
 
@@ -109,7 +111,7 @@ class Task:
     plugin: str = ""  # filled in by the plugin manager: who provides the task
 
     def __post_init__(self):
-        if self.pairs and self.variant != "encoder-only":  # said when the plugin loads, not when a run starts
+        if self.pairs and not variants.of(self.variant).classifies:  # said when the plugin loads, not when a run starts
             raise ValueError(f"task {self.name!r}: pairs=True is for encoder-only tasks (one class per pair of "
                              f"texts), not {self.variant}")
 

@@ -184,7 +184,9 @@ def test_a_classifier_lists_and_takes_no_search_option(vote, server):
 
 def test_the_page_streams_a_language_models_text_and_the_stream_equals_a_request(server, lm):
     page = server.client.get("/").text
-    assert "/predict/stream" in page and "getReader()" in page and 'model.variant === "decoder-only"' in page
+    assert "/predict/stream" in page and "getReader()" in page and "!model.kind.encoder" in page
+    [described] = [m for m in server.client.get("/v1/models").json()["models"] if m["name"] == "lm"]
+    assert described["kind"] == {"name": "decoder-only", "decoder": True, "per_word": False, "encoder": False}
     body = {"inputs": ["Citizen:", "All:"], "temperature": 0.9, "seed": 5}
     whole = server.post("/v1/models/lm/predict", body).json()["results"]
     expected = predicted(lm.dir, ["Citizen:", "All:"], "--set", "decode.temperature=0.9", "--set", "decode.seed=5")

@@ -109,7 +109,8 @@ class Served:
                                    max=MAX_BEAM, allowed=f"[1, {MAX_BEAM}]")
         if run.model.cfg.kind.shifted:
             options["return_attention"] = {"default": False}
-        return {"name": self.name, "task": task.name, "variant": task.variant, "metric": task.metric,
+        return {"name": self.name, "task": task.name, "variant": task.variant, "kind": dataclasses.asdict(run.model.cfg.kind),
+                "metric": task.metric,
                 "metrics": {k: v for k, v in (run.metrics.get("test") or run.metrics.get("val") or {}).items()
                             if not isinstance(v, float) or math.isfinite(v)},  # JSON has no NaN
                 "precision": f"{'bf16' if bf16 else 'fp32'} ({why})", "labels": run.labels, "options": options,

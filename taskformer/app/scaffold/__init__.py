@@ -18,6 +18,7 @@ from importlib.resources import files
 from pathlib import Path
 from string import Template
 
+from taskformer.core import variants
 from taskformer.core.errors import TaskformerError
 
 VARIANTS = {  # variant: (what the package's task is, for its README; an input to try with predict)
@@ -54,7 +55,7 @@ def write(task: str, target: Path, variant: str = "encoder-decoder", pairs: bool
     failure leaves no half-written package."""
     if variant not in VARIANTS:
         raise TaskformerError(f"unknown variant {variant!r}: choose {', '.join(VARIANTS)}")
-    if pairs and variant != "encoder-only":
+    if pairs and not variants.of(variant).classifies:
         raise TaskformerError(f"--pairs is for encoder-only tasks (a class per pair of texts), not {variant}")
     about, example = PAIRS if pairs else VARIANTS[variant]
     command = (f"taskformer new-task {task}" + ("" if variant == "encoder-decoder" else f" --variant {variant}")
