@@ -17,22 +17,18 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from taskformer.app import lazy, scaffold, serve
+from taskformer.app import scaffold, serve
 from taskformer.core import progress
 from taskformer.core.errors import TaskformerError
+from taskformer.core.export import QUANTIZATIONS
 from taskformer.plugins.manager import plugins
 from taskformer.plugins.sections import metric_list, visible
 
 if TYPE_CHECKING:
     from taskformer.app.prepare import TrainRequest
 
-# Loaded by the first command that uses them: they load torch, which `taskformer tasks` and --help do without.
-C, decoding, export = lazy("taskformer.core.config"), lazy("taskformer.core.decoding"), lazy("taskformer.core.export")
-data = lazy("taskformer.core.data")
-console, distributed, plan = lazy("taskformer.app.console"), lazy("taskformer.app.distributed"), lazy("taskformer.app.plan")
-distill, hooks = lazy("taskformer.app.distill"), lazy("taskformer.app.hooks")
-prepare, report, resources = lazy("taskformer.app.prepare"), lazy("taskformer.app.report"), lazy("taskformer.app.resources")
-rundir, runner, training = lazy("taskformer.app.rundir"), lazy("taskformer.app.runner"), lazy("taskformer.app.training")
+# Each command imports the modules it runs inside its function: most load torch, which `taskformer tasks`
+# and --help do without.
 
 
 class CLI(click.Group):
@@ -131,14 +127,17 @@ def config_cmd(task, config_file, overrides, as_json) -> None:
 
     The text is a TOML file that --config reads back; docs/config.md lists the same for every task.
     """
+    from taskformer.app.prepare import make_config
+    from taskformer.core.config import as_toml, reference
+
     chosen = plugins().task(task)
-    rows = C.reference(chosen, prepare.make_config(chosen, config_file, list(overrides), None))
+    rows = reference(chosen, make_config(chosen, config_file, list(overrides), None))
     if as_json:
         click.echo(json.dumps({"task": chosen.name, "variant": chosen.variant, "options": rows}, indent=2,
                               ensure_ascii=False))
     else:
         click.echo(f"# taskformer config {chosen.name} ({chosen.variant}): every option, its help and range\n")
-        click.echo(C.as_toml(rows), nl=False)
+        click.echo(as_toml(rows), nl=False)
 
 
 @main.command("run")
@@ -161,13 +160,17 @@ def config_cmd(task, config_file, overrides, as_json) -> None:
                                                 "and write no run directory.")
 def run_cmd(task, data_dir, out, time_limit, seed, config_file, overrides, resume, nproc, quiet, dry_run) -> None:
     """Train TASK, evaluate the best checkpoint on val and test, and print the report."""
+    from taskformer.app import distributed, plan, resources, rundir
+    from taskformer.app.console import ProgressDisplay
+    from taskformer.app.prepare import TrainRequest
+
     if not task and not resume:
         raise click.UsageError("give a TASK to run, or --resume RUN_DIR")
     resources.checked_processes(nproc)
     if dry_run:
         if resume:
             raise TaskformerError("--dry-run checks a new run; it cannot be given with --resume")
-        with console.ProgressDisplay(quiet) as display, progress.listening(display):
+        with ProgressDisplay(quiet) as display, progress.listening(display):
             checked = plan.dry_run(task, data_dir, config_file, overrides, seed, time_limit, out, nproc)
         click.echo(plan.describe(checked))
         return
@@ -175,7 +178,7 @@ def run_cmd(task, data_dir, out, time_limit, seed, config_file, overrides, resum
         alone_with_resume("a run", rundir.CONFIG, {"TASK": task, "--data": data_dir, "--out": out,
                                                  "--time-limit": time_limit, "--seed": seed,
                                                  "--config": config_file, "--set": overrides})
-    request = prepare.TrainRequest(plugins().task(task) if task else None,  # an unknown name fails here, once
+    request = TrainRequest(plugins().task(task) if task else None,  # an unknown name fails here, once
                            data_dir, out, time_limit, seed, config_file, overrides, resume,
                            started=resources.command_started(), nproc=nproc)
     if nproc > 1:
@@ -195,7 +198,10 @@ def alone_with_resume(what: str, record: str, options: dict) -> None:
 
 def train_and_report(request: TrainRequest, quiet: bool, shard: tuple[int, int] = (0, 1)) -> None:
     """One rank's work: train with a progress display; rank 0 prints and saves the report."""
-    with console.ProgressDisplay(quiet or shard[0] != 0) as display:
+    from taskformer.app import report, training
+    from taskformer.app.console import ProgressDisplay
+
+    with ProgressDisplay(quiet or shard[0] != 0) as display:
         run = training.train(request, on_event=display, shard=shard)
     if shard[0] == 0:
         report.render(run)
@@ -227,6 +233,9 @@ def distill_cmd(teacher, data_dir, out, time_limit, seed, overrides, teacher_set
     distill.mix=false). The student is a normal run, which predict, eval, serve and
     export take; its result names the teacher and the distillation data.
     """
+    from taskformer.app import distill, report
+    from taskformer.app.console import ProgressDisplay
+
     if not teacher and not resume:
         raise click.UsageError("give a TEACHER run directory, or --resume RUN_DIR")
     if resume:
@@ -234,7 +243,7 @@ def distill_cmd(teacher, data_dir, out, time_limit, seed, overrides, teacher_set
                                                              "--time-limit": time_limit, "--seed": seed,
                                                              "--set": overrides, "--teacher-set": teacher_set})
     request = distill.DistillRequest(teacher, data_dir, out, time_limit, seed, overrides, teacher_set, resume)
-    with console.ProgressDisplay(quiet) as display:
+    with ProgressDisplay(quiet) as display:
         run = distill.train(request, on_event=display)
     report.render(run)
 
@@ -251,11 +260,14 @@ def distill_cmd(teacher, data_dir, out, time_limit, seed, overrides, teacher_set
 @click.option("--quiet", is_flag=True, help="No progress display.")
 def eval_cmd(run_dir, split, data_dir, overrides, average, as_json, quiet) -> None:
     """Re-evaluate a saved run's best checkpoint, or the average of its last checkpoints."""
+    from taskformer.app import hooks, runner
+    from taskformer.app.console import ProgressDisplay
+
     run = runner.load(run_dir)
     runner.set_decoding(run, overrides, "eval --set")
     weights = runner.use_average(run, average) if average else run.info.get("kept_weights", "best")
     engine = hooks.engine_choice(run.task, run.model, run.config)  # an engine that cannot decode it: refused here
-    with console.ProgressDisplay(quiet) as display, progress.listening(display):
+    with ProgressDisplay(quiet) as display, progress.listening(display):
         results = runner.evaluate_saved(run, split or ("val", "test"), data_dir)
     if as_json:
         click.echo(json.dumps({"task": run.task.name, "run_dir": str(run.dir), "weights": weights,
@@ -287,6 +299,8 @@ def predict_cmd(run_dir, text, beam, overrides, as_json, threads, quiet) -> None
     A tagger prints WORD<TAB>TAG per word, the words as given, and a blank line after each input.
     A task of sentence pairs reads FIRST<TAB>SECOND per input.
     """
+    from taskformer.app import hooks, resources, runner
+
     if sys.stdout is None:  # started with stdout closed (`>&-`): every output would be lost without a word
         raise TaskformerError("standard output is closed; predict has nowhere to write its outputs")
     if sys.stdin is None and not text:  # started with stdin closed (`<&-`): no lines will ever come
@@ -334,10 +348,12 @@ def pair_inputs(lines: list[str], before: int, what: str) -> tuple[list[tuple[st
     """A pair task's input lines as pairs, up to the first line that is not ``FIRST<TAB>SECOND``, and
     that line's error (``None`` if every line is a pair): the lines before it are still predicted, so
     a filter that stops there has given the output of every line it read. ``before`` lines came earlier."""
+    from taskformer.app.runner import pair_from_line
+
     inputs = []
     for number, line in enumerate(lines, before + 1):
         try:
-            inputs.append(runner.pair_from_line(line, f"{what} {number}"))
+            inputs.append(pair_from_line(line, f"{what} {number}"))
         except TaskformerError as e:
             return inputs, e
     return inputs, None
@@ -347,14 +363,17 @@ def shown(line, out, tagger: bool, as_json: bool, settings: dict | None = None) 
     """What predict prints for one input: one line, or a tagger's WORD<TAB>TAG lines and a blank line;
     for a language model (which has generation ``settings``), its continuation; for a pair of texts
     (``line`` a tuple), its label, and with ``as_json`` both texts beside it."""
-    if as_json and data.is_pair(line):
+    from taskformer.core.data import is_pair
+    from taskformer.core.decoding import Label, word_tags
+
+    if as_json and is_pair(line):
         return json.dumps({"text": line[0], "text_pair": line[1], **out._asdict()}, ensure_ascii=False)
     if tagger:
-        out = decoding.word_tags(line, out)
+        out = word_tags(line, out)
     if as_json and settings is not None:
         return json.dumps({"prompt": line, "continuation": out, "settings": settings}, ensure_ascii=False)
     if as_json:
-        return json.dumps(out._asdict() if isinstance(out, decoding.Label) else out, ensure_ascii=False)
+        return json.dumps(out._asdict() if isinstance(out, Label) else out, ensure_ascii=False)
     if tagger:
         return "".join(f"{word}\t{tag}\n" for word, tag in out)
     if isinstance(out, list):  # decode.samples: one line per sample
@@ -398,7 +417,7 @@ def stdin_batches(size: int):
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--to", "target", type=click.Choice(["ctranslate2", "onnx"]), required=True,
               help="Format to write: ctranslate2 (encoder-decoder, decoder-only), onnx (encoder-only, tagging).")
-@click.option("--quantization", default="float32", show_default=True, type=click.Choice(export.QUANTIZATIONS),
+@click.option("--quantization", default="float32", show_default=True, type=click.Choice(QUANTIZATIONS),
               help="Weight type of a CTranslate2 model (ONNX: float32).")
 @click.option("--force", is_flag=True, help="Export even though the task decodes with its own (e.g. constrained) "
                                             "search, which CTranslate2 cannot run.")
@@ -411,6 +430,8 @@ def export_cmd(run_dir, out_dir, target, quantization, force, overwrite) -> None
     --force. An ONNX model is checked against the run's logits before it is written. docs/export.md
     has the details.
     """
+    from taskformer.app import runner
+
     if target == "onnx" and quantization != "float32":
         raise TaskformerError(f"--quantization {quantization}: an ONNX export is float32 (decode.engine=onnxruntime "
                               "with decode.quantize=int8 quantizes it for ONNX Runtime)")
@@ -429,6 +450,8 @@ def export_cmd(run_dir, out_dir, target, quantization, force, overwrite) -> None
                                                         "wall_seconds, metric, metrics) instead of a table.")
 def runs_cmd(root, as_json) -> None:
     """List past and unfinished runs under ROOT (default ./runs): task, status, date, wall time, main metric, path."""
+    from taskformer.app import report, rundir
+
     if not Path(root).is_dir():
         raise TaskformerError(f"{root}: no such directory")
     runs = rundir.find_runs(Path(root))
@@ -442,6 +465,8 @@ def runs_cmd(root, as_json) -> None:
 @click.argument("run_dir", type=click.Path(file_okay=False))
 def report_cmd(run_dir) -> None:
     """Show a finished run's report again and rewrite its report.txt and report.html."""
+    from taskformer.app import report, runner
+
     run = runner.load(run_dir)
     if not run.metrics:
         raise TaskformerError(f"{run_dir}: the run has not finished (no result.json); resume it first")

@@ -16,15 +16,11 @@ from typing import TYPE_CHECKING
 
 import click
 
-from taskformer.app import lazy
 from taskformer.core.errors import TaskformerError
 from taskformer.plugins.sections import visible
 
 if TYPE_CHECKING:
     from taskformer.plugins.run import Run
-
-runner = lazy("taskformer.app.runner")  # loaded when a server starts, not for --help
-resources = lazy("taskformer.app.resources")
 
 API_KEY_ENV = "TASKFORMER_API_KEY"
 API_KEY_CHARS = re.compile(r"[!-~]+")  # visible ASCII: what an HTTP header carries unchanged
@@ -71,6 +67,8 @@ def is_loopback(host: str) -> bool:
 
 def named_runs(specs: tuple[str, ...]) -> dict[str, Run]:
     """``RUN_DIR`` or ``NAME=RUN_DIR`` -> loaded runs by name (a run's default name is its task's)."""
+    from taskformer.app import runner
+
     runs = {}
     for spec in specs:
         name, sep, path = spec.partition("=")
@@ -109,7 +107,9 @@ def decode_threads() -> int:
     """
     import torch
 
-    return max(1, min(torch.get_num_threads(), resources.usable_cores() - 1))
+    from taskformer.app.resources import usable_cores
+
+    return max(1, min(torch.get_num_threads(), usable_cores() - 1))
 
 
 @click.command("serve")
@@ -140,6 +140,8 @@ def command(run_dirs, host, port, max_batch, max_wait_ms, max_inputs, max_chars,
     the requests in flight, then exits; a second one exits at once. docs/serve.md has the API.
     """
     import torch
+
+    from taskformer.app import resources, runner
 
     try:
         import uvicorn
