@@ -6,9 +6,7 @@ the same run and options. Errors are JSON ``{"error": ..., "field": ...}`` namin
 docs/serve.md describes the API, the limits and the security model.
 """
 import asyncio
-import dataclasses
 import json
-import math
 import secrets
 import signal
 import sys
@@ -20,7 +18,6 @@ from importlib import resources
 from typing import Annotated
 from urllib.parse import parse_qs
 
-import torch
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -31,18 +28,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, StringConstraints, Tag, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from taskformer.app import hooks, runner
-from taskformer.app.batching import Batcher, QueueFull
-from taskformer.core import decoding, precision
-from taskformer.core.data import encode_sources, is_blank, is_pair, pad
-from taskformer.core.decoding import Label, word_tags
-from taskformer.core.errors import TaskformerError
-from taskformer.core.options import allowed
-from taskformer.core.precision import autocast
-from taskformer.core.train_config import bf16_setting
-from taskformer.plugins.manager import plugins
+from taskformer.app import runner
+from taskformer.app.batching import QueueFull
+from taskformer.app.served import MAX_BEAM, Served
 
-MAX_BEAM = 16
 OPEN_PATHS = ("/", "/favicon.svg", "/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")  # no model data
 DOCS_ASSETS = "/docs/assets"  # Swagger UI and ReDoc, served from the fastapi-offline package: /docs works offline
 
@@ -64,7 +53,7 @@ class Uvicorn(uvicorn.Server):
     at once, as that signal asks (uvicorn itself would wait for every open connection on SIGTERM, and
     for the decode thread in any case)."""
 
-    def __init__(self, config: uvicorn.Config, banner: str, served: dict[str, "Served"]):
+    def __init__(self, config: uvicorn.Config, banner: str, served: dict[str, Served]):
         super().__init__(config)
         self.banner, self.served = banner, served
 
@@ -90,130 +79,6 @@ class ApiError(Exception):
 
 def error(status: int, message: str, field: str | None = None, headers: Mapping[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": message, "field": field}, status, headers=headers)
-
-
-class Served:
-    """One run being served: its batcher and the conversion of predictions to JSON."""
-
-    def __init__(self, name: str, run: runner.Run, limits: Limits, metrics: "Metrics"):
-        self.name, self.run = name, run
-        self.batcher = Batcher(self.decode, name, limits.max_batch, limits.max_wait_ms / 1000, limits.max_queue,
-                               on_batch=metrics.batch.labels(name).observe, on_queue=metrics.queue.labels(name).set)
-
-    def describe(self) -> dict:
-        run, task = self.run, self.run.task
-        bf16, why = precision.choose(run.config.train.bf16, run.device)
-        options = {name: described(run, f) for name, f in runner.request_options(run).items()}
-        if "beam" in options:  # the beam a request gets without one: the run's, or 1 where its search is greedy
-            options["beam"].update(default=run.config.decode.beam if run.config.decode.strategy == "beam" else 1,
-                                   max=MAX_BEAM, allowed=f"[1, {MAX_BEAM}]")
-        if run.model.cfg.kind.shifted:
-            options["return_attention"] = {"default": False}
-        return {"name": self.name, "task": task.name, "variant": task.variant, "kind": dataclasses.asdict(run.model.cfg.kind),
-                "metric": task.metric,
-                "metrics": {k: v for k, v in (run.metrics.get("test") or run.metrics.get("val") or {}).items()
-                            if not isinstance(v, float) or math.isfinite(v)},  # JSON has no NaN
-                "precision": f"{'bf16' if bf16 else 'fp32'} ({why})", "labels": run.labels, "options": options,
-                "engine": hooks.engine_choice(task, run.model, run.config).as_dict(),
-                "precision_words": precision_words(run.config.train.bf16, bf16, run.device.type),
-                "description": task.description, "pairs": run.model.cfg.pairs,
-                "examples": list(task.examples), "languages": list(task.languages or ())}
-
-    def decode(self, texts: list, options: tuple[tuple, bool]) -> list[dict]:
-        """One JSON result per text, or per pair of texts (runs in the batcher's thread); ``options`` are
-        the request's decode settings, as ``(name, value)`` pairs, and whether it asks for attention."""
-        settings, attention = options
-        config = runner.request_config(self.run, dict(settings))
-        outputs, _ = runner.predict(self.run, texts, config, attention)
-        pairs = outputs if attention else [(out, None) for out in outputs]
-        distributions = self.distributions(texts) if self.run.model.cfg.kind.classifies else None
-        return [self.result_or_error(config, text, out, att, distributions[i] if distributions else None)
-                for i, (text, (out, att)) in enumerate(zip(texts, pairs))]
-
-    async def continuations(self, texts: list[str], settings: tuple):
-        """Server-sent events of a language model: ``{"index", "text"}`` with the text each new token
-        adds, then the input's result as ``/predict`` gives it; one input after another. A client that
-        goes away stops the generation at its next token."""
-        config = runner.request_config(self.run, dict(settings))
-        for i, text in enumerate(texts):
-            async for event in self.continuation(i, text, config):
-                yield event
-
-    async def continuation(self, i: int, text: str, config):
-        """The events of input ``i``: its pieces as the search writes them, then its result."""
-        loop, pieces = asyncio.get_running_loop(), asyncio.Queue[str | None]()
-        gone = False
-
-        def on_text(piece: str) -> None:
-            if gone:
-                raise asyncio.CancelledError  # the client went away: end the search
-            loop.call_soon_threadsafe(pieces.put_nowait, piece)
-
-        def ended(work: asyncio.Future) -> None:  # the search's end is read here, so a client that left logs nothing
-            if not work.cancelled():
-                work.exception()
-            loop.call_soon_threadsafe(pieces.put_nowait, None)
-
-        work = loop.run_in_executor(None, runner.continue_prompt, self.run, text, config, on_text)
-        work.add_done_callback(ended)
-        try:
-            while (piece := await pieces.get()) is not None:
-                yield format_sse_event(data_str=json.dumps({"index": i, "text": piece}, ensure_ascii=False))
-            try:
-                data = {"index": i, **self.result_or_error(config, text, await work, None, None)}
-            except Exception as e:
-                data = {"index": i, "error": f"{type(e).__name__}: {e}"}
-            yield format_sse_event(data_str=json.dumps(data, ensure_ascii=False))
-        finally:
-            gone = True
-
-    def result_or_error(self, *args) -> dict:
-        """An input the task cannot answer (a tagger's normalizer that changed its word count) fails its
-        own request, not the others decoded beside it."""
-        try:
-            return self.result(*args)
-        except TaskformerError as e:
-            return {"error": str(e)}
-
-    def result(self, config, text, prediction, attention, distribution) -> dict:
-        """``output`` is the value ``taskformer predict --json`` prints for the same input and ``config``
-        (the run's, with the request's decode settings); for a pair of texts, its label: the texts come
-        beside it, as ``text`` and ``text_pair``."""
-        if isinstance(prediction, Label):
-            out = {"output": prediction._asdict(), "probabilities": distribution}
-            if is_pair(text):
-                out["text"], out["text_pair"] = text
-        elif self.run.model.cfg.kind.per_word:
-            out = {"output": [list(pair) for pair in word_tags(text, prediction)]}
-        elif not self.run.model.cfg.kind.encoder:  # a language model: its continuation, as predict --json gives it
-            out = {"output": prediction, "prompt": text, "settings": runner.generation_settings(self.run, config)}
-        else:
-            out = {"output": prediction}
-            marks = [self.marks(text), self.marks(prediction)] if isinstance(prediction, str) else []  # not samples
-            if any(marks):
-                out["marks"] = {"input": marks[0], "output": marks[1]}
-        if attention is not None:
-            out["attention"] = attention._asdict()
-        return out
-
-    def marks(self, text: str) -> list[str] | None:
-        return plugins().first("taskformer_annotate", self.run.task, text=text)[1]
-
-    @torch.no_grad()
-    def distributions(self, texts: list) -> list[dict[str, float] | None]:
-        """Every label's probability for each text or pair (the page's bars), each on its own."""
-        run = self.run
-        network = hooks.label_network(run.task, run.model, run.tokenizer, run.config)  # ONNX Runtime's, where it decodes
-        found: list[dict[str, float] | None] = []
-        for text in hooks.normalize(run.task, texts, run.config):
-            if is_blank(text):
-                found.append(None)
-                continue
-            src, _ = encode_sources(run.tokenizer, [text], run.model.cfg.max_len, classify=True)
-            with autocast(run.config.train.bf16, run.device):
-                probs = decoding.classify(network, pad(src).to(run.device))[0].tolist()
-            found.append(dict(zip(run.labels or [], probs)))
-        return found
 
 
 class Metrics:
@@ -342,34 +207,10 @@ def field_name(loc) -> str:
 
 
 def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None = None) -> FastAPI:
+    """The app serving ``runs`` behind :class:`Guard`: its routes in groups (the page and listings,
+    prediction, LibreTranslate's ``/translate``), every refusal answered as JSON."""
     metrics = Metrics()
     served = {name: Served(name, run, limits, metrics) for name, run in runs.items()}
-
-    Text = Annotated[str, StringConstraints(max_length=limits.max_chars)]
-
-    class Pair(BaseModel):  # an input of a task of sentence pairs, in the keys of Hugging Face's pipelines
-        model_config = ConfigDict(extra="forbid")
-        text: Text
-        text_pair: Text | None = None  # required, but said by inputs_for(), which knows the model
-
-    # An input is a text, or an object for a pair: an object is checked as a pair only, so its error
-    # names its own field (the tags have spaces: field_name() leaves them out of the field's name).
-    Input = Annotated[Annotated[Text, Tag("one text")] | Annotated[Pair, Tag("text pair")],
-                      Discriminator(lambda given: "text pair" if isinstance(given, (dict, Pair)) else "one text")]
-
-    class PredictRequest(BaseModel):
-        """The inputs, and any decode option the model lists in ``GET /v1/models`` (checked by :func:`options`)."""
-
-        model_config = ConfigDict(extra="allow")
-        inputs: list[Input] = Field(max_length=limits.max_inputs)
-        return_attention: bool = False
-
-    class TranslateRequest(BaseModel):  # LibreTranslate's /translate
-        q: Text | list[Text]
-        source: str = "auto"
-        target: str = ""
-        format: str = "text"
-        api_key: str = ""
 
     @asynccontextmanager
     async def lifespan(app):
@@ -382,6 +223,15 @@ def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None 
     app = FastAPIOffline(title="taskformer serve", lifespan=lifespan, static_url=DOCS_ASSETS, favicon_url="/favicon.svg")
     app.state.served = served
     app.add_middleware(Guard, limits=limits, api_key=api_key, metrics=metrics)
+    add_error_handlers(app, served)
+    add_listing_routes(app, served, metrics)
+    add_predict_routes(app, served, limits)
+    add_translate_route(app, served, limits)
+    return app
+
+
+def add_error_handlers(app: FastAPI, served: dict[str, Served]) -> None:
+    """Every refusal, FastAPI's and Starlette's own included, as ``{"error", "field"}``."""
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request, exc: RequestValidationError):
@@ -407,17 +257,52 @@ def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None 
             return error(404, f"no route {path!r}", "path")
         return error(exc.status_code, str(exc.detail), "method" if exc.status_code == 405 else None, exc.headers)
 
-    def model(name: str) -> Served:
-        if name not in served:
-            raise ApiError(404, f"no model {name!r}; served: {', '.join(served)}", "name")
-        return served[name]
 
-    def servable(texts: list[str], field: str) -> list[str]:
-        """``texts``, unless there are more than can ever wait in a queue (more than --max-inputs allows)."""
-        if len(texts) > limits.max_queue:
-            raise ApiError(422, f"{field}: {len(texts)} texts can never be served here: at most {limits.max_queue} "
-                                "wait per model (--max-queue); send fewer per request", field)
-        return texts
+def add_listing_routes(app: FastAPI, served: dict[str, Served], metrics: Metrics) -> None:
+    """The page, its icon, health, Prometheus metrics and the list of models."""
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def page():
+        return resources.files(__package__).joinpath("static/index.html").read_text(encoding="utf-8")
+
+    @app.get("/favicon.svg", include_in_schema=False)
+    async def favicon():
+        return Response(resources.files(__package__).joinpath("static/favicon.svg").read_bytes(),
+                        media_type="image/svg+xml")
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "models": list(served)}
+
+    @app.get("/metrics")
+    async def metrics_page():
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"models": [m.describe() for m in served.values()]}
+
+
+def add_predict_routes(app: FastAPI, served: dict[str, Served], limits: Limits) -> None:
+    """``/v1/models/{name}/predict`` and its stream of server-sent events, with their request body."""
+    Text = Annotated[str, StringConstraints(max_length=limits.max_chars)]
+
+    class Pair(BaseModel):  # an input of a task of sentence pairs, in the keys of Hugging Face's pipelines
+        model_config = ConfigDict(extra="forbid")
+        text: Text
+        text_pair: Text | None = None  # required, but said by inputs_for(), which knows the model
+
+    # An input is a text, or an object for a pair: an object is checked as a pair only, so its error
+    # names its own field (the tags have spaces: field_name() leaves them out of the field's name).
+    Input = Annotated[Annotated[Text, Tag("one text")] | Annotated[Pair, Tag("text pair")],
+                      Discriminator(lambda given: "text pair" if isinstance(given, (dict, Pair)) else "one text")]
+
+    class PredictRequest(BaseModel):
+        """The inputs, and any decode option the model lists in ``GET /v1/models`` (checked by :func:`options`)."""
+
+        model_config = ConfigDict(extra="allow")
+        inputs: list[Input] = Field(max_length=limits.max_inputs)
+        return_attention: bool = False
 
     def inputs_for(m: Served, inputs: list) -> list:
         """The request's inputs as the model reads them: texts, or for a task of pairs ``(text, text_pair)``
@@ -448,60 +333,17 @@ def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None 
             raise ApiError(422, f"beam: at most {MAX_BEAM} on this server, got {settings['beam']}", "beam")
         return tuple(sorted(settings.items())), body.return_attention
 
-    async def answer(m: Served, texts: list[str], opts, request: Request) -> list[dict]:
-        """The batcher's results, or ApiError; a client that goes away cancels its queued work."""
-        work = asyncio.ensure_future(m.batcher.predict(texts, opts))
-        gone = asyncio.ensure_future(until_disconnected(request))
-        try:
-            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-            if not work.done():
-                raise ApiError(499, "client closed the request")
-            results = work.result()
-            bad = next((i for i, r in enumerate(results) if "error" in r), None)
-            if bad is not None:
-                raise ApiError(422, f"inputs[{bad}]: {results[bad]['error']}", f"inputs[{bad}]")
-            return results
-        except QueueFull as e:
-            raise ApiError(503, f"server busy: {e}; retry shortly", None, {"Retry-After": "1"}) from None
-        except Exception as e:
-            if isinstance(e, ApiError):
-                raise
-            raise ApiError(500, f"decoding failed: {type(e).__name__}: {e}") from None
-        finally:
-            work.cancel()
-            gone.cancel()
-
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    async def page():
-        return resources.files(__package__).joinpath("static/index.html").read_text(encoding="utf-8")
-
-    @app.get("/favicon.svg", include_in_schema=False)
-    async def favicon():
-        return Response(resources.files(__package__).joinpath("static/favicon.svg").read_bytes(),
-                        media_type="image/svg+xml")
-
-    @app.get("/health")
-    async def health():
-        return {"status": "ok", "models": list(served)}
-
-    @app.get("/metrics")
-    async def metrics_page():
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/v1/models")
-    async def models():
-        return {"models": [m.describe() for m in served.values()]}
-
     @app.post("/v1/models/{name}/predict")
     async def predict(name: str, body: PredictRequest, request: Request):
-        m = model(name)
-        return {"results": await answer(m, servable(inputs_for(m, body.inputs), "inputs"), options(m, body), request)}
+        m = model(served, name)
+        texts = servable(inputs_for(m, body.inputs), "inputs", limits)
+        return {"results": await answer(m, texts, options(m, body), request)}
 
     @app.post("/v1/models/{name}/predict/stream")
     async def predict_stream(name: str, body: PredictRequest):
-        m = model(name)
+        m = model(served, name)
         opts, texts = options(m, body), inputs_for(m, body.inputs)
-        if m.batcher.queued + len(servable(texts, "inputs")) > limits.max_queue:
+        if m.batcher.queued + len(servable(texts, "inputs", limits)) > limits.max_queue:
             raise ApiError(503, "server busy: the queue is full; retry shortly", None, {"Retry-After": "1"})
 
         async def one(i: int, text: str):
@@ -526,6 +368,18 @@ def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None 
 
         return EventSourceResponse(events())
 
+
+def add_translate_route(app: FastAPI, served: dict[str, Served], limits: Limits) -> None:
+    """LibreTranslate's ``/translate``, answered by the model that translates the pair asked for."""
+    Text = Annotated[str, StringConstraints(max_length=limits.max_chars)]
+
+    class TranslateRequest(BaseModel):
+        q: Text | list[Text]
+        source: str = "auto"
+        target: str = ""
+        format: str = "text"
+        api_key: str = ""
+
     @app.post("/translate")
     async def translate(request: Request):
         fields = libretranslate_fields(dict(request.scope["headers"]), await request.body())
@@ -536,29 +390,48 @@ def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None 
         texts = body.q if isinstance(body.q, list) else [body.q]
         if len(texts) > limits.max_inputs:
             raise ApiError(422, f"q: at most {limits.max_inputs} texts per request", "q")
-        servable(texts, "q")
+        servable(texts, "q", limits)
         m = translation_model(served, body.source, body.target)
         results = [r["output"] for r in await answer(m, texts, ((), False), request)]
         return {"translatedText": results if isinstance(body.q, list) else results[0]}
 
-    return app
+
+def model(served: dict[str, Served], name: str) -> Served:
+    if name not in served:
+        raise ApiError(404, f"no model {name!r}; served: {', '.join(served)}", "name")
+    return served[name]
 
 
-def described(run: runner.Run, f: dataclasses.Field) -> dict:
-    """A decode option as ``GET /v1/models`` lists it: the run's value, what it accepts (``min`` and
-    ``max`` inclusive, ``above`` and ``below`` not, ``choices``; ``allowed`` in words) and its help."""
-    m = f.metadata
-    bounds = {name: m[key] for key, name in (("at_least", "min"), ("above", "above"), ("at_most", "max"),
-                                             ("below", "below"), ("choices", "choices")) if key in m}
-    return {"default": getattr(run.config.decode, f.name), **bounds, "allowed": allowed(f), "help": m.get("help", "")}
+def servable(texts: list[str], field: str, limits: Limits) -> list[str]:
+    """``texts``, unless there are more than can ever wait in a queue (more than --max-inputs allows)."""
+    if len(texts) > limits.max_queue:
+        raise ApiError(422, f"{field}: {len(texts)} texts can never be served here: at most {limits.max_queue} "
+                            "wait per model (--max-queue); send fewer per request", field)
+    return texts
 
 
-def precision_words(setting, bf16: bool, device_type: str) -> str:
-    """The precision decoding runs in, in plain words for the page (``precision`` gives the measured reason)."""
-    unit = "GPU" if device_type == "cuda" else "processor"
-    if bf16_setting(setting) != "auto":
-        return f"{'16-bit (bfloat16)' if bf16 else '32-bit'}, as the run set it"
-    return f"16-bit (bfloat16), native on this {unit}" if bf16 else f"32-bit; this {unit} has no fast 16-bit"
+async def answer(m: Served, texts: list[str], opts, request: Request) -> list[dict]:
+    """The batcher's results, or ApiError; a client that goes away cancels its queued work."""
+    work = asyncio.ensure_future(m.batcher.predict(texts, opts))
+    gone = asyncio.ensure_future(until_disconnected(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            raise ApiError(499, "client closed the request")
+        results = work.result()
+        bad = next((i for i, r in enumerate(results) if "error" in r), None)
+        if bad is not None:
+            raise ApiError(422, f"inputs[{bad}]: {results[bad]['error']}", f"inputs[{bad}]")
+        return results
+    except QueueFull as e:
+        raise ApiError(503, f"server busy: {e}; retry shortly", None, {"Retry-After": "1"}) from None
+    except Exception as e:
+        if isinstance(e, ApiError):
+            raise
+        raise ApiError(500, f"decoding failed: {type(e).__name__}: {e}") from None
+    finally:
+        work.cancel()
+        gone.cancel()
 
 
 def translation_model(served: dict[str, Served], source: str, target: str) -> Served:
