@@ -9,6 +9,7 @@ import torch
 
 from taskformer.core import precision
 from taskformer.core.data import IGNORE, Encoded, collate, token_batches
+from taskformer.core.loss import teacher_forced
 from taskformer.core.model import PAD, SequenceModel
 from taskformer.core.train_config import TrainConfig
 
@@ -21,7 +22,7 @@ def reference_logprobs(model: SequenceModel, data: Encoded, rows: int, cfg: Trai
     blocks ``data.owners`` maps back to rows). No smoothing, no dropout: ``-mean`` of them all is the
     validation loss, and their sums per row give perplexity or a label's likelihood."""
     model.eval()
-    shifted = model.cfg.kind.shifted  # an encoder-decoder reads its target shifted beside the source
+    shifted = teacher_forced(model)
     per_sequence: list[list[float]] = [[] for _ in range(len(data))]
     for index in token_batches(data.lengths(), cfg.max_tokens):
         src, tgt = (t.to(device) for t in collate(data, index))

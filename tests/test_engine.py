@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from taskformer.core.engine import SmoothedCrossEntropy
+from taskformer.core.loss import SmoothedCrossEntropy
 
 
 def gradient_tolerance(logits, grad, scale, eps):

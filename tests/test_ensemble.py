@@ -10,7 +10,7 @@ from safetensors import safe_open
 
 import taskformer
 from taskformer import Label
-from taskformer.core.engine import batch_loss
+from taskformer.core.loss import batch_loss
 from taskformer.core.model import Ensemble, Transformer
 from taskformer.core.model_config import ModelConfig
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import taskformer
 from taskformer.core.decoding import NEVER_WRITTEN, DecodeConfig, search
-from taskformer.core.engine import batch_loss
+from taskformer.core.loss import batch_loss
 from taskformer.core.model import BOS, EOS, PAD, Ensemble, Transformer
 from taskformer.core.model_config import ModelConfig
 from taskformer.core.inference import for_decoding

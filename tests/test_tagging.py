@@ -10,7 +10,7 @@ import taskformer
 from test_hostile import one_error
 from taskformer import BOS, ClassificationHead, Task, TaskData, characters, encode_words, hookimpl, symbols
 from taskformer.core.data import IGNORE, collate, encode
-from taskformer.core.engine import batch_loss
+from taskformer.core.loss import batch_loss
 from taskformer.core.model import Transformer
 from taskformer.core.model_config import ModelConfig
 
