@@ -133,7 +133,7 @@ def main() -> None:
         for i, seed in enumerate(args.seeds):
             # the encodings take turns going first: a process's first run also pays its start-up
             for name in list(ENCODINGS)[:: 1 if i % 2 == 0 else -1]:
-                run = runner.train(TASKS[name].name, out=str(root / f"{name}-seed{seed}"), seed=seed,
+                run = runner.train_task(TASKS[name].name, out=str(root / f"{name}-seed{seed}"), seed=seed,
                                    time_limit=None if args.steps else args.time_limit, overrides=tuple(settings))
                 scores[name].append((run.metrics["val"]["accuracy"], run.metrics["test"]["accuracy"]))
                 print(f"seed {seed} {name:5}  val {scores[name][-1][0]:6.2f}  test {scores[name][-1][1]:6.2f}  "

@@ -62,7 +62,7 @@ def run_task(task: str, out: str | Path, data_dir: str | Path | None = None, ste
     updates give a poor model: test that the task runs end to end and what its outputs look like, not
     its scores. Errors are raised as :class:`taskformer.TaskformerError`.
     """
-    run = runner.train(task, data_dir=str(data_dir) if data_dir else None, out=str(out),
+    run = runner.train_task(task, data_dir=str(data_dir) if data_dir else None, out=str(out),
                        overrides=tuple(_overrides(steps, settings)))
     report.render(run, Console(file=io.StringIO()))  # writes report.txt and report.html, prints nothing
     return Trained(load(out), run.metrics, Path(out), (Path(out) / "report.txt").read_text(encoding="utf-8"))

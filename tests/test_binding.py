@@ -211,7 +211,7 @@ def test_a_second_interrupt_stops_at_once_during_a_validation_the_first_one_wait
     register(SecondSignal(), "second-signal")
     out = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
-        runner.train("copy", out=str(out), on_event=on_event, overrides=(
+        runner.train_task("copy", out=str(out), on_event=on_event, overrides=(
             "data.train_size=40", "data.val_size=4", "data.test_size=4", "train.max_tokens=120",
             "train.eval_every=1", "train.log_every=1"))
     assert sent and [p.name for p in (out / "checkpoints").glob("*")] == ["step-000000001"]

@@ -244,7 +244,7 @@ def distill_cmd(teacher, data_dir, out, time_limit, seed, overrides, teacher_set
                                                              "--set": overrides, "--teacher-set": teacher_set})
     request = distill.DistillRequest(teacher, data_dir, out, time_limit, seed, overrides, teacher_set, resume)
     with ProgressDisplay(quiet) as display:
-        run = distill.train(request, on_event=display)
+        run = distill.distill(request, on_event=display)
     report.render(run)
 
 

@@ -75,7 +75,7 @@ class DistillRequest:
     resume: str | None = None
 
 
-def train(request: DistillRequest, on_event=lambda e: None) -> Run:
+def distill(request: DistillRequest, on_event=lambda e: None) -> Run:
     """Decode the teacher's train split into the student's run directory, then train the student
     there; returns the student run with its val and test metrics (see the module's docstring)."""
     if request.resume and rundir.last_checkpoint(Path(request.resume)):

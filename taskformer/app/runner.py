@@ -356,7 +356,7 @@ def load(run_dir: str | Path) -> Run:
     return run
 
 
-def train(task_name: str | None = None, on_event=lambda e: None, shard: tuple[int, int] = (0, 1), **request) -> Run:
+def train_task(task_name: str | None = None, on_event=lambda e: None, shard: tuple[int, int] = (0, 1), **request) -> Run:
     """:func:`taskformer.app.training.train` for Python callers: the task by name, the rest of the
     :class:`~taskformer.app.prepare.TrainRequest` as keywords."""
     task = plugins().task(task_name) if task_name else None
