@@ -183,7 +183,7 @@ def run_cmd(task, data_dir, out, time_limit, seed, config_file, overrides, resum
                            started=resources.command_started(), nproc=nproc)
     if nproc > 1:
         if not out and not resume:
-            request.out = str(rundir.default_run_dir(request.task.name))
+            request.out = str(rundir.default_run_dir(task))  # a TASK is given: --resume is not
         distributed.launch(nproc, train_and_report, request=request, quiet=quiet)
     else:
         train_and_report(request, quiet, shard=distributed.from_environment() or (0, 1))

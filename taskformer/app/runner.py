@@ -40,8 +40,9 @@ from taskformer.plugins.manager import plugins
 from taskformer.plugins.run import Run
 
 
-def predict(run: Run, lines: list[str], config: RunConfig | None = None, return_attention: bool = False):
-    """Predictions for raw input lines (normalized by the task first) and how many were truncated.
+def predict(run: Run, lines: list, config: RunConfig | None = None, return_attention: bool = False):
+    """Predictions for raw input lines (normalized by the task first; a pair task's as ``(first, second)``)
+    and how many were truncated.
 
     The command line, :meth:`taskformer.Model.predict` and ``taskformer serve`` all decode here. With
     ``return_attention`` (encoder-decoder runs) each prediction comes as ``(prediction, Attention)``,
