@@ -406,11 +406,6 @@ def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
 
 
-def _share(value) -> bool:
-    """A share of a rate: a number in (0, 1]."""
-    return _number(value) and 0 < value <= 1
-
-
 def load_training_state(path: Path, model, optimizer, scheduler) -> dict:
     """Restore model, optimizer, schedule and RNG from ``checkpoints/step-N``; returns the trainer state."""
     load_weights(model, path / WEIGHTS)

@@ -3,6 +3,7 @@ cool-down follows the time left, and a resumed run decays as an uninterrupted on
 (a median pace, the reserve that follows the validations), and what a run says about its limit (the
 minimum for a limit too short is in tests/test_budget.py)."""
 import json
+import os
 import shutil
 
 import pytest
@@ -209,7 +210,22 @@ def test_a_plan_too_small_to_learn_says_so_before_training_and_in_the_report(cli
     assert "updates are too few to learn the task" in console and "would buy 100" in console
     info = json.loads((out / "result.json").read_text())["info"]
     assert "too few to learn" in info["recipe"]["few"]
-    assert set(info["clock"]) >= {"start_pace", "run_pace", "used", "short_of_limit"}
+    assert set(info["clock"]) >= {"start_pace", "run_pace", "used", "short_of_limit", "final_estimate", "final_seconds"}
     assert info["clock"]["start_pace"] == 100 and "reached train.max_steps=2" in info["clock"]["short_of_limit"]
     report = (out / "report.txt").read_text()
     assert "too few to learn" in report and "time limit used" in report and "why not all of it" in report
+
+
+@pytest.mark.slow
+def test_the_final_evaluation_is_timed_on_the_engine_that_decodes_it_outside_the_cache(cli, tmp_path, monkeypatch):
+    """``decode.engine=auto`` decodes the copy task's final evaluation with CTranslate2, so the probe
+    times CTranslate2 (converting its throwaway model once), and leaves nothing in the engine cache."""
+    from taskformer.app import engines
+    cache, converted, convert = tmp_path / "cache", [], engines.convert
+    monkeypatch.setenv("TASKFORMER_CACHE", str(cache))
+    monkeypatch.setattr(engines, "convert", lambda choice, *rest: (converted.append(choice.engine), convert(choice, *rest)))
+    result = cli("run", "copy", "--dry-run", "--time-limit", "1", "--set", "train.pace=10000",
+                 "--set", "data.train_size=200", "--set", "data.val_size=20", "--set", "data.test_size=20")
+    assert result.exit_code == 0, result.output
+    assert converted == ["ctranslate2"] and "final evaluation: about" in result.stdout
+    assert not list((cache / "engines").glob("*")) and os.environ["TASKFORMER_CACHE"] == str(cache)
