@@ -413,7 +413,7 @@ def timing_sample(run: Run, data: TaskData) -> list[list[tuple]]:
     for length, row in zip(lengths, val):
         groups.setdefault(length, []).append(row)
     every = max(math.ceil(len(val) / batch), 1)
-    return [groups[n][:batch] for n in sorted(groups)[every // 2::every]] or [val[:batch]]
+    return [groups[n][:batch] for n in sorted(groups)[every // 2::every]] or [list(val[:batch])]
 
 
 def seconds_per_example(run: Run, sample: list[list[tuple]], config: RunConfig) -> float:
