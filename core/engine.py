@@ -408,7 +408,8 @@ class Trainer:
             st.decay = [st.step + 1, st.elapsed]
         share = clock.step_share(st.step, self.total_steps, cfg.cooldown)
         if timer and (st.decay if after_warmup else cfg.cooldown):
-            by_time = torch.tensor(timer.decay(st.elapsed, cfg.cooldown, st.decay[1] if after_warmup else None))
+            by_time = torch.tensor(timer.decay(st.elapsed, cfg.cooldown, st.decay[1] if after_warmup else None),
+                                   device=self.device)
             if self.world > 1:  # every rank must decay alike
                 torch.distributed.broadcast(by_time, src=0)
             share = min(share, float(by_time))
