@@ -386,7 +386,7 @@ def decode_seconds(run: Run, data: TaskData) -> DecodeTiming:
     first time converting the weights, into a temporary folder and not the user's cache)."""
     run.model.eval()
     sample, config = timing_sample(run, data), run.config
-    seconds_per_example(run, sample[:1], validation_config(config))  # untimed: the first decode's one-time costs
+    seconds_per_example(run, [sample[0][:4]], validation_config(config))  # untimed: a first decode's one-time costs
     validation = seconds_per_example(run, sample, validation_config(config))
     if engine_choice(run.task, run.model, config).engine == "torch":
         same = config.decode.strategy == config.decode.eval_strategy
