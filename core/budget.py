@@ -82,8 +82,8 @@ def choose(recipes: Iterable[object], owner: str, pace: float, seconds_for: Call
     ``batching(overrides)`` gives the updates per target token of a row's config and its warm-up,
     from which the planned updates follow. Below the smallest row the smallest recipe trains, and
     the record's ``short`` says so with the budget that would reach it. The record holds the pace,
-    the budget, the overrides picked (the warm-up cut to ``WARMUP_SHARE`` of the planned updates
-    where it was longer) and ``why``, one line a person reads.
+    the budget, the overrides picked (the warm-up cut to ``WARMUP_SHARE`` of the planned updates,
+    or of ``clock.FEW_UPDATES`` where fewer are planned, where it was longer) and ``why``, one line a person reads.
     """
     rows = check_table(recipes, owner) or [Recipe(0.0, {}, "the task declares no recipes by budget")]
     for minimum, overrides, reason in reversed(rows):  # noqa: B007 -- else: the smallest row, short of its budget
@@ -93,8 +93,12 @@ def choose(recipes: Iterable[object], owner: str, pace: float, seconds_for: Call
     budget = pace * seconds
     per_token, warmup = batching(overrides)
     planned = max(round(budget * per_token), 1)
-    if warmup > WARMUP_SHARE * planned:  # a warm-up the run would never finish: cut to a share of it
-        overrides = {**overrides, "train": {**overrides.get("train", {}), "warmup": max(round(WARMUP_SHARE * planned), 1)}}
+    # A warm-up the run would never finish is cut to a share of the plan, but never below that of the least
+    # plan that learns: a probe on a busy machine plans few updates, and the run (whose decay follows the
+    # time) makes more once the machine frees up; a warm-up of one or two would start it at the peak rate.
+    cut = max(round(WARMUP_SHARE * max(planned, clock.FEW_UPDATES)), 1)
+    if warmup > cut:
+        overrides = {**overrides, "train": {**overrides.get("train", {}), "warmup": cut}}
     name = describe(overrides)
     why = (f"{name}: {pace:,.0f} tok/s ({source}) × {seconds / 60:.1f} min of training = {tokens(budget)} target "
            f"tokens, about {planned:,} updates (from {tokens(minimum)}: {reason})")

@@ -406,11 +406,6 @@ def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
 
 
-def _share(value) -> bool:
-    """A share of a rate: a number in (0, 1]."""
-    return _number(value) and 0 < value <= 1
-
-
 def load_training_state(path: Path, model, optimizer, scheduler) -> dict:
     """Restore model, optimizer, schedule and RNG from ``checkpoints/step-N``; returns the trainer state."""
     load_weights(model, path / WEIGHTS)
@@ -423,18 +418,16 @@ def load_training_state(path: Path, model, optimizer, scheduler) -> dict:
     if bad or not isinstance(elapsed, (int, float)) or isinstance(elapsed, bool) or not 0 <= elapsed < math.inf:
         raise TaskformerError(f"{path / 'state.json'}: {bad or 'elapsed'} must be a non-negative number, "
                               f"got {state.get(bad or 'elapsed')!r}; the checkpoint is damaged")
-    cooldown = compat.checkpoint_state(state)["cooldown"]
-    if not (cooldown == [] or (isinstance(cooldown, list) and len(cooldown) in (2, 4)
-                               and all(map(_count, cooldown[:2])) and cooldown[1] > 0
-                               and (len(cooldown) == 2 or (_share(cooldown[2]) and _count(cooldown[3])
-                                                           and cooldown[3] <= cooldown[0])))):
-        raise TaskformerError(f"{path / 'state.json'}: cooldown must be [] or [first step, updates, share of the rate, "
-                              f"step it began], got {cooldown!r:.80}; the checkpoint is damaged")
-    marks, kept = state["marks"], state["kept"]
-    if not (isinstance(marks, list) and all(isinstance(m, list) and len(m) == 2 and all(map(_number, m)) for m in marks)
-            and isinstance(kept, dict) and all(isinstance(k, str) and _number(v) for k, v in kept.items())):
-        raise TaskformerError(f"{path / 'state.json'}: marks must be [[seconds, step], ...] and kept "
-                              f"{{why: seconds}}, got {marks!r:.60} and {kept!r:.60}; the checkpoint is damaged")
+    decay, timing = compat.checkpoint_state(state)["decay"], state["clock"]
+    if not (decay == [] or (isinstance(decay, list) and len(decay) == 2 and _count(decay[0]) and decay[0] >= 1
+                            and _number(decay[1]))):
+        raise TaskformerError(f"{path / 'state.json'}: decay must be [] or [first step, seconds of training], got "
+                              f"{decay!r:.80}; the checkpoint is damaged")
+    estimates = timing.get("estimates", {}) if isinstance(timing, dict) else None
+    if not (isinstance(estimates, dict) and all(isinstance(k, str) and _number(v) for k, v in estimates.items())
+            and all(timing.get(k) is None or _number(timing[k]) for k in ("timed_at", "per_update"))):
+        raise TaskformerError(f"{path / 'state.json'}: clock must be {{estimates: {{why: seconds}}, timed_at: seconds, "
+                              f"per_update: seconds}}, got {timing!r:.80}; the checkpoint is damaged")
     best, kept = state.get("best"), state.get("best_weights", [])
     if not (best is None or (isinstance(best, list) and len(best) == 2
                              and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in best))):

@@ -2,15 +2,23 @@
 
 A time limit promises the user's minutes: the whole command (its start, training, validation and
 the final evaluation) ends by then. :class:`Clock` holds that promise in seconds: when the command
-began, the limit, the seconds left, what is kept back from training and why (the final evaluation
-and a margin on its estimate), and the pace in target tokens per second, measured before training
-and over the run. The recipe choice (core/budget.py), the reserve, the cool-down and the stop
-(core/engine.py) all read it, so none of them does arithmetic of its own with the time.
+began, the limit, the seconds left, what is kept back from training and why (the last validation,
+the final evaluation and a margin on their estimate), and the pace, measured before training and
+over the run. The recipe choice (core/budget.py), the reserve, the learning rate's decay and the
+stop (core/engine.py) all read it, so none of them does arithmetic of its own with the time.
 
-Estimates come from several samples, so a busy second does not decide a run: the pace probe's is
-the median of its updates' paces, and the engine re-measures the rate of updates as it trains
-(:func:`updates_per_second`) and lets the cool-down follow it. The time source is injectable
-(``now``): tests drive slow and fast stretches without waiting for them.
+Two rules make a run use its minutes whatever the machine does around it:
+
+- **The decay follows the clock, not a count.** Over the last ``train.cooldown`` share of the
+  training time the learning rate keeps the share :func:`decay_share` of its scheduled value: the
+  seconds left over the decay's length, asked after every update. However fast or slow the updates
+  were before, the rate reaches zero as the time for training runs out, and not before.
+- **Estimates follow the machine.** The final evaluation is timed before training (and again at each
+  validation) while the machine trains at some pace; if it later trains faster or slower (a busy
+  start, then an idle machine), the estimate is scaled by the same factor: decoding and training
+  share the cores (:meth:`Clock.observe`).
+
+The time source is injectable (``now``): tests drive slow and fast stretches without waiting.
 """
 from __future__ import annotations
 
@@ -20,15 +28,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-# The final evaluation's estimate is kept back with this share more: it is measured on a few
-# examples, and the report and outputs are written after it.
+# The estimates are kept back with this share more: they are measured on a few examples, and the
+# report and outputs are written after the final evaluation.
 RESERVE_MARGIN = 0.25
 # A plan of fewer updates than this learns little (a translation model writes "A a a a"): such a
 # plan is said before training, and a limit that buys none is refused with the minimum for this many.
 FEW_UPDATES = 100
-# The rate of updates over the run is measured on the last this many updates (validations included,
-# since they come out of the same time), so the cool-down follows a change of pace within them.
-RATE_WINDOW = 32
+# The seconds an update takes are followed as an exponential average with this weight on the newest:
+# about the last ten updates count, so a change of pace shows within them and one slow update does not.
+PACE_WEIGHT = 0.1
 # A run that used less than this share of its limit says why.
 WELL_USED = 0.9
 
@@ -38,17 +46,22 @@ def median_pace(tokens: Sequence[int], seconds: Sequence[float]) -> float:
     return statistics.median(n / max(s, 1e-9) for n, s in zip(tokens, seconds, strict=True))
 
 
-def updates_per_second(marks: Sequence[Sequence[float]]) -> float | None:
-    """The rate of updates over ``marks``, ``(seconds of training, updates)`` after each update, oldest
-    first; None before two marks."""
-    if len(marks) < 2:
-        return None
-    (t0, s0), (t1, s1) = marks[0], marks[-1]
-    return (s1 - s0) / max(t1 - t0, 1e-9)
+def decay_share(left: float, length: float) -> float:
+    """The share of the scheduled learning rate kept with ``left`` (seconds or updates) of a linear
+    decay of ``length`` to go: 1 before the decay, falling to 0 at its end."""
+    return min(max(left / length, 0.0), 1.0) if length > 0 else float(left > 0)
+
+
+def step_share(step: int, total: int, fraction: float) -> float:
+    """The share :func:`decay_share` after update ``step`` of ``total`` planned ones (0: none planned, no
+    decay by a count) whose last ``fraction`` decay."""
+    if not (total and fraction):
+        return 1.0
+    return decay_share(total - step, total - math.ceil((1 - fraction) * total))
 
 
 def reserve_for(seconds: float) -> float:
-    """What is kept back for a final evaluation estimated at ``seconds``: the estimate and its margin."""
+    """What is kept back for work estimated at ``seconds``: the estimate and its margin."""
     return seconds * (1 + RESERVE_MARGIN)
 
 
@@ -61,15 +74,19 @@ def minutes_up(seconds: float) -> float:
 class Clock:
     """A command's time limit (``limit`` seconds; None: no limit) counted from ``started``.
 
-    ``spent`` is the training time of earlier attempts (a resumed run counts it as used); ``kept``
-    the seconds kept back from training, by why; ``start_pace`` the target tokens/s measured before
-    training. ``now`` is the time source, ``time.monotonic`` unless a test drives it."""
+    ``spent`` is the training time of earlier attempts (a resumed run counts it as used). What is
+    kept back is ``estimates`` (seconds by why: the last validation, the final evaluation) timed
+    while an update took ``timed_at`` seconds, scaled to ``per_update``, the seconds an update takes
+    now (see :meth:`observe`). ``start_pace`` is the target tokens/s measured before training. ``now``
+    is the time source, ``time.monotonic`` unless a test drives it."""
 
     limit: float | None
     started: float | None = None
     now: Callable[[], float] = time.monotonic
     spent: float = 0.0
-    kept: dict[str, float] = field(default_factory=dict)
+    estimates: dict[str, float] = field(default_factory=dict)
+    timed_at: float | None = None
+    per_update: float | None = None
     start_pace: float | None = None
 
     def __post_init__(self) -> None:
@@ -91,6 +108,24 @@ class Clock:
         """Seconds of the limit not yet used; None without a limit."""
         return None if self.limit is None else self.limit - self.elapsed()
 
+    # -- what is kept back -----------------------------------------------------------------------
+    def keep(self, final: float, last_validation: float = 0.0, per_update: float | None = None) -> None:
+        """Keep back a final evaluation and a last validation estimated at these seconds, timed while an
+        update took ``per_update`` seconds (None: the pace now, or no scaling where none is known)."""
+        self.estimates = {"last validation": last_validation, "final evaluation": final}
+        self.timed_at = per_update or self.per_update
+
+    def scale(self) -> float:
+        """How many times longer the estimates take now than when they were timed: the ratio of the
+        seconds an update takes now to those it took then (1 until both are known)."""
+        return self.per_update / self.timed_at if self.per_update and self.timed_at else 1.0
+
+    @property
+    def kept(self) -> dict[str, float]:
+        """The seconds kept back from training, by why: the estimates as the machine goes now, and the margin."""
+        kept = {why: seconds * self.scale() for why, seconds in self.estimates.items() if seconds}
+        return {**kept, "margin": reserve_for(sum(kept.values())) - sum(kept.values())} if kept else {}
+
     def reserve(self) -> float:
         """Seconds kept back from training, all reasons together."""
         return sum(self.kept.values())
@@ -100,16 +135,32 @@ class Clock:
         left = self.left()
         return None if left is None else left - self.reserve()
 
-    def keep_final(self, seconds: float) -> None:
-        """Keep back a final evaluation estimated at ``seconds`` (with the last validation, where one
-        follows the last update), and the margin on that estimate."""
-        self.kept = {"final evaluation": seconds, "margin": reserve_for(seconds) - seconds}
+    def observe(self, seconds: float) -> None:
+        """An update took ``seconds``: follow the pace (an average over about the last ten updates)."""
+        self.per_update = seconds if self.per_update is None else (
+            PACE_WEIGHT * seconds + (1 - PACE_WEIGHT) * self.per_update)
 
-    def updates_left(self, marks: Sequence[Sequence[float]]) -> int:
-        """The updates left for training at the rate of ``marks`` (see :func:`updates_per_second`); -1
-        where it is not known: no limit, or fewer than two marks."""
-        seconds, rate = self.for_training(), updates_per_second(marks)
-        return -1 if seconds is None or rate is None else max(math.floor(rate * seconds), 0)
+    def state(self) -> dict:
+        """What a checkpoint keeps of the clock, so that a resumed run keeps back what this one did."""
+        return {"estimates": dict(self.estimates), "timed_at": self.timed_at, "per_update": self.per_update}
+
+    def restore(self, saved: dict) -> None:
+        """Take back :meth:`state` (an empty one, from an older checkpoint, changes nothing)."""
+        if saved.get("estimates"):
+            self.estimates, self.timed_at = dict(saved["estimates"]), saved.get("timed_at")
+        self.per_update = saved.get("per_update") or self.per_update
+
+    # -- the decay and the plan -------------------------------------------------------------------
+    def decay(self, trained: float, fraction: float, begun: float | None = None) -> float:
+        """The share of the scheduled learning rate the next update keeps after ``trained`` seconds of
+        training: the rate falls linearly to zero over the last ``fraction`` of the training time of
+        the whole budget (``trained`` and what is left for training), or from ``begun`` seconds where a
+        decay over all the time after the warm-up began then. Asked after every update, it ends at the
+        end of the time whatever the pace was before."""
+        left = self.for_training()
+        assert left is not None, "a clock without a limit has no decay"
+        length = trained + left - begun if begun is not None else fraction * (trained + left)
+        return decay_share(left, length)
 
     def minimum(self, training: float) -> float:
         """The least limit, in minutes, that leaves ``training`` seconds after what is used and kept."""
@@ -122,11 +173,14 @@ class Clock:
 
     def account(self, tokens: int, trained: float, stopped: str, final: float) -> dict:
         """How the run used its limit, for result.json and the report: the pace before training and
-        over the run (``tokens`` in ``trained`` seconds), the share of the limit used and, where it is
-        under ``WELL_USED``, why: training ``stopped`` so, and the final evaluation took ``final`` s
-        of what was kept back for it."""
+        over the run (``tokens`` in ``trained`` seconds), the final evaluation's estimate at the end and
+        the ``final`` seconds it took, the share of the limit used and, where it is under ``WELL_USED``,
+        why: training ``stopped`` so, and the final evaluation took what it took of what was kept."""
         record: dict = {"start_pace": round(self.start_pace) if self.start_pace else None,
                         "run_pace": round(tokens / max(trained, 1e-9))}
+        if "final evaluation" in self.estimates:
+            record["final_estimate"] = round(self.kept.get("final evaluation", 0.0), 1)
+            record["final_seconds"] = round(final, 1)
         if self.limit:
             used = self.elapsed()
             record["used"] = round(used / self.limit, 3)
@@ -139,28 +193,3 @@ class Clock:
                                             f"{stopped}, and the final evaluation took {final:,.0f} s of the "
                                             f"{self.reserve():,.0f} s kept for it{busy}")
         return record
-
-
-def fall(cooldown: Sequence[float], step: int) -> tuple[int, float]:
-    """Where a cool-down ``[start, length, share, origin]`` leaves update ``step``: the step whose
-    scheduled rate it falls from (``origin``, where it first began) and the share of that rate it keeps.
-    From update ``start`` the share falls linearly from ``share`` to zero over ``length`` more updates
-    (the last at 1 / (length + 1) of it); before it, the schedule holds."""
-    if not cooldown or step < cooldown[0]:
-        return step, 1.0
-    start, length, share, origin = (*cooldown, 1.0, cooldown[0])[:4]  # an older checkpoint's [start, length]
-    return int(origin), share * max(start + length - step + 1, 0) / (length + 1)
-
-
-def replanned(cooldown: Sequence[float], step: int, updates: int, total: int = 0) -> list[float]:
-    """``cooldown``, after update ``step``, spread anew over the ``updates`` the clock now buys (and no
-    further than a step budget ``total``): the fall goes on from the share it has reached, linearly to
-    zero after them. Unchanged where it already ends there."""
-    length = max(updates - 1, 1)
-    if total:
-        length = min(length, max(total - step - 1, 1))
-    start, old, *_ = cooldown
-    if step + 1 + length == start + old:
-        return list(cooldown)
-    origin = cooldown[3] if len(cooldown) > 3 else start
-    return [step + 1, length, fall(cooldown, step + 1)[1], origin]

@@ -45,9 +45,10 @@ def unbound_run(run_dir: Path) -> dict[str, str] | None:
 
 def checkpoint_state(state: dict) -> dict:
     """A checkpoint's trainer state with the keys added since it was written."""
-    state.setdefault("cooldown", [])  # no cool-down was scheduled
-    state.setdefault("marks", [])  # the rate of updates is measured anew
-    state.setdefault("kept", {})  # the time kept back is the run's first estimate
+    old = state.pop("cooldown", [])  # [first step, updates(, share, step it began)]: a decay by a count of updates
+    began = old[3] if isinstance(old, list) and len(old) == 4 else old[0] if isinstance(old, list) and old else None
+    state.setdefault("decay", [began, state.get("elapsed", 0.0)] if began else [])  # goes on from where it began
+    state.setdefault("clock", {})  # the time kept back is the run's first estimate
     return state
 
 

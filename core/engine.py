@@ -87,10 +87,9 @@ class TrainState:
     tokens: int = 0  # target tokens trained on
     stopped: str = ""  # why training stopped early ("": it did not)
     evaluated_at: int = -1  # the step of the last evaluation
-    # the final decay once begun: [from step, updates after it, share of the rate there, step it first began]
-    cooldown: list[float] = field(default_factory=list)
-    marks: list[list[float]] = field(default_factory=list)  # [elapsed, step] after each of the last updates
-    kept: dict[str, float] = field(default_factory=dict)  # what the clock kept back from training, by why
+    # where the final decay began: [the first update whose rate falls, seconds of training then]
+    decay: list[float] = field(default_factory=list)
+    clock: dict = field(default_factory=dict)  # what the time limit's clock keeps back, and the pace it follows
     resumed: list[dict] = field(default_factory=list)  # each resume: the step and epoch it went on from, and why it stopped
 
     @classmethod
@@ -143,6 +142,7 @@ class Trainer:
             lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9, fused=True)  # fused: one kernel per step, CPU and GPU
         self.total_steps = cfg.max_steps  # the planned number of updates, known once fit() sees the data
         self.state = TrainState()
+        self.share = 1.0  # of the scheduled rate, the share the final decay leaves the next update
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: self._rate_factor(s + 1))
         self.stop_reason = ""  # set from outside (signal handler) to stop after the current step
         self.clock: clock.Clock | None = None  # the time limit's clock, where one is given (fit)
@@ -160,7 +160,7 @@ class Trainer:
     def save(self) -> None:
         self.check_weights()
         if self.clock:  # a resumed run keeps back what this one kept
-            self.state.kept = dict(self.clock.kept)
+            self.state.clock = self.clock.state()
         if self.rank == 0:
             ckpt.save_training_state(self.run_dir / ckpt.CHECKPOINTS, self.state.step, self.model,
                                      self.optimizer, self.scheduler, asdict(self.state), self.cfg.keep_last, self.stamp)
@@ -196,48 +196,43 @@ class Trainer:
 
     # -- the learning rate -------------------------------------------------------------------
     def _rate_factor(self, step: int) -> float:
-        """``lr_factor`` of the schedule, times the share the cool-down leaves of it once begun."""
-        step, fall = clock.fall(self.state.cooldown, step)
-        return lr_factor(step, self.cfg.warmup, self.cfg.schedule, self.total_steps) * fall
+        """``lr_factor`` of the schedule (held at the decay's first update once it began), times the decay's share."""
+        if self.state.decay and step >= self.state.decay[0]:
+            step = int(self.state.decay[0])
+        return lr_factor(step, self.cfg.warmup, self.cfg.schedule, self.total_steps) * self.share
 
-    def _start_cooldown(self) -> None:
-        """Begin the final decay (``train.cooldown``) once that fraction of the budget is left.
+    def _schedule_next(self) -> None:
+        """Set the next update's learning rate: the schedule's, times the share the final decay leaves.
 
         A short run ends at a still-high learning rate, where the weights wander around a minimum
         (hence the gain of averaging them); letting the rate fall to zero over the last part of the
         run settles them (the warm-up, stable, decay schedule of Hu et al., 2024, "MiniCPM", and
-        Hägele et al., 2024). With a time limit the decay begins when that fraction of the training
-        time is left, over the updates that the rate of the last ones buys in it, and after each
-        update the rest of the fall is spread over the updates left (:func:`clock.replanned`): a
-        machine that turns busy or idle ends its decay at the end of its time. The cool-down and the
-        updates the rate is measured on are saved with each checkpoint, so a resumed run decays as
-        an uninterrupted one would at the same pace.
-
-        The ``linear`` schedule needs the number of updates; with no epoch cap and no step limit
-        (``train.epochs=0`` under a time limit) it is unknown, so the linear decay is this cool-down
-        over all the time left after the warm-up.
+        Hägele et al., 2024). The decay (``train.cooldown``) runs over the last share of the planned
+        updates or, with a time limit, of the training *time*: the clock is asked after every update
+        (:meth:`clock.Clock.decay`; rank 0's decides for all), so the rate reaches zero as the time
+        runs out whatever the pace was before, and a resumed run (its training seconds are saved)
+        decays as an uninterrupted one would. A ``linear`` schedule with no count of updates (no
+        epoch cap or step limit under a time limit) decays over all the training time after its warm-up.
         """
-        cfg, st, timed = self.cfg, self.state, self.clock is not None and self.clock.limit is not None
-        fraction = cfg.cooldown
-        if cfg.schedule == "linear" and not self.total_steps and timed:
-            fraction = 1.0 if st.step >= cfg.warmup else 0.0
-        if not fraction:
-            return
-        seconds = self.clock.for_training() if self.clock else None
-        due = seconds is not None and (bool(st.cooldown) or seconds <= fraction * (st.elapsed + seconds))
-        left = torch.tensor(float(self.clock.updates_left(st.marks) if self.clock and due else -1))
-        if timed and self.world > 1:  # every rank must decay alike: rank 0's clock decides
-            torch.distributed.broadcast(left, src=0)
-        by_time = int(left.item())  # the updates the time left buys once the decay is due by time, else -1
-        if st.cooldown:
-            if by_time > 0 and st.step < st.cooldown[0] + st.cooldown[1]:  # a decay that has ended stops the run
-                st.cooldown = clock.replanned(st.cooldown, st.step, by_time, self.total_steps)
-            return
-        by_steps = bool(self.total_steps) and st.step >= (1 - fraction) * self.total_steps
-        counts = [*([self.total_steps - st.step] if self.total_steps else []), *([by_time] if by_time >= 0 else [])]
-        if by_steps or by_time >= 0:  # the next update's rate is already set: the decay runs over the updates after it
-            st.cooldown = [st.step + 1, max(min(counts) - 1, 1), 1.0, st.step + 1]
-            self.log(event="cooldown", after=st.step + 1, updates=st.cooldown[1], lr=self.scheduler.get_last_lr()[0])
+        cfg, st, timer = self.cfg, self.state, self.clock if self.clock and self.clock.limit else None
+        after_warmup = cfg.schedule == "linear" and not self.total_steps and timer is not None
+        begins = after_warmup and not st.decay and st.step >= cfg.warmup
+        if begins:
+            st.decay = [st.step + 1, st.elapsed]
+        share = clock.step_share(st.step, self.total_steps, cfg.cooldown)
+        if timer and (st.decay if after_warmup else cfg.cooldown):
+            by_time = torch.tensor(timer.decay(st.elapsed, cfg.cooldown, st.decay[1] if after_warmup else None),
+                                   device=self.device)
+            if self.world > 1:  # every rank must decay alike
+                torch.distributed.broadcast(by_time, src=0)
+            share = min(share, float(by_time))
+        if share < 1 and not st.decay:
+            st.decay, begins = [st.step + 1, st.elapsed], True
+        self.share = share
+        self.scheduler.step()
+        if begins:
+            over = {"seconds": round(timer.for_training() or 0.0, 1)} if timer else {"updates": self.total_steps - st.step}
+            self.log(event="cooldown", after=st.step + 1, lr=self.scheduler.get_last_lr()[0], **over)
 
     # -- the loop ----------------------------------------------------------------------------
     def _evaluate(self) -> None:
@@ -318,7 +313,6 @@ class Trainer:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip)
         self.optimizer.step()
         inference.forget(self.model)  # the fused step leaves the weights' version counters as they were
-        self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         value = float(summed) / max(float(total), 1.0)
         if not math.isfinite(value):
@@ -336,14 +330,13 @@ class Trainer:
             reason = patience_reason(cfg.patience)
         elif cfg.max_steps and st.step >= cfg.max_steps:
             reason = f"reached train.max_steps={cfg.max_steps}"
-        elif st.cooldown and st.step >= st.cooldown[0] + st.cooldown[1]:
-            origin = st.cooldown[3] if len(st.cooldown) > 3 else st.cooldown[0]  # where the decay first began
-            fell = int(st.cooldown[0] + st.cooldown[1] - origin)
-            reason = (f"the cool-down brought the learning rate to zero ({fell} update{'s' * (fell != 1)} after "
-                      f"step {int(origin)})")
         elif self.clock and (left := self.clock.for_training()) is not None and left <= 0:
             reason = (f"time limit: after {st.elapsed:.0f} s of training and validation, the rest of the time "
                       f"kept for the last validation and the final evaluation (about {self.clock.reserve():.0f} s)")
+        elif st.decay and self.share <= 0:
+            fell = st.step - int(st.decay[0]) + 1
+            reason = (f"the cool-down brought the learning rate to zero ({fell} update{'s' * (fell != 1)} from "
+                      f"step {int(st.decay[0])})")
         if self.world > 1:
             flag = torch.tensor(float(bool(reason)), device=self.device)
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
@@ -379,7 +372,7 @@ class Trainer:
         self.clock = limit
         if limit:
             limit.spent = st.elapsed
-            limit.kept = dict(st.kept) or limit.kept
+            limit.restore(st.clock)
         self.net.train()
         lengths = self.train_data.lengths()
         if not self.epoch_updates(lengths):  # every epoch has as many: none would count epochs forever
@@ -393,6 +386,7 @@ class Trainer:
                 updates = self.epoch_updates(lengths)
                 data = self.train_data.for_epoch(st.epoch, cfg.seed)  # a language model's text cut anew
                 while st.batch < len(updates):
+                    begun = now()
                     micro = [(src.to(self.device), tgt.to(self.device))
                              for src, tgt in (collate(data, b) for b in updates[st.batch])]
                     loss, count = self._step(micro)
@@ -401,7 +395,9 @@ class Trainer:
                     st.tokens += count
                     tokens_since += count
                     st.elapsed = now() - started
-                    st.marks = [*st.marks[1 - clock.RATE_WINDOW:], [st.elapsed, st.step]]
+                    if limit:
+                        limit.observe(now() - begun)
+                    self._schedule_next()
                     self.on_event({"event": "update", "step": st.step, "epoch": st.epoch, "epochs": cfg.epochs,
                                    "elapsed": st.elapsed, "tokens": st.tokens, "planned": self.total_steps,
                                    "budget": self._budget()})
@@ -417,7 +413,6 @@ class Trainer:
                         self.save()
                     elif cfg.save_every and st.step % cfg.save_every == 0:
                         self.save()
-                    self._start_cooldown()
                     reason = self._stop_requested()
                     if reason:
                         raise Stop(reason)

@@ -3,6 +3,7 @@ cool-down follows the time left, and a resumed run decays as an uninterrupted on
 (a median pace, the reserve that follows the validations), and what a run says about its limit (the
 minimum for a limit too short is in tests/test_budget.py)."""
 import json
+import os
 import shutil
 
 import pytest
@@ -42,13 +43,13 @@ class FakeTime:
         self.t += self.per_update(step)
 
 
-def trainer(run_dir, time, limit=LIMIT, spent_at_start=0.0, **cfg):
+def trainer(run_dir, time, limit=LIMIT, **cfg):
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=25, d_model=16, n_heads=2, enc_layers=1, dec_layers=1, d_ff=32,
                                     dropout=0.0))
     data = Encoded(src=[[5, 6, 7, EOS]] * 8, tgt=[[BOS, 5, 6, 7, EOS]] * 8)
     options = dict(epochs=0, max_tokens=10, warmup=4, cooldown=0.5, log_every=1, patience=0, eval_every=10)
-    lrs: dict[int, float] = {}
+    lrs: dict[int, float] = {}  # after each update, the rate the next one uses
 
     def on_event(e):
         if e["event"] == "train":
@@ -56,7 +57,7 @@ def trainer(run_dir, time, limit=LIMIT, spent_at_start=0.0, **cfg):
 
     run_dir.mkdir(exist_ok=True)
     limit_clock = Clock(limit, started=time(), now=time)
-    limit_clock.keep_final(FINAL)
+    limit_clock.keep(FINAL)
     t = Trainer(model, TrainConfig(**{**options, **cfg}), data, lambda: {"score": 1.0}, ("score", True), run_dir,
                 torch.device("cpu"), on_event=on_event)
     model.register_forward_pre_hook(lambda module, args: time.tick(t.state.step + 1))  # an update takes its time
@@ -68,25 +69,29 @@ def budget_end():
 
 
 @pytest.mark.parametrize("first, then", [(2.0, 0.5), (0.5, 2.0)], ids=["busy-then-idle", "idle-then-busy"])
-def test_the_cooldown_follows_a_change_of_pace_to_the_end_of_the_budget(tmp_path, first, then):
-    """The pace changes a third of the way in, before the decay begins at half the budget and again
-    inside it: the rate still reaches (nearly) zero at the end of the budget, not before or after."""
+def test_the_rate_reaches_zero_as_the_training_time_runs_out_whatever_the_pace(tmp_path, first, then):
+    """The pace changes a third of the way in, before the decay begins at half the training time, and
+    again inside it: the decay begins at half the time (not earlier), the rate only falls from there,
+    and it reaches zero at the end of the time, not before."""
     def per_update(step):
         return first if time.t < budget_end() / 3 or 0.7 * budget_end() < time.t < 0.8 * budget_end() else then
     time = FakeTime(per_update)
     t, limit, lrs = trainer(tmp_path / "run", time)
     state = t.fit(limit)
-    assert budget_end() - max(first, then) <= state["elapsed"] <= budget_end() + max(first, then)
-    start = state["cooldown"][3]
-    assert start > 0 and t.state.elapsed >= budget_end() / 2
-    falling = [lr for step, lr in sorted(lrs.items()) if step >= start]
+    slowest = max(first, then)
+    assert budget_end() - slowest <= state["elapsed"] <= budget_end() + slowest
+    assert state["stopped"].startswith("time limit")
+    start, began = state["decay"]
+    assert budget_end() / 2 - slowest <= began <= budget_end() / 2 + slowest
+    falling = [lr for step, lr in sorted(lrs.items()) if step >= start - 1]
     assert all(a >= b for a, b in zip(falling, falling[1:]))  # it only ever falls
-    assert falling[-1] <= 0.1 * lrs[start - 1]  # and ends near zero, where the time ends
+    assert falling[-1] == 0.0 and falling[-2] > 0.0  # zero for an update that the time no longer has, not before
+    assert falling[-2] <= slowest / (budget_end() / 2) * falling[0] * 1.01  # the last update's: one update's worth
 
 
 def test_a_run_that_turns_fast_uses_its_budget_instead_of_ending_its_decay_early(tmp_path):
-    """The case a decay fixed once from the pace so far got wrong: slow until the decay begins, then
-    four times faster. Its updates are those the time buys, not those the slow pace promised."""
+    """The case a decay fixed from the pace so far got wrong: slow until the decay begins, then four
+    times faster. Its updates are those the time buys, not those the slow pace promised."""
     time = FakeTime(lambda step: 2.0 if time.t < budget_end() / 2 else 0.5)
     t, limit, _ = trainer(tmp_path / "run", time)
     state = t.fit(limit)
@@ -97,18 +102,29 @@ def test_a_run_that_turns_fast_uses_its_budget_instead_of_ending_its_decay_early
 
 def test_the_reserve_follows_each_validation(tmp_path):
     """A validation that shows the final evaluation will take longer keeps more back at once: training
-    stops that much earlier."""
+    stops that much earlier, and the decay still ends there."""
     time = FakeTime(lambda step: 1.0)
-    t, limit, _ = trainer(tmp_path / "run", time)
+    t, limit, lrs = trainer(tmp_path / "run", time)
 
     def evaluate():
-        limit.keep_final(30.0)  # measured: three times the probe's estimate
+        limit.keep(30.0)  # measured: three times the probe's estimate
         return {"score": 1.0}
     t.evaluate = evaluate
     state = t.fit(limit)
     assert limit.reserve() == clock.reserve_for(30.0)
-    assert state["elapsed"] <= LIMIT - clock.reserve_for(30.0) + 1.0
-    assert state["stopped"].startswith(("time limit", "the cool-down"))
+    assert LIMIT - clock.reserve_for(30.0) - 1.0 <= state["elapsed"] <= LIMIT - clock.reserve_for(30.0) + 1.0
+    assert lrs[state["step"]] == 0.0
+
+
+def test_an_estimate_timed_on_a_busy_machine_shrinks_when_the_updates_speed_up(tmp_path):
+    """The final evaluation was timed while an update took 2 s (a busy start); the updates then take
+    0.5 s, so it will take a quarter of that: the run trains into the time the busy estimate kept."""
+    time = FakeTime(lambda step: 0.5)
+    t, limit, _ = trainer(tmp_path / "run", time)
+    limit.keep(40.0, per_update=2.0)
+    state = t.fit(limit)
+    assert limit.kept["final evaluation"] == pytest.approx(10.0)
+    assert state["elapsed"] >= LIMIT - clock.reserve_for(10.0) - 0.5
 
 
 def test_a_resumed_run_decays_as_an_uninterrupted_one_at_the_same_pace(tmp_path):
@@ -116,52 +132,69 @@ def test_a_resumed_run_decays_as_an_uninterrupted_one_at_the_same_pace(tmp_path)
         return 1.0 if step < 30 or step > 60 else 0.25  # a change of pace after the checkpoint it resumes from
     full_time = FakeTime(per_update)
     full, full_clock, full_lrs = trainer(tmp_path / "full", full_time, save_every=5, keep_last=100)
-    full.evaluate = lambda: (full_clock.keep_final(FINAL + full.state.step / 20), {"score": 1.0})[1]
+    full.evaluate = lambda: (full_clock.keep(FINAL + full.state.step / 20), {"score": 1.0})[1]
     whole = full.fit(full_clock)
-    start = whole["cooldown"][3]
+    start = whole["decay"][0]
     crashed = tmp_path / "crashed"
     shutil.copytree(tmp_path / "full", crashed)
     states = sorted((crashed / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
     inside = [s for s in states if start < int(s.name.split("-")[1]) < whole["step"] - 5]
-    assert inside, "no checkpoint inside the cool-down to resume from"
+    assert inside, "no checkpoint inside the decay to resume from"
     for later in states[states.index(inside[0]) + 1:]:
         shutil.rmtree(later)
     resumed_time = FakeTime(per_update)
     again, again_clock, again_lrs = trainer(crashed, resumed_time, save_every=5, keep_last=100)
-    again.evaluate = lambda: (again_clock.keep_final(FINAL + again.state.step / 20), {"score": 1.0})[1]
+    again.evaluate = lambda: (again_clock.keep(FINAL + again.state.step / 20), {"score": 1.0})[1]
     assert again.resume()
     resumed = again.fit(again_clock)
     assert again_lrs == {s: lr for s, lr in full_lrs.items() if s >= min(again_lrs)}  # the same rates, bit for bit
-    assert (resumed["step"], resumed["cooldown"], resumed["stopped"]) == (whole["step"], whole["cooldown"],
-                                                                          whole["stopped"])
+    assert [resumed[k] for k in ("step", "decay", "stopped", "elapsed", "clock")] == \
+        [whole[k] for k in ("step", "decay", "stopped", "elapsed", "clock")]
 
 
-def test_the_pace_is_the_median_of_its_samples():
-    """One busy update among five does not decide the pace."""
+def test_the_pace_is_the_median_of_its_samples_and_followed_over_the_run():
+    """One busy update among five does not decide the pace; over the run it follows the last updates."""
     assert clock.median_pace([100] * 5, [1.0, 1.0, 10.0, 1.0, 1.0]) == 100.0
-    assert clock.updates_per_second([[0.0, 10], [5.0, 20]]) == 2.0
-    assert clock.updates_per_second([[0.0, 10]]) is None
+    limit = Clock(100.0, now=lambda: 0.0)
+    for _ in range(50):
+        limit.observe(2.0)
+    assert limit.per_update == pytest.approx(2.0)
+    limit.observe(20.0)  # one slow update moves it a little
+    assert 2.0 < limit.per_update < 4.0
+
+
+def test_the_decay_share_is_linear_over_the_last_part_of_the_time():
+    assert [clock.decay_share(left, 10.0) for left in (20.0, 10.0, 5.0, 0.0, -1.0)] == [1.0, 1.0, 0.5, 0.0, 0.0]
+    now = FakeTime(lambda step: 0.0)
+    limit = Clock(100.0, now=now)
+    now.t = 80.0
+    assert limit.decay(trained=80.0, fraction=0.5) == pytest.approx(20.0 / 50.0)  # 20 s left of a 50-s decay
+    assert limit.decay(trained=80.0, fraction=0.5, begun=60.0) == pytest.approx(20.0 / 40.0)  # one begun at 60 s
 
 
 def test_a_clock_says_what_it_keeps_back_and_why():
     now = FakeTime(lambda step: 0.0)
     limit = Clock.minutes(2, now=now)
-    limit.keep_final(40.0)
+    limit.keep(40.0)
     now.t = 30.0
     assert limit.kept == {"final evaluation": 40.0, "margin": pytest.approx(10.0)}
     assert (limit.left(), limit.for_training()) == (90.0, pytest.approx(40.0))
     assert limit.minimum(100.0) == 3.0  # 30 used + 50 kept + 100 of training = 180 s: 3 minutes
-    assert Clock(None).for_training() is None and Clock(None).updates_left([[0, 1], [1, 2]]) == -1
+    assert Clock(None).for_training() is None
+    saved, again = limit.state(), Clock(120.0)
+    again.restore(saved)
+    assert again.kept == limit.kept
 
 
 def test_a_run_that_used_little_of_its_limit_says_why_and_that_the_machine_was_busy():
     now = FakeTime(lambda step: 0.0)
     limit = Clock(300.0, now=now)
-    limit.keep_final(50.0)
+    limit.keep(50.0)
     limit.start_pace = 3_000.0  # probed while the machine was busy
     now.t = 200.0
     record = limit.account(tokens=1_500_000, trained=120.0, stopped="patience", final=5.0)
     assert record["start_pace"] == 3_000 and record["run_pace"] == 12_500 and record["used"] == pytest.approx(0.667)
+    assert (record["final_estimate"], record["final_seconds"]) == (50.0, 5.0)
     why = record["short_of_limit"]
     assert "patience" in why and "took 5 s of the 62 s kept" in why and "busier when the pace was probed" in why
     now.t = 290.0
@@ -179,7 +212,22 @@ def test_a_plan_too_small_to_learn_says_so_before_training_and_in_the_report(cli
     assert "updates are too few to learn the task" in console and "would buy 100" in console
     info = json.loads((out / "result.json").read_text())["info"]
     assert "too few to learn" in info["recipe"]["few"]
-    assert set(info["clock"]) >= {"start_pace", "run_pace", "used", "short_of_limit"}
+    assert set(info["clock"]) >= {"start_pace", "run_pace", "used", "short_of_limit", "final_estimate", "final_seconds"}
     assert info["clock"]["start_pace"] == 100 and "reached train.max_steps=2" in info["clock"]["short_of_limit"]
     report = (out / "report.txt").read_text()
     assert "too few to learn" in report and "time limit used" in report and "why not all of it" in report
+
+
+@pytest.mark.slow
+def test_the_final_evaluation_is_timed_on_the_engine_that_decodes_it_outside_the_cache(cli, tmp_path, monkeypatch):
+    """``decode.engine=auto`` decodes the copy task's final evaluation with CTranslate2, so the probe
+    times CTranslate2 (converting its throwaway model once), and leaves nothing in the engine cache."""
+    from taskformer.app import engines
+    cache, converted, convert = tmp_path / "cache", [], engines.convert
+    monkeypatch.setenv("TASKFORMER_CACHE", str(cache))
+    monkeypatch.setattr(engines, "convert", lambda choice, *rest: (converted.append(choice.engine), convert(choice, *rest)))
+    result = cli("run", "copy", "--dry-run", "--time-limit", "1", "--set", "train.pace=10000",
+                 "--set", "data.train_size=200", "--set", "data.val_size=20", "--set", "data.test_size=20")
+    assert result.exit_code == 0, result.output
+    assert converted == ["ctranslate2"] and "final evaluation: about" in result.stdout
+    assert not list((cache / "engines").glob("*")) and os.environ["TASKFORMER_CACHE"] == str(cache)

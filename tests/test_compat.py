@@ -12,13 +12,14 @@ from conftest import TINY
 pytestmark = pytest.mark.slow  # trains, serves or starts processes: the full run's, not the quick tier's
 
 
-def test_a_checkpoint_from_before_the_cooldown_resumes(cli, tmp_path):
+def test_a_checkpoint_from_before_the_decay_by_time_resumes(cli, tmp_path):
     out = tmp_path / "run"
     assert cli("run", "copy", "--out", str(out), *TINY, "--set", "train.save_every=1").exit_code == 0
     (out / "result.json").unlink()  # an unfinished run, as a crash leaves it
     state = sorted((out / "checkpoints").glob("step-*"))[-1] / "state.json"
     saved = json.loads(state.read_text())
-    del saved["cooldown"]
+    del saved["decay"], saved["clock"]
+    saved.update(cooldown=[2, 1, 1.0, 2], marks=[[0.5, 2]], kept={"final evaluation": 1.0})  # a decay by a count
     state.write_text(json.dumps(saved))
     resumed = cli("run", "--resume", str(out))
     assert resumed.exit_code == 0, resumed.output

@@ -81,8 +81,9 @@ class ProgressDisplay:
             self._say(f"resuming after update {e['step']:,} (epoch {e['epoch'] + 1}, {e['batch']:,} of its updates "
                       f"done); the run had stopped: {e['after']}")
         elif kind == "cooldown":
-            self._say(f"cool-down: after step {e['after']:,} the learning rate ({e['lr']:.2e}) falls linearly "
-                      f"to zero over {count(e['updates'], 'update')}")
+            over = count(e["updates"], "update") if "updates" in e else f"the last {e['seconds']:,.0f} s of training"
+            self._say(f"cool-down: from step {e['after']:,} the learning rate ({e['lr']:.2e}) falls linearly "
+                      f"to zero over {over}")
         elif kind == "eval":
             keys = [k for k in e if k not in ("event", "split", "step", "epoch", "epochs", "improved", "averaged")]
             which = f" ({checkpoint.weights_name(e['averaged'])})" if "averaged" in e else ""

@@ -8,18 +8,22 @@ is :func:`prepare` and a description, so it checks what the run checks and plans
 Under ``--time-limit`` the minutes are the wall time of the whole command, held by the run's
 :class:`~taskformer.core.clock.Clock`. Before training, a probe on a throwaway copy of the model
 measures the training pace (target tokens/s, the median of its updates') and how long the final
-evaluation (val and test, with the run's own search) will take per example, decoding as many tokens
-as the references hold (a trained model's length: an untrained one writes to the length limit). The
-clock keeps that evaluation back; the time left is the training budget, pace x budget picks the
-task's recipe, and the warm-up is cut to a share of the updates the budget buys (a 1,000-update
-warm-up in a 400-update run never reaches its peak rate). A limit that leaves no time to train is
-refused with the minimum that would, and a plan of too few updates to learn is said before training.
+evaluation (val and test, with the run's own search, on the engine that will decode it) and a
+validation will take, on whole groups of val sources as the decoder batches them, each output written
+to its reference's length (a trained model's: an untrained one writes to the length limit). The clock
+keeps that back, scaled as the pace of the updates changes; the time left is the training budget,
+pace x budget picks the task's recipe, and the warm-up is cut to a share of the updates the budget
+buys (a 1,000-update warm-up in a 400-update run never reaches its peak rate). A limit that leaves no
+time to train is refused with the minimum that would, and a plan of too few updates to learn is said
+before training.
 """
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Collection
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -27,7 +31,7 @@ from typing import Any, NamedTuple
 import torch
 
 from taskformer.app import datacache, rundir
-from taskformer.app.hooks import build_model, evaluate_split, load_data
+from taskformer.app.hooks import build_model, engine_choice, evaluate_split, load_data
 from taskformer.app.resources import check_memory, pick_device, use_threads
 from taskformer.app.trackers import check_installed
 from taskformer.core import budget, progress, variants
@@ -249,32 +253,39 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
     if shard[0] == 0:
         probed = layers.build(leave_out=set(table_keys(task)))
         train_enc = datacache.encoded(run.data, "train", probed.model.max_len, task.variant)
-        pace, source, per_example, ratio = probe(run, probed, train_enc, shard[1])
+        pace, source, timing = probe(run, probed, train_enc, shard[1])
         timer = row_timer(run, layers, probed, shard[1])
         clock = run.clock
 
-        def final(overrides: dict) -> float:  # each member of an ensemble decodes: a row's members scale the probe's
+        def final(overrides: dict) -> tuple[float, float]:  # an ensemble's members each decode: they scale the probe's
             own = timer(overrides)
             if own is not None:
-                return final_seconds(run.data, own.per_example, ratio)
-            return final_seconds(run.data, per_example, ratio) * layers.build(overrides).model.members / probed.model.members
+                return final_seconds(run.data, own.timing)
+            members = layers.build(overrides).model.members / probed.model.members
+            return tuple(seconds * members for seconds in final_seconds(run.data, timing))  # type: ignore[return-value]
 
         plan = budget.choose(task.recipes, table_owner(task), pace,
-                             lambda o: (clock.left() or 0.0) - reserve_for(final(o)), source,
+                             lambda o: (clock.left() or 0.0) - reserve_for(sum(final(o))), source,
                              batching(layers, train_enc, probed, pace, timer))  # left(): a time limit's, never None
-        clock.keep_final(final(plan["overrides"]))
+        # the decode was timed at the machine's pace then: the clock scales it as the updates speed up or slow down
+        per_update = 1 / plan["updates_per_second"] if source == "measured" else None
+        clock.keep(*final(plan["overrides"]), per_update=per_update)
         training = FEW_UPDATES / plan["updates_per_second"]  # the least that learns
         if plan["train_seconds"] <= 0:
             raise TaskformerError(f"--time-limit {run.time_limit:g} leaves no time to train: the start took "
                                   f"{clock.elapsed():.0f} s and the final evaluation needs about "
-                                  f"{clock.kept['final evaluation']:.0f} s here; give at least "
+                                  f"{clock.estimates['final evaluation']:.0f} s here; give at least "
                                   f"{clock.minimum(training):g} minutes (for {FEW_UPDATES} updates at "
                                   f"{pace:,.0f} tok/s)")
         if plan["planned_updates"] < FEW_UPDATES:
             plan["few"] = (f"about {plan['planned_updates']:,} updates are too few to learn the task; at "
-                           f"{pace:,.0f} tok/s, --time-limit {clock.minimum(training):g} would buy {FEW_UPDATES}")
-        plan.update(final_seconds=round(clock.kept["final evaluation"], 1), reserve_seconds=round(clock.reserve(), 1),
-                    search_ratio=round(ratio, 3))
+                           f"{pace:,.0f} tok/s, --time-limit {clock.minimum(training):g} would buy {FEW_UPDATES} "
+                           "(a machine that frees up later trains more: the decay follows the time, not this count)")
+        plan.update(final_seconds=round(clock.estimates["final evaluation"], 1),
+                    validation_seconds=round(clock.estimates["last validation"], 1),
+                    reserve_seconds=round(clock.reserve(), 1), per_update=per_update,
+                    search_ratio=round(timing.final / max(timing.validation, 1e-9), 3),
+                    conversion_seconds=round(timing.fixed, 1))
         if overridden := yours_over(task, layers, plan["overrides"]):
             plan["overridden"] = overridden
             plan["why"] += f"; overridden by your settings: {', '.join(overridden)}"
@@ -282,13 +293,18 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
     if shard[1] > 1:
         torch.distributed.broadcast_object_list(record, src=0)
     assert record[0] is not None
-    run.clock.keep_final(record[0]["final_seconds"])  # every rank's clock, as rank 0 measured
+    keep_planned(run.clock, record[0])  # every rank's clock, as rank 0 measured
     run.clock.start_pace = record[0]["pace"]
     return record[0]
 
 
+def keep_planned(clock: Clock, plan: dict) -> None:
+    """Keep back what a time-limited run's plan estimated for the end of its training."""
+    clock.keep(plan["final_seconds"], plan.get("validation_seconds", 0.0), plan.get("per_update"))
+
+
 def probe(run: Prepared, probed: RunConfig, train_enc: Encoded, ranks: int,
-          what: str = "the task's network") -> tuple[float, str, float, float]:
+          what: str = "the task's network") -> tuple[float, str, DecodeTiming]:
     """On a throwaway model of ``probed``, built and trained under a forked random generator (so the
     run's weights and batches are those it would have had without it): the pace (``train.pace`` if
     set, else measured; all ranks together), where it came from, and :func:`decode_seconds`."""
@@ -301,8 +317,8 @@ def probe(run: Prepared, probed: RunConfig, train_enc: Encoded, ranks: int,
             pace, source = budget.measure_pace(model, probed.train, train_enc, run.device) * ranks, "measured"
         # a probe's run has no directory (nothing of it is written)
         probe_run = Run(None, run.task, probed, run.data.tokenizer, run.data.labels, model)  # type: ignore[arg-type]
-        per_example, ratio = decode_seconds(probe_run, run.data)
-    return pace, source, per_example, ratio
+        timing = decode_seconds(probe_run, run.data)
+    return pace, source, timing
 
 
 def yours_over(task: Task, layers: Layers, overrides: dict) -> list[str]:
@@ -315,7 +331,7 @@ def yours_over(task: Task, layers: Layers, overrides: dict) -> list[str]:
 
 class RowTiming(NamedTuple):
     pace: float  # target tokens/s of the row's own network
-    per_example: float  # seconds per example of its final evaluation
+    timing: DecodeTiming  # of its final evaluation and validations
     train: Encoded  # the train split cut to its positions
 
 
@@ -333,8 +349,8 @@ def row_timer(run: Prepared, layers: Layers, probed: RunConfig, ranks: int):
                 timed[repr(overrides)] = None
             else:
                 encoded = datacache.encoded(run.data, "train", cfg.model.max_len, run.task.variant)
-                pace, _, per_example, _ = probe(run, cfg, encoded, ranks, f"recipe {budget.describe(overrides)}")
-                timed[repr(overrides)] = RowTiming(pace, per_example, encoded)
+                pace, _, timing = probe(run, cfg, encoded, ranks, f"recipe {budget.describe(overrides)}")
+                timed[repr(overrides)] = RowTiming(pace, timing, encoded)
         return timed[repr(overrides)]
     return of
 
@@ -354,39 +370,88 @@ def batching(layers: Layers, train_enc: Encoded, probed: RunConfig, pace: float,
     return of
 
 
+class DecodeTiming(NamedTuple):
+    """What the end of a run's training costs, timed before it trains."""
+
+    final: float  # seconds per example of the final evaluation: its search, on the engine that will decode it
+    validation: float  # seconds per example of a validation: decode.eval_strategy, on our decoder
+    fixed: float  # seconds the final evaluation spends once: converting the weights for a runtime
+
+
 @torch.no_grad()
-def decode_seconds(run: Run, data: TaskData) -> tuple[float, float]:
-    """Seconds per example of the final evaluation's search on one decoding batch of val examples,
-    and how many times slower it is than the validations' search (``decode.eval_strategy``), each
-    writing a trained model's length (see :func:`seconds_per_example`)."""
+def decode_seconds(run: Run, data: TaskData) -> DecodeTiming:
+    """Time the final evaluation and a validation on a sample of val (:func:`timing_sample`), each
+    output written to its reference's length (see :func:`seconds_per_example`). The final evaluation
+    is timed on the engine that will decode it (``decode.engine``: a runtime is timed twice, the
+    first time converting the weights, into a temporary folder and not the user's cache)."""
     run.model.eval()
-    seconds = [seconds_per_example(run, data, replace(run.config, decode=replace(run.config.decode, strategy=s)), True)
-               for s in dict.fromkeys((run.config.decode.strategy, run.config.decode.eval_strategy))]
-    return seconds[0], seconds[0] / max(seconds[-1], 1e-9)
+    sample, config = timing_sample(run, data), run.config
+    seconds_per_example(run, [sample[0][:4]], validation_config(config))  # untimed: a first decode's one-time costs
+    validation = seconds_per_example(run, sample, validation_config(config))
+    if engine_choice(run.task, run.model, config).engine == "torch":
+        same = config.decode.strategy == config.decode.eval_strategy
+        return DecodeTiming(validation if same else seconds_per_example(run, sample, config), validation, 0.0)
+    with uncached():
+        first = seconds_per_example(run, sample, config)
+        final = seconds_per_example(run, sample, config)
+    return DecodeTiming(final, validation, max(first - final, 0.0) * sum(map(len, sample)))
 
 
-def seconds_per_example(run: Run, data: TaskData, config: RunConfig, trained_length: bool = False) -> float:
-    """Seconds per example of decoding and scoring one decoding batch of val with ``config``'s search;
-    with ``trained_length``, writing as many tokens as the batch's longest reference (an untrained
-    model writes to the length limit, several times what a trained one writes)."""
-    sample = data.splits["val"][:config.decode.batch_size]
-    config = replace(config, decode=replace(config.decode, engine="torch"))  # a runtime would convert these weights
-    if trained_length and variants.of(run.task.variant).decoder:
-        longest = max(len(run.tokenizer.encode(str(row[1])).ids) for row in sample) + 1  # and its end
-        decode = (replace(config.decode, max_len_a=0.0, max_len_b=longest) if variants.of(run.task.variant).shifted
-                  else replace(config.decode, max_new_tokens=longest))
-        config = replace(config, decode=decode)
+def validation_config(config: RunConfig) -> RunConfig:
+    """``config`` as validations decode: the cheaper search, on our decoder (a runtime would convert
+    the weights anew after every update)."""
+    return replace(config, decode=replace(config.decode, strategy=config.decode.eval_strategy, engine="torch"))
+
+
+def timing_sample(run: Run, data: TaskData) -> list[list[tuple]]:
+    """Val rows to time decoding on, as the decoder batches them: it decodes the sources of each
+    length as batches of their own, so the sample is whole groups of one source length (up to a
+    batch), every so many lengths from short to long, about one decoding batch of rows in all."""
+    val, batch = data.splits["val"], run.config.decode.batch_size
+    lengths = [len(e.ids) for e in run.tokenizer.encode_batch([str(row[0]) for row in val])]
+    groups: dict[int, list[tuple]] = {}
+    for length, row in zip(lengths, val):
+        groups.setdefault(length, []).append(row)
+    every = max(math.ceil(len(val) / batch), 1)
+    return [groups[n][:batch] for n in sorted(groups)[every // 2::every]] or [list(val[:batch])]
+
+
+def seconds_per_example(run: Run, sample: list[list[tuple]], config: RunConfig) -> float:
+    """Seconds per example of scoring and decoding the groups of ``sample`` with ``config``'s search
+    and engine, each group's outputs written to its longest reference (an untrained model writes to
+    the length limit, several times what a trained one writes)."""
+    kind = variants.of(run.task.variant)
     begun = time.perf_counter()
-    evaluate_split(run, sample, config, "timing the final evaluation")
-    return (time.perf_counter() - begun) / max(len(sample), 1)
+    for group in sample:
+        decode = config.decode
+        if kind.decoder:
+            longest = max(len(run.tokenizer.encode(str(row[1])).ids) for row in group) + 1  # and its end
+            decode = (replace(decode, max_len_a=0.0, max_len_b=longest) if kind.shifted
+                      else replace(decode, max_new_tokens=longest))
+        evaluate_split(run, group, replace(config, decode=decode), "timing the final evaluation")
+    return (time.perf_counter() - begun) / max(sum(map(len, sample)), 1)
 
 
-def final_seconds(data: TaskData, per_example: float, ratio: float) -> float:
-    """Seconds of what follows the last update: a last validation (its search ``ratio`` times faster
-    than the final one) and the final evaluation of val and test (a test that is val decoded once),
-    from the final search's ``per_example`` seconds."""
+@contextmanager
+def uncached():
+    """Runtimes convert a throwaway model into a temporary folder, not into the user's engine cache."""
+    before = os.environ.get("TASKFORMER_CACHE")
+    os.environ["TASKFORMER_CACHE"] = "off"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["TASKFORMER_CACHE"]
+        else:
+            os.environ["TASKFORMER_CACHE"] = before
+
+
+def final_seconds(data: TaskData, timing: DecodeTiming) -> tuple[float, float]:
+    """Seconds of the final evaluation of val and test (a test that is val decoded once) and of the
+    last validation that may follow the last update, from ``timing``."""
     val, test = data.splits["val"], data.splits["test"]
-    return per_example * (len(val) / ratio + len(val) + (0 if test == val else len(test)))
+    return (timing.fixed + timing.final * (len(val) + (0 if test == val else len(test))),
+            timing.validation * len(val))
 
 
 def table_keys(task: Task) -> list[tuple[str, str]]:

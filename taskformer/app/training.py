@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import signal
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -15,13 +15,15 @@ import torch
 from taskformer.app import datacache, trackers
 from taskformer.app.hooks import build_model, engine_choice, evaluate_split, load_data
 from taskformer.app.prepare import (
+    DecodeTiming,
     Prepared,
     TrainRequest,
     check_batches,
     distilled,
     final_seconds,
+    keep_planned,
     prepare,
-    seconds_per_example,
+    validation_config,
 )
 from taskformer.app.resources import pick_device, use_threads
 from taskformer.app.rundir import (
@@ -201,7 +203,7 @@ def resumed(request: TrainRequest, shard: tuple[int, int], lock: ExitStack) -> B
     run = Run(run_dir, task, config, data.tokenizer, data.labels, model, read_history=partial(read_metrics, run_dir))
     clock.limit = saved.time_limit * 60 if saved.time_limit else None
     if isinstance(saved.recipe, dict) and saved.recipe.get("final_seconds"):
-        clock.keep_final(saved.recipe["final_seconds"])  # until the checkpoint says what the run kept
+        keep_planned(clock, saved.recipe)  # until the checkpoint says what the run kept
         clock.start_pace = saved.recipe.get("pace")
     return Begun(run, data, saved.time_limit, clock, stamp, saved.recipe, resume=True,
                  distill=saved.distill).encoded()
@@ -211,24 +213,20 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
     """Train ``begun``'s model under its signals until its budget is spent; returns the trainer's final state.
 
     Under a time limit the clock keeps back the final evaluation's time: first the probe's estimate,
-    then after every validation the time it took, scaled to val and test and to the final search
-    (timed once on the learning model, at the first validation)."""
+    then after every validation the time it took, scaled to val and test and to the final search and
+    engine as the probe timed them on outputs of the references' length."""
     run, data, config = begun.run, begun.data, begun.run.config
     device, task, train_enc, val_enc = run.device, run.task, begun.train, begun.val
     assert train_enc is not None and val_enc is not None  # encoded as it began
-    # validations decode with torch: a runtime would convert the weights anew after every update
-    eval_config = replace(config, decode=replace(config.decode, strategy=config.decode.eval_strategy, engine="torch"))
-    clock = begun.clock
-    ratio: list[float | None] = [None]  # the final search's time per example over the validations', once measured
+    eval_config, clock, recipe = validation_config(config), begun.clock, begun.recipe or {}
+    ratio, fixed = recipe.get("search_ratio") or 1.0, recipe.get("conversion_seconds") or 0.0
 
     def evaluate() -> dict:
         begun_at = clock.now()
         metrics, _ = evaluate_split(run, data.splits["val"], eval_config, "validating", val_enc)
-        per_example = (clock.now() - begun_at) / len(data.splits["val"])  # one more may follow the last update
-        if clock.limit and ratio[0] is None:  # an untrained model's searches end anywhere: time a learning one
-            ratio[0] = search_ratio(run, data, per_example)
-        if clock.limit:
-            clock.keep_final(final_seconds(data, per_example * (ratio[0] or 1.0), ratio[0] or 1.0))
+        if clock.limit:  # timed at the pace of the updates now: the clock scales it as that changes
+            per_example = (clock.now() - begun_at) / len(data.splits["val"])
+            clock.keep(*final_seconds(data, DecodeTiming(per_example * ratio, per_example, fixed)))
         return metrics
 
     trainer = Trainer(run.model, config.train, train_enc, evaluate, (task.metric, task.higher_is_better), run.dir,
@@ -262,14 +260,6 @@ def stopped_because(cfg: TrainConfig, state: dict) -> str:
     else:  # the time limit or a cool-down the user asked for: the reason says it
         return why
     return f"stopped at {count(state['step'], 'update')}: {ended} ended it before train.max_steps={cfg.max_steps}; {lift}"
-
-
-def search_ratio(run: Run, data: TaskData, per_example: float) -> float:
-    """How many times the validations' ``per_example`` seconds the final search takes, timed on one
-    decoding batch of val (1 where they are the same search)."""
-    if run.config.decode.strategy == run.config.decode.eval_strategy:
-        return 1.0
-    return seconds_per_example(run, data, run.config) / max(per_example, 1e-9)
 
 
 def finish(begun: Begun, state: dict) -> Run:
