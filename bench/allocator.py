@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 import torch
-from machine import cpu_name  # bench/ is on the path when a script here runs
 
+from machine import cpu_name  # bench/ is on the path when a script here runs
 from taskformer.app.resources import keep_freed_memory
 from taskformer.core import config as C
 from taskformer.core.engine import TrainConfig, Trainer

@@ -33,11 +33,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from machine import alternate, cpu_name  # noqa: E402
 from speed import ctranslate2, ctranslate2_contenders  # noqa: E402
-from workload import decode_fixed, make_taskformer, multi30k  # noqa: E402
-
 from taskformer.app.resources import keep_freed_memory  # noqa: E402
 from taskformer.core import decoding, inference  # noqa: E402
 from taskformer.core.data import pad  # noqa: E402
+from workload import decode_fixed, make_taskformer, multi30k  # noqa: E402
 
 
 def speed(val_src, n: int, size: int, rounds: int, folder: Path, quantize: str = "none") -> dict:

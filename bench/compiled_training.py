@@ -21,10 +21,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from machine import alternate, cpu_name, timed  # noqa: E402
-from workload import PAD, make_taskformer, multi30k  # noqa: E402
-
 from taskformer.core import precision  # noqa: E402
 from taskformer.core.data import pad, token_batches  # noqa: E402
+from workload import PAD, make_taskformer, multi30k  # noqa: E402
 
 
 def main() -> None:

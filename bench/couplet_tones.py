@@ -25,8 +25,8 @@ from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 
 from taskformer.app import hooks, runner
-from taskformer.plugins.run import spread
 from taskformer.core.checkpoint import read_json
+from taskformer.plugins.run import spread
 from taskformer.tasks.couplet import TONE_MODES
 
 

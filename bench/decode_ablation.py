@@ -10,11 +10,11 @@ import contextlib
 from contextlib import ExitStack, contextmanager
 
 import torch
-from machine import alternate, timed
-from workload import L, Transformer, decode_fixed, make_taskformer
 
+from machine import alternate, timed
 from taskformer.core import decoding, inference
 from taskformer.core.data import pad
+from workload import L, Transformer, decode_fixed, make_taskformer
 
 
 @contextmanager

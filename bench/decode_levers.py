@@ -71,21 +71,28 @@ def main() -> None:
     compiled.decode = torch.compile(model.decode, dynamic=True)
     compile_s = timed(lambda: [one(compiled, b) for b in loads["batch 1"][:2] + loads["batch 128"][:1]])
 
-    results = {"compile_s": round(compile_s, 1)}
-    for name, batches in loads.items():
-        n = sum(b.size(0) for b in batches)
-        contenders = {
-            "packed copy, 1 thread": lambda: [one(packed, b) for b in batches],
-            "compiled step, 1 thread": lambda: [one(compiled, b) for b in batches],
-            "packed copy, 2 worker threads": lambda: list(decoding.parallel_map(lambda b: one(packed, b), batches, 2)),
-            "packed copy, 2 worker processes": lambda: forked_map(lambda b: one(packed, b), batches, 2),
+    def decoders(batches: list) -> dict:
+        """The four ways to decode ``batches``: each a function of nothing that returns the outputs."""
+        def packed_one(batch):
+            return one(packed, batch)
+        return {
+            "packed copy, 1 thread": lambda: [one(packed, batch) for batch in batches],
+            "compiled step, 1 thread": lambda: [one(compiled, batch) for batch in batches],
+            "packed copy, 2 worker threads": lambda: list(decoding.parallel_map(packed_one, batches, 2)),
+            "packed copy, 2 worker processes": lambda: forked_map(packed_one, batches, 2),
         }
-        outputs = {}
 
-        def work(key, fn):
-            torch.set_num_threads(1)
-            return timed(lambda: outputs.__setitem__(key, fn()))
-        speed = {k: n / secs for k, secs in alternate(contenders, work, args.rounds).items()}
+    outputs: dict[str, list] = {}  # the last outputs of each decoder, for the current workload
+
+    def work(key, fn) -> float:
+        torch.set_num_threads(1)
+        return timed(lambda: outputs.__setitem__(key, fn()))
+
+    results: dict = {"compile_s": round(compile_s, 1)}
+    for name, batches in loads.items():
+        n = sum(batch.size(0) for batch in batches)
+        outputs.clear()
+        speed = {k: n / secs for k, secs in alternate(decoders(batches), work, args.rounds).items()}
         results[name] = {
             "sentences_per_s": {k: round(v, 1) for k, v in speed.items()},
             "compiled / packed": round(speed["compiled step, 1 thread"] / speed["packed copy, 1 thread"], 2),
@@ -95,7 +102,7 @@ def main() -> None:
         }
         print(name, json.dumps(results[name], indent=1), flush=True)
     results |= {"cpu": f"{cpu_name()} ({torch.backends.cpu.get_cpu_capability()})", "torch": torch.__version__,
-                "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes")}
+                "date": dt.datetime.now(dt.UTC).isoformat(timespec="minutes")}
     print(f"compile: {compile_s:.1f} s; {results['cpu']}, torch {results['torch']}, {results['date']}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")

@@ -163,7 +163,7 @@ def main() -> None:
         model.eval()
         with torch.no_grad():  # the tutorial keeps the checkpoint with the best dev loss
             total = [loss_of(ref, model, s, t) for s, t in dev]
-        dev_loss = sum(float(l) for l, _ in total) / sum(n for _, n in total)
+        dev_loss = sum(float(loss) for loss, _ in total) / sum(n for _, n in total)
         print(f"epoch {epochs} step {steps}: dev loss {dev_loss:.3f} ({time.perf_counter() - train_start:.0f} s)",
               flush=True)
         if dev_loss < best:

@@ -71,6 +71,7 @@ def race(sources: list[list[int]], model, vocab: int, rounds: int, n: dict[int, 
     """Sentences/s of ``auto`` and raw CTranslate2 for each search, precision and batch size in ``n``
     (batch size -> sentences decoded), and the ratios auto / raw."""
     import ctranslate2
+
     from machine import alternate
 
     run = copy_run(model, vocab, device)

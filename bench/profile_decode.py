@@ -36,15 +36,15 @@ def main() -> None:
     workloads = {"batch 128": [pad([val[j] for j in order])], "batch 1": [pad([val[j]]) for j in order[:16]]}
     for search in ("greedy", "beam5"):
         for name, batches in workloads.items():
-            def work():
+            def work(batches: list, search: str) -> None:
                 for batch in batches:
                     workload.decode_fixed(model, batch, search)
-            work()  # warm-up
+            work(batches, search)  # warm-up
             started = time.perf_counter()
-            work()
+            work(batches, search)
             per_step = (time.perf_counter() - started) / len(batches) / workload.L
             with profile(activities=[ProfilerActivity.CPU]) as prof:
-                work()
+                work(batches, search)
             events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
             total = sum(e.self_cpu_time_total for e in events)
             print(f"{search}, {name}, {args.quantize}: {1000 * per_step:.2f} ms a step")

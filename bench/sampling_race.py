@@ -29,8 +29,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from machine import cpu_name  # noqa: E402
 from nanogpt_race import nanogpt  # noqa: E402
+
+from machine import cpu_name  # noqa: E402
 
 PROMPT = "ROMEO:"  # every contender continues it (a blank prompt gives taskformer a blank output)
 
@@ -40,8 +41,8 @@ def their_samples(copy: Path, out: Path, samples: int, new: int, env: dict) -> f
     def run(n: int) -> float:
         started = time.monotonic()
         subprocess.run([sys.executable, "sample.py", f"--out_dir={out}", "--device=cpu", "--dtype=float32",
-                        f"--num_samples={n}", f"--max_new_tokens={new}", "--compile=False", f"--start={PROMPT}"], cwd=copy, env=env,
-                       check=True, stdout=subprocess.DEVNULL)
+                        f"--num_samples={n}", f"--max_new_tokens={new}", "--compile=False", f"--start={PROMPT}"],
+                       cwd=copy, env=env, check=True, stdout=subprocess.DEVNULL)
         return time.monotonic() - started
     return run(1 + samples) - run(1)
 

@@ -56,6 +56,7 @@ import urllib.request
 from pathlib import Path
 
 import aiohttp
+
 from machine import cpu_name
 
 

@@ -63,15 +63,14 @@ except ImportError:  # the race rows need it: pip install taskformer[export]
 
 from decode_ablation import ablation
 from engine_race import classifier, print_race, race
-from machine import alternate, cpu_name, forced_isa, timed
-from workload import (B, BOS, CPU, L, PAD, ROOT, V, Transformer, decode_fixed, make_reference, make_taskformer,
-                      multi30k, ref)
 
+from machine import alternate, cpu_name, forced_isa, timed
 from taskformer.app.resources import keep_freed_memory
 from taskformer.core import decoding, export, inference, precision
 from taskformer.core.data import pad, token_batches
 from taskformer.core.engine import autocast
 from taskformer.core.tokenize import symbols
+from workload import BOS, CPU, PAD, ROOT, B, L, Transformer, V, decode_fixed, make_reference, make_taskformer, multi30k, ref
 
 
 # -- workloads --------------------------------------------------------------------------------------
@@ -219,7 +218,8 @@ def training_before_after(rev: str, rounds: int, steps: int) -> dict:
     gen = torch.Generator().manual_seed(0)
     src, tgt = torch.randint(4, V, (B, L), generator=gen), torch.randint(4, V, (B, L + 1), generator=gen)
     tgt[:, 0] = BOS
-    contenders = {f"model code at {rev}": make_taskformer(False, model_module_at(rev))[1], "model code now": make_taskformer(False)[1]}
+    contenders = {f"model code at {rev}": make_taskformer(False, model_module_at(rev))[1],
+                  "model code now": make_taskformer(False)[1]}
     for step in contenders.values():
         step(src, tgt)
     secs = alternate(contenders, lambda name, step: timed(lambda: [step(src, tgt) for _ in range(steps)]) / steps, rounds)
@@ -235,9 +235,15 @@ def matmul_peak(repeats: int, bf16: bool) -> dict:
     for dtype in (torch.float32, torch.bfloat16)[: 2 if bf16 else 1]:
         a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
         a @ b
-        best = min(timed(lambda: [a @ b for _ in range(5)]) / 5 for _ in range(repeats))
+        best = min(timed(products, a, b, 5) / 5 for _ in range(repeats))
         out[str(dtype).removeprefix("torch.")] = 2 * 2048 ** 3 / best / 1e9
     return out
+
+
+def products(a: torch.Tensor, b: torch.Tensor, n: int) -> None:
+    """``a @ b``, ``n`` times."""
+    for _ in range(n):
+        a @ b
 
 
 def step_flops() -> int:

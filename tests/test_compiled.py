@@ -9,11 +9,10 @@ import os
 import pytest
 import torch
 
+from conftest import run_cli
 from taskformer.core import compiled, decoding, inference
 from taskformer.core.decoding import DecodeConfig
 from taskformer.core.model import PAD, Ensemble, ModelConfig, Transformer
-
-from conftest import TINY, run_cli
 
 pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
 
+from conftest import run_cli
 from taskformer.app.datacache import KEEP, MARK, VERSION
 from taskformer.core.data import Encoded
 from taskformer.core.engine import TrainConfig, Trainer

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 import taskformer
 from taskformer.core.decoding import NEVER_WRITTEN, DecodeConfig, search
 from taskformer.core.engine import batch_loss
-from taskformer.core.model import BOS, EOS, PAD, Ensemble, ModelConfig, Transformer
 from taskformer.core.inference import for_decoding
+from taskformer.core.model import BOS, EOS, PAD, Ensemble, ModelConfig, Transformer
 
 V = 24
 SMALL = dict(vocab_size=V, d_model=16, n_heads=2, enc_layers=1, dec_layers=2, d_ff=32, dropout=0.0, max_len=16,
@@ -73,7 +73,7 @@ def reference_beam(nets, src, beam: int, length_penalty: float = 1.0) -> list[li
     out = []
     for row in src:
         hyps = [([BOS], 0.0, False)]
-        for step in range(BUDGET):
+        for _ in range(BUDGET):
             live = [h for h in hyps if not h[2]]
             cands = [h for h in hyps if h[2]]
             if live:

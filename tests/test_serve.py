@@ -23,12 +23,11 @@ pytestmark = pytest.mark.slow  # trains or serves through the command line: the 
 httpx = pytest.importorskip("httpx", reason="the serve tests need the test extra (httpx, fastapi, uvicorn)")
 pytest.importorskip("fastapi", reason="taskformer serve needs the serve extra")
 
+import tagging_plugin  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
 from taskformer.app.cli import main  # noqa: E402
 from taskformer.plugins.manager import plugins  # noqa: E402
-
-import tagging_plugin  # noqa: E402
 
 HERE = Path(__file__).parent
 # The test tagging plugin is not installed: the server process registers it as the CLI tests do.
