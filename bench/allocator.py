@@ -29,6 +29,8 @@ import torch
 from machine import cpu_name  # bench/ is on the path when a script here runs
 from taskformer.app.resources import keep_freed_memory
 from taskformer.core import config as C
+from taskformer.core.arrays import Ragged
+from taskformer.core.data import Encoded
 from taskformer.core.engine import TrainConfig, Trainer
 from taskformer.core.model import ModelConfig, Transformer
 from taskformer.plugins.manager import plugins
@@ -42,8 +44,8 @@ def child(keep: bool, steps: int, max_tokens: int) -> dict:
     shape = C.defaults(plugins().task("translate-de-en"))["model"]
     torch.manual_seed(0)
     model = Transformer(ModelConfig(**{**shape, "vocab_size": VOCAB})).train()
-    trainer = Trainer(model, TrainConfig(bf16=False, lr=1e-4, warmup=0), train=None, evaluate=dict,
-                      select=("loss", False), run_dir=Path("."), device=torch.device("cpu"))
+    trainer = Trainer(model, TrainConfig(bf16="false", lr=1e-4, warmup=0), train=Encoded(Ragged.of([]), Ragged.of([])),
+                      evaluate=dict, select=("loss", False), run_dir=Path("."), device=torch.device("cpu"))
     lengths = torch.Generator().manual_seed(0)
 
     def update() -> None:  # the engine's own update: label-smoothed loss, clipping, AdamW, schedule

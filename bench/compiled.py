@@ -20,6 +20,7 @@ empty cache folder (cold), and again into that folder (warm).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -27,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -51,8 +53,7 @@ def speed(val_src, n: int, size: int, rounds: int, folder: Path, quantize: str =
     compile_seconds = {}
     for search in ("greedy", "beam5"):  # every source length compiles once: do it before the clock runs,
         started = time.perf_counter()     # in the workers the clock sees (dynamo's guards read the thread count)
-        for _ in decoding.parallel_map(lambda chunk, search=search: decode_fixed(compiled, chunk, search), batches,
-                                       workers):
+        for _ in decoding.parallel_map(functools.partial(decode_fixed, compiled, search=search), batches, workers):
             pass
         compile_seconds[search] = round(time.perf_counter() - started, 1)
 
@@ -90,7 +91,7 @@ def outputs(run: str) -> dict:
     data = load_data(loaded.task, loaded.config, read_json(loaded.dir / "config.json").get("data_dir"), ["test"],
                      loaded.tokenizer)
     sources, references = zip(*[(row[0], row[-1]) for row in data.splits["test"]])
-    result = {"sentences": len(sources)}
+    result: dict[str, Any] = {"sentences": len(sources)}
     for beam in (1, 5):
         eager = model.predict(list(sources), beam=beam)
         compiled = model.predict(list(sources), beam=beam, compile=True)
@@ -129,13 +130,11 @@ def main() -> None:
     parser.add_argument("--n128", type=int, default=1000, help="sentences decoded in batches of 128")
     args = parser.parse_args()
     keep_freed_memory()
-    result = {"cpu": cpu_name(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    result: dict[str, Any] = {"cpu": cpu_name(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
               "threads": torch.get_num_threads(), "torch": torch.__version__}
     _, _, val_src = multi30k(200 if args.quick else 2000)
     with tempfile.TemporaryDirectory() as folder:
-        if args.no_speed:
-            folder = None
-        if folder:
+        if not args.no_speed:
             result["quantize"] = args.quantize
             result["batch 1"] = speed(val_src, 8 if args.quick else args.n1, 1, 1 if args.quick else 3, Path(folder) / "b1",
                                       args.quantize)

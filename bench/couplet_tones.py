@@ -20,9 +20,10 @@ import argparse
 import json
 import time
 from dataclasses import replace
+from typing import Any, cast
 
 from sacrebleu.metrics import BLEU
-from sacrebleu.significance import PairedTest
+from sacrebleu.significance import PairedTest, Result
 
 from taskformer.app import hooks, runner
 from taskformer.core.checkpoint import read_json
@@ -69,12 +70,13 @@ def main() -> None:
     data_dir = read_json(run.dir / "config.json").get("data_dir")
     pairs = hooks.load_data(run.task, run.config, data_dir, [args.split], run.tokenizer).splits[args.split]
     print(f"{args.run_dir}: {args.split}, {len(pairs)} pairs")
-    off = replace(run.config, decode=replace(run.config.decode, tone_final="off", tone_opposition="off"))
+    rules: Any = run.config.decode  # the couplet's decoding options: the search's and its tone rules
+    off = replace(run.config, decode=replace(rules, tone_final="off", tone_opposition="off"))
     if args.paired:
         paired(run, pairs, {"tone rules off": off, "the run's decoding": run.config}, args.paired)
         return
     if args.samples:
-        chosen = spread(pairs, args.samples)
+        chosen = spread(list(pairs), args.samples)
         plain, _ = runner.predict(run, [s for s, _ in chosen], off)
         ruled, _ = runner.predict(run, [s for s, _ in chosen], run.config)
         print("| first line | reference | tone rules off | tone rules on (the run's) |\n| --- | --- | --- | --- |")
@@ -87,8 +89,7 @@ def main() -> None:
     print(f"  the references themselves | {'':>6} {refs['final_tone']:7.2f} {refs['opposition']:6.2f}")
     rows = [{"references": True, **refs}]
     for final, opposition, penalty in settings(args.penalties, args.finals):
-        decode = replace(run.config.decode, tone_final=final, tone_opposition=opposition,
-                         tone_penalty=penalty or run.config.decode.tone_penalty)
+        decode = replace(rules, tone_final=final, tone_opposition=opposition, tone_penalty=penalty or rules.tone_penalty)
         decode.validate()
         started = time.perf_counter()
         metrics, _ = hooks.evaluate_split(run, pairs, replace(run.config, decode=decode))
@@ -113,7 +114,7 @@ def paired(run, pairs, configs: dict, resamples: int) -> None:
     test = PairedTest(list(outputs.items()), {"BLEU": BLEU(tokenize="char")}, [[r for _, r in pairs]],
                       test_type="bs", n_samples=resamples)
     _, scores = test()
-    (first, *names), (base, *others) = outputs, scores["BLEU"]
+    (first, *names), (base, *others) = outputs, cast(list[Result], scores["BLEU"])
     print(f"paired bootstrap, {resamples} resamples (95% intervals of each system's mean):")
     print(f"{first:>20}: {base.mean:.3f} ± {base.ci:.3f}")
     for name, result in zip(names, others):

@@ -1,4 +1,4 @@
-"""What each decoding change of the CTranslate2 issue bought: bench/speed.py's ``decode_ablation``.
+"""What each change that brought decoding up to CTranslate2's speed bought: bench/speed.py's ``decode_ablation``.
 
 The current code decodes side by side, in the same rounds, with the same code with one change
 undone (``ABLATIONS``): through the searches' ``drop_finished`` where the core has a setting for it,
@@ -52,7 +52,7 @@ def unpacked():
     return contextlib.nullcontext("unpacked")
 
 
-# Each change of the decoding issue, undone alone (with every other change kept); only where it acts:
+# Each of those changes, undone alone (with every other change kept); only where it acts:
 # the shared cross-attention memory in beam search, dropping ended rows where sentences have budgets of
 # their own (as in real decoding: a * source length + b), the rest everywhere.
 ABLATIONS = {
@@ -86,7 +86,7 @@ def ablation(val_src, n: int, rounds: int, workers: int) -> dict:
             return n
         return run
 
-    contenders = {}
+    contenders: dict = {}
     for change, (searches, budgets, undo) in ABLATIONS.items():
         for search in searches:
             workload = f"{search}, {'own budgets' if budgets else f'{L} steps'}"

@@ -43,9 +43,13 @@ def main() -> None:
     model.config.train.bf16 = False  # the claim is about fp32
     packed = inference.for_decoding
 
+    def as_trained(model, quantize, *rest):
+        """The model itself: its own ``nn.Linear`` layers, not the pre-packed copy."""
+        return model
+
     def decode(name: str, quantize: str = "none", unpacked: bool = False) -> list:
         model.config.decode.quantize = quantize
-        inference.for_decoding = (lambda m, q: m) if unpacked else packed
+        inference.for_decoding = as_trained if unpacked else packed
         try:
             started = time.perf_counter()
             outputs = model.predict(sources)

@@ -13,6 +13,7 @@ and put it first on PYTHONPATH; run the two sides in turn, a few times each:
 """
 import json
 import time
+from typing import Any
 
 import torch
 
@@ -20,7 +21,7 @@ from taskformer.core import decoding, inference
 from taskformer.core.data import pad
 from taskformer.core.model import EOS, ModelConfig, Transformer
 
-SHAPE = dict(vocab_size=8000, d_model=256, n_heads=8, enc_layers=3, dec_layers=3, d_ff=1024, dropout=0.1,
+SHAPE: dict[str, Any] = dict(vocab_size=8000, d_model=256, n_heads=8, enc_layers=3, dec_layers=3, d_ff=1024, dropout=0.1,
              tie_embeddings=False, max_len=128)
 
 
@@ -29,7 +30,7 @@ def sources(n: int = 512) -> list[list[int]]:
     g, out = torch.Generator().manual_seed(1), []
     for _ in range(n):
         length = int(torch.randint(8, 31, (1,), generator=g))
-        out.append(torch.randint(4, SHAPE["vocab_size"], (length,), generator=g).tolist() + [EOS])
+        out.append(torch.randint(4, int(SHAPE["vocab_size"]), (length,), generator=g).tolist() + [EOS])
     return sorted(out, key=len, reverse=True)
 
 

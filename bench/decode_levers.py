@@ -20,7 +20,9 @@ import copy
 import datetime as dt
 import json
 import multiprocessing
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch._inductor.config
@@ -31,11 +33,13 @@ from taskformer.app.resources import keep_freed_memory
 from taskformer.core import decoding, inference
 from taskformer.core.data import pad
 
-_WORK = None  # what a forked worker runs: set before the pool forks, so nothing is pickled but an index
+_WORK: Callable[[int], Any] | None = None  # what a forked worker runs: set before the pool forks, so nothing is
+                                         # pickled but an index
 
 
 def _forked(i: int):
     torch.set_num_threads(1)
+    assert _WORK is not None
     return _WORK(i)
 
 

@@ -92,14 +92,15 @@ def exported_agreement(student, sources: list[str]) -> dict | None:
         a, b, cap = info["decode"]["max_len_a"], info["decode"]["max_len_b"], info["max_input_length"] - 1
         tokens = [tok.encode(s).tokens for s in sources]
         theirs = [""] * len(sources)
-        budgets = {}  # one max_decoding_length per call: sentences of one budget together
+        vocab = tok.get_vocab()
+        budgets: dict[int, list[int]] = {}  # one max_decoding_length per call: sentences of one budget together
         for i, t in enumerate(tokens):
             budgets.setdefault(min(max(int(a * (len(t) + 1) + b), 1), cap), []).append(i)
         for budget, rows in budgets.items():
             results = translator.translate_batch([tokens[i] for i in rows], beam_size=1, max_decoding_length=budget,
                                                  max_input_length=info["max_input_length"])
             for i, r in zip(rows, results):
-                theirs[i] = tok.decode([tok.token_to_id(t) for t in r.hypotheses[0]])
+                theirs[i] = tok.decode([vocab[t] for t in r.hypotheses[0]])
     return {"equal": sum(x == y for x, y in zip(ours, theirs)), "of": len(sources)}
 
 

@@ -1,6 +1,6 @@
 """The classic English->Chinese tutorial's recipe, trained for a time budget and scored like translate-en-zh.
 
-The baseline of issue 15: the widely copied "write your own Transformer" tutorial trains on the
+The baseline for translate-en-zh: the widely copied "write your own Transformer" tutorial trains on the
 same Tatoeba split (``nmt/en-cn``) with a word-level English vocabulary, one token per Chinese
 character, 6+6 layers of d_model 256 (8 heads, FFN 1024, dropout 0.1), batches of 64 sentences
 sorted by English length, Adam with the Noam schedule (factor 1, 2,000 warm-up steps), no label
@@ -41,7 +41,7 @@ WORD = re.compile(r"\w+|[^\w\s]")  # lower-cased words and single punctuation ma
 
 def import_reference(path: Path):
     spec = importlib.util.spec_from_file_location("reference_transformer", path)
-    if spec is None or not path.is_file():
+    if spec is None or spec.loader is None or not path.is_file():
         raise SystemExit(f"{path}: reference Transformer not found (give --reference PATH)")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -173,12 +173,12 @@ def main() -> None:
     model.load_state_dict(best_state)
     model.eval()
     decode_start = time.perf_counter()
-    src, refs = encoded["test"][0], [z for _, z in data["test"]]
-    order = sorted(range(len(src)), key=lambda i: len(src[i]))
-    hyps = [""] * len(src)
+    sources, refs = encoded["test"][0], [z for _, z in data["test"]]
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    hyps = [""] * len(sources)
     for k in range(0, len(order), args.batch_size):
         chunk = order[k : k + args.batch_size]
-        for i, row in zip(chunk, greedy(ref, model, pad([src[i] for i in chunk]), max_len=60)):
+        for i, row in zip(chunk, greedy(ref, model, pad([sources[i] for i in chunk]), max_len=60)):
             hyps[i] = "".join(zh_tokens[t] for t in row if t >= len(SPECIALS))
     scores = translation_metrics(hyps, refs, tokenize="zh")
     result = {

@@ -60,7 +60,7 @@ def main() -> None:
     if runtime["engine"] == "torch":
         return
     lp = model.config.decode.length_penalty
-    searches = [("greedy", {"beam": 1}), (f"beam 5, length_penalty {lp:g}", {"beam": 5}),
+    searches: list[tuple[str, dict]] = [("greedy", {"beam": 1}), (f"beam 5, length_penalty {lp:g}", {"beam": 5}),
                 ("beam 5, length_penalty 0", {"beam": 5, "length_penalty": 0.0})] if searched else [("labels", {})]
     for quantize in ("none", "int8") if args.int8 else ("none",):
         for name, options in searches:

@@ -1,4 +1,4 @@
-"""Issue 18's bad inputs and faults, rebuilt as repro cases and run through the CLI, one subprocess each.
+"""Bad inputs and faults a user meets, rebuilt as repro cases and run through the CLI, one subprocess each.
 
 Every case is data: the command line, what to damage first, and the outcome a user should get. The
 script makes two tiny finished copy runs and copies of the fixture data (tests/data) in a temporary
@@ -43,6 +43,8 @@ TINY_TRANSLATE = [a for o in ["model.d_model=32", "model.n_heads=2", "model.enc_
                               "train.bf16=false", "data.vocab_size=200", "decode.batch_size=8"]
                   for a in ("--set", o)]
 
+Setup = Callable[[Path], object]  # prepares a case's folder; what it returns is ignored
+
 
 @dataclass
 class Case:
@@ -52,7 +54,7 @@ class Case:
     name: str
     expect: str  # "ok" or "error"
     argv: list[str] | str
-    setup: Callable[[Path], None] | None = None  # gets {d}; damages {bad} or writes inputs
+    setup: Setup | None = None  # gets {d}; damages {bad} or writes inputs
     says: str | None = None  # an expected refusal names this
     check: Callable[[Path, str, str], str | None] | None = None  # (d, stdout, stderr) -> what went wrong
     stdin: bytes | None = None
@@ -99,7 +101,7 @@ def string_step(d: Path) -> None:
     edit_json(state, lambda s: s.update(step="5"))
 
 
-def multi30k(d: Path, edit: Callable[[Path], None]) -> None:
+def multi30k(d: Path, edit: Setup) -> None:
     shutil.copytree(DATA / "multi30k", d / "data")
     edit(d / "data")
 
@@ -111,7 +113,7 @@ def add_bom(data: Path) -> None:
         path.write_bytes(gzip.compress(raw) if path.suffix == ".gz" else raw)
 
 
-def runs_root(d: Path, bad: Callable[[Path], None]) -> None:
+def runs_root(d: Path, bad: Setup) -> None:
     """{d}/runs holds a good run and a broken one."""
     shutil.copytree(d.parent / "finished", d / "runs" / "good")
     (d / "runs" / "bad").mkdir()
@@ -226,8 +228,12 @@ def copy_run(*args: str) -> list[str]:
     return ["run", "copy", "--out", "{d}/r", *TINY, *args]
 
 
-def predict_bad(*edits: Callable[[Path], None]) -> Callable[[Path], None]:
-    return lambda d: [edit(d) for edit in edits]
+def in_turn(*edits: Setup) -> Setup:
+    """One setup that makes ``edits`` in turn."""
+    def edit_all(d: Path) -> None:
+        for edit in edits:
+            edit(d)
+    return edit_all
 
 
 # Root ignores a file's mode unless it drops CAP_DAC_OVERRIDE, which setpriv does for the command it starts
@@ -239,7 +245,7 @@ CASES = [
     Case("two runs, one --out", "error", copy_run(), twice=True, says="{d}/r"),
     Case("two runs, default names", "ok", ["run", "copy", *TINY], twice=True, check=two_run_dirs),
     Case("--out at a non-empty folder", "error", ["run", "copy", "--out", "{d}/mine", *TINY],
-         setup=lambda d: ((d / "mine").mkdir(), (d / "mine" / "report.txt").write_text("my notes\n")),
+         setup=in_turn(lambda d: (d / "mine").mkdir(), lambda d: (d / "mine" / "report.txt").write_text("my notes\n")),
          says="mine", check=untouched),
     Case("undecodable stdin to predict", "ok", ["predict", "{run}"], stdin=b"1 2\n\xff\n3 4\n", check=lines_out(3)),
     Case("predict | head -1", "ok", "yes '1 2 3' | head -n 3000 | {tf} predict {run} | head -1", check=lines_out(1)),
@@ -319,9 +325,9 @@ CASES = [
     Case("truncated metrics.jsonl: report", "error", ["report", "{bad}"], says="metrics.jsonl",
          setup=lambda d: truncate(d / "run" / "metrics.jsonl")),
     Case("truncated outputs-test.jsonl: resume", "ok", ["run", "--resume", "{bad}", "--quiet"],
-         setup=lambda d: (unfinish(d), truncate(d / "run" / "outputs-test.jsonl"))),
+         setup=in_turn(unfinish, lambda d: truncate(d / "run" / "outputs-test.jsonl"))),
     Case("truncated metrics.jsonl: resume", "ok", ["run", "--resume", "{bad}", "--quiet"],  # the killed write
-         setup=lambda d: (unfinish(d), truncate(d / "run" / "metrics.jsonl"))),
+         setup=in_turn(unfinish, lambda d: truncate(d / "run" / "metrics.jsonl"))),
     Case("one malformed result.json for runs", "ok", ["runs", "{d}/runs"], check=lists_good,
          setup=lambda d: runs_root(d, lambda p: p.write_text('{"task": "copy", "metric": "x", "info": "no"}'))),
     Case("predict --beam 500", "ok", ["predict", "{run}", "--beam", "500", "1 2 3"], check=lines_out(1)),
@@ -329,10 +335,10 @@ CASES = [
     Case("model.d_model=1e20", "error", copy_run("--set", "model.d_model=1e20"), says="model.d_model"),
     Case("a directory given as a data file", "error",
          ["run", "translate-de-en", "--data-dir", "{d}/data", "--out", "{d}/r", "--quiet", *TINY_TRANSLATE],
-         setup=lambda d: multi30k(d, lambda x: ((x / "val.de").unlink(), (x / "val.de").mkdir())),
+         setup=lambda d: multi30k(d, in_turn(lambda x: (x / "val.de").unlink(), lambda x: (x / "val.de").mkdir())),
          says="not a regular file"),
     Case("new-task copy", "error", ["new-task", "copy", "--dir", "{d}/p"], says="already installed"),
-    # Issue 35: data loss, security, silent wrong results
+    # Data loss, security, silent wrong results
     Case("--out at a Hugging Face model folder", "error", ["run", "copy", "--out", "{d}/hf", *TINY],
          setup=someone_elses, says="hf", check=still_theirs),
     Case("export --overwrite at a folder with a model.bin", "error",
@@ -361,7 +367,8 @@ CASES = [
     Case("predict on a folder that is no run", "error", ["predict", "{d}", "1 2"], says="config.json"),
     Case("eval --split test with no data", "error",
          ["eval", "{d}/r", "--split", "test", "--data-dir", "{d}/empty"],
-         setup=lambda d: (shutil.copytree(d.parent / "translate", d / "r"), (d / "empty").mkdir()), says="empty"),
+         setup=in_turn(lambda d: shutil.copytree(d.parent / "translate", d / "r"), lambda d: (d / "empty").mkdir()),
+         says="empty"),
     Case("predict of a translate run", "ok", ["predict", "{d}/r", "Ein Hund."],
          setup=lambda d: shutil.copytree(d.parent / "translate", d / "r"), check=lines_out(1)),
     Case("truncated model.safetensors", "error", ["predict", "{bad}", "1 2"], says="model.safetensors",
@@ -377,7 +384,7 @@ CASES = [
     Case("export of a run to its own folder", "error", ["export", "{bad}", "--to", "ctranslate2", "{bad}"]),
     Case("empty stdin to predict", "ok", ["predict", "{run}"], stdin=b"", check=lines_out(0)),
     Case("blank and CRLF lines to predict", "ok", ["predict", "{run}"], stdin=b"\r\n\n1 2\r\n", check=lines_out(3)),
-    # Issue 35's last items: report errors that blamed the built-in plugin, what the fuzz tests found, read-only
+    # Report errors that blamed the built-in plugin, what the fuzz tests found, read-only
     Case("result.json metrics as text: report", "error", ["report", "{bad}"], says="result.json: metrics",
          setup=lambda d: edit_json(d / "run" / "result.json", lambda r: r.update(metrics="x"))),
     Case("result.json notes a number: report", "error", ["report", "{bad}"], says="result.json: info.notes",
@@ -385,7 +392,7 @@ CASES = [
     Case("metrics.jsonl event without loss: report", "error", ["report", "{bad}"], says="metrics.jsonl: 'loss'",
          setup=lambda d: (d / "run" / "metrics.jsonl").open("a").write('{"event": "train", "step": 1, "lr": 1}\n')),
     Case("state.json a JSON list: resume", "error", ["run", "--resume", "{bad}", "--quiet"], says="state.json",
-         setup=lambda d: (unfinish(d), [s.write_text("[]") for s in (d / "run" / "checkpoints").glob("*/state.json")])),
+         setup=in_turn(unfinish, lambda d: [s.write_text("[]") for s in (d / "run" / "checkpoints").glob("*/state.json")])),
     Case("config.json data_dir a number: eval", "error", ["eval", "{bad}"], says="config.json",
          setup=lambda d: edit_json(d / "run" / "config.json", lambda c: c.update(data_dir=1))),
     Case("read-only run directory: report", "error", READ_ONLY.format(command="report {bad}"),
@@ -423,7 +430,7 @@ def run_case(case: Case, work: Path, timeout: float) -> dict:
     fill = {"d": d, "run": work / "finished", "other": work / "other", "bad": d / "run", "data": DATA,
             "tf": f"{sys.executable} -m taskformer"}
     shell = isinstance(case.argv, str)
-    command = ["bash", "-c", case.argv.format(**fill)] if shell else \
+    command = ["bash", "-c", case.argv.format(**fill)] if isinstance(case.argv, str) else \
         [sys.executable, "-m", "taskformer", *(a.format(**fill) for a in case.argv)]
     env = {**os.environ, "COLUMNS": "200", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     start = time.monotonic()
@@ -432,13 +439,13 @@ def run_case(case: Case, work: Path, timeout: float) -> dict:
     results = []
     for proc in procs:
         try:
-            out, err = proc.communicate(case.stdin, timeout=max(1.0, timeout - (time.monotonic() - start)))
+            raw_out, raw_err = proc.communicate(case.stdin, timeout=max(1.0, timeout - (time.monotonic() - start)))
             code = proc.returncode
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)  # the shell's pipeline too
-            out, err = proc.communicate()
+            raw_out, raw_err = proc.communicate()
             code = None
-        out, err = out.decode(errors="replace"), err.decode(errors="replace")
+        out, err = raw_out.decode(errors="replace"), raw_err.decode(errors="replace")
         results.append((classify(code, out, err), code, out, err))
     seconds = time.monotonic() - start
     outcomes = sorted(r[0] for r in results)

@@ -1,6 +1,6 @@
 """What an ensemble's members are worth alone: val metrics of each member and of the whole.
 
-The evidence that an ensemble recipe pays (issue 34): the same weights, the same data and the
+The evidence that an ensemble recipe pays: the same weights, the same data and the
 run's own decoding (beam, length penalty), scored with every member alone and all of them
 together. Val only: the recipe is chosen on val, and the test set is decoded once by the run.
 
@@ -12,9 +12,10 @@ import argparse
 import dataclasses
 import json
 import time
+from typing import cast
 
 from taskformer.app import runner
-from taskformer.core.model import Ensemble
+from taskformer.core.model import Ensemble, Transformer
 
 
 def main() -> None:
@@ -27,7 +28,10 @@ def main() -> None:
     if not isinstance(run.model, Ensemble):
         raise SystemExit(f"{args.run}: not an ensemble (model.members=1)")
     rows = []
-    for name, model in [*((f"member {i}", m) for i, m in enumerate(run.model.members)), ("ensemble", run.model)]:
+    members = cast(list[Transformer], list(run.model.members))  # a ModuleList of the networks
+    models: list[tuple[str, Transformer | Ensemble]] = [*((f"member {i}", m) for i, m in enumerate(members)),
+                                                        ("ensemble", run.model)]
+    for name, model in models:
         started = time.perf_counter()
         metrics = runner.evaluate_saved(dataclasses.replace(run, model=model), [args.split])[args.split]
         rows.append({"model": name, **metrics, "seconds": round(time.perf_counter() - started, 1)})

@@ -81,11 +81,11 @@ def example(rng: random.Random) -> tuple[tuple[str, str], str]:
 
 
 def pairs(size: int, seed: int) -> dict[str, list]:
-    rng, rows = random.Random(seed), {}
-    while len(rows) < size:  # each pair once, so that no val or test pair is also a training pair
+    rng, labels = random.Random(seed), dict[tuple[str, str], str]()
+    while len(labels) < size:  # each pair once, so that no val or test pair is also a training pair
         pair, label = example(rng)
-        rows.setdefault(pair, label)
-    rows = list(rows.items())
+        labels.setdefault(pair, label)
+    rows = list(labels.items())
     held = size // 10
     return {"val": rows[:held], "test": rows[held : 2 * held], "train": rows[2 * held :]}
 

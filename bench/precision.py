@@ -40,7 +40,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     variants = {"defaults": [], "train.bf16=false": ["--set", "train.bf16=false"]}
-    speeds = {name: [] for name in variants}
+    speeds: dict[str, list] = {name: [] for name in variants}
     chosen = {}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from nanogpt_race import nanogpt  # noqa: E402
@@ -109,7 +110,7 @@ def main() -> None:
         compiled, compiled_written = our_samples(work / "ours", samples, new, compile=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    result = {"cpu": cpu_name(), "cores": os.cpu_count(), "samples": samples, "ctranslate2_written": ct2_written,
+    result: dict[str, Any] = {"cpu": cpu_name(), "cores": os.cpu_count(), "samples": samples, "ctranslate2_written": ct2_written,
               "taskformer_short_written": short_written, "taskformer_compiled_written": compiled_written,
               "nanogpt_tokens_per_s": samples * new / theirs, "taskformer_tokens_per_s": written / mine,
               "taskformer_written": written, "ctranslate2_tokens_per_s": ct2_written / ct2,

@@ -286,8 +286,8 @@ def main() -> None:
                     "latency through ONNX Runtime races our torch decoder")
     ap.add_argument("--max-tokens", type=int, default=4096, help="taskformer batch size in tokens (real data)")
     ap.add_argument("--before", default="568e46a", metavar="REV",
-                    help="git revision whose core/model.py the training step is compared with (default: before the "
-                         "decoding issue's changes)")
+                    help="git revision whose core/model.py the training step is compared with (default: the last one before "
+                         "the decoding speed-ups)")
     args = ap.parse_args()
     torch.manual_seed(0)
     keep_freed_memory()  # as `taskformer run`, `eval` and `predict` do

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from taskformer import Label
 from taskformer.core.engine import batch_loss
 from taskformer.core.model import Ensemble, ModelConfig, Transformer
 
-SMALL = dict(variant="encoder-only", vocab_size=20, num_classes=3, d_model=16, n_heads=2, enc_layers=1, d_ff=32,
+SMALL: dict[str, Any] = dict(variant="encoder-only", vocab_size=20, num_classes=3, d_model=16, n_heads=2, enc_layers=1, d_ff=32,
              dropout=0.0, max_len=16)
 
 
