@@ -87,9 +87,8 @@ def outputs(run: str) -> dict:
     from taskformer.app.hooks import load_data
     from taskformer.core.checkpoint import read_json
     model = taskformer.load(run)
-    loaded = model._run
-    data = load_data(loaded.task, loaded.config, read_json(loaded.dir / "config.json").get("data_dir"), ["test"],
-                     loaded.tokenizer)
+    data = load_data(model.task, model.config, read_json(model.dir / "config.json").get("data_dir"), ["test"],
+                     model.tokenizer)
     sources, references = zip(*[(row[0], row[-1]) for row in data.splits["test"]])
     result: dict[str, Any] = {"sentences": len(sources)}
     for beam in (1, 5):

@@ -58,7 +58,7 @@ def our_samples(run_dir: Path, samples: int, new: int, compile: bool = False) ->
     started, written = time.perf_counter(), 0
     for seed in range(1, samples + 1):
         out = model.predict([PROMPT], seed=seed, **settings)[0]
-        written += len(model._run.tokenizer.encode(out).ids)
+        written += len(model.tokenizer.encode(out).ids)
     return time.perf_counter() - started, written
 
 
