@@ -151,6 +151,7 @@ def test_without_onnxruntime_auto_uses_torch_and_export_says_what_to_install(cli
     assert result.stderr.strip() == "Error: exporting to ONNX needs the onnxruntime package: pip install taskformer[export]"
 
 
+@pytest.mark.slow  # starts a server process: the full run's, not the quick tier's
 def test_the_server_classifies_with_onnxruntime(cli, runs):
     pytest.importorskip("fastapi", reason="taskformer serve needs the serve extra")
     from test_serve import Server
