@@ -1,4 +1,4 @@
-"""The workload every decoding and training bench shares: bench/speed.py's network (vocabulary 8,000,
+"""The workload every decoding and training bench shares: bench/race/speed.py's network (vocabulary 8,000,
 d_model 256, 3+3 layers, 8 heads, FFN 1024) as taskformer builds it and as the tutorial baseline does
 (imported from ``../shared/bench/reference_transformer.py``, not copied), Multi30k batches, and a
 decode of a fixed number of steps."""

@@ -79,7 +79,7 @@ class Search(DecodeConfig):
     every character that breaks the rule) or ``hard`` (only characters that keep it are allowed).
 
     Defaults: the final rule hard, opposition soft with penalty 1, beam 8, chosen on val pairs of a
-    separate run (bench/couplet_tones.py; the scores are in docs/results.md). Hard opposition is
+    separate run (bench/study/couplet_tones.py; the scores are in docs/results.md). Hard opposition is
     there for whoever wants the guarantee.
     """
 

@@ -1,6 +1,6 @@
 """Run the ``taskformer`` command and kill it with SIGKILL at a chosen point of training.
 
-A seam for the crash tests and ``bench/crash.py`` only: taskformer never imports it, so training
+A seam for the crash tests and ``bench/faults/crash.py`` only: taskformer never imports it, so training
 pays nothing for it. It wraps the trainer's four moments a kill may land in, each by the function
 that does it:
 

@@ -12,7 +12,7 @@ taskformer's own sacreBLEU settings (``tokenize="zh"``, and chrF), against the r
 The model is the reference Transformer in ``../shared/bench/reference_transformer.py``, imported
 from there (``--reference`` names another path), never copied. Run from the repository root:
 
-    python bench/encn_tutorial_recipe.py --minutes 30 --json encn_tutorial.json
+    python bench/study/encn_tutorial_recipe.py --minutes 30 --json encn_tutorial.json
     taskformer run translate-en-zh --data-dir ../shared/datasets/en-cn --time-limit 30   # the other side
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ import importlib.util
 import json
 import random
 import re
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -30,10 +31,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from machine import cpu_name
-from taskformer import find_file, read_tsv, translation_metrics
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: machine.py and workload.py
 
-ROOT = Path(__file__).resolve().parents[1]
+from machine import cpu_name  # noqa: E402
+from taskformer import find_file, read_tsv, translation_metrics  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 SPECIALS = ["PAD", "UNK", "BOS", "EOS"]
 WORD = re.compile(r"\w+|[^\w\s]")  # lower-cased words and single punctuation marks

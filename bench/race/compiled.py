@@ -1,16 +1,16 @@
 """The compiled decoding step (``decode.compile``) against the eager one and against CTranslate2.
 
-    python bench/compiled.py                          # speed: batch 1 and batch 128, 3 rounds
-    python bench/compiled.py --quick                  # a smoke run of the script
-    python bench/compiled.py --quantize int8          # the same rows with int8 (torchao; CTranslate2's int8)
-    python bench/compiled.py --run runs/exp/deen5     # also a trained run: its test outputs, compiled
+    python bench/race/compiled.py                          # speed: batch 1 and batch 128, 3 rounds
+    python bench/race/compiled.py --quick                  # a smoke run of the script
+    python bench/race/compiled.py --quantize int8          # the same rows with int8 (torchao; CTranslate2's int8)
+    python bench/race/compiled.py --run runs/exp/deen5     # also a trained run: its test outputs, compiled
                                                       # against eager, and the cold and warm start of predict
 
-Speed: bench/speed.py's decoding workload (its model shape, Multi30k val sources, every sentence
+Speed: bench/race/speed.py's decoding workload (its model shape, Multi30k val sources, every sentence
 decoded for exactly 24 steps, EOS ignored), taskformer eager (the pre-packed copy the CLI decodes
 with), taskformer compiled, and CTranslate2 on the exported weights, fp32, greedy and beam 5, in
 alternating rounds in this one process, with the same threads (one batch per worker, as
-bench/speed.py races). The first compile of each shape is timed apart (``compile s``).
+bench/race/speed.py races). The first compile of each shape is timed apart (``compile s``).
 
 ``--run``: the run's test sources decoded greedy and beam by ``taskformer.load(...).predict`` with
 and without ``compile=True``: how many outputs differ and each sacreBLEU; then three starts of
@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: machine.py and workload.py
 from machine import alternate, cpu_name  # noqa: E402
 from speed import ctranslate2, ctranslate2_contenders  # noqa: E402
 from taskformer.app.resources import keep_freed_memory  # noqa: E402

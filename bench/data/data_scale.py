@@ -15,7 +15,7 @@ the BPE (the task's vocabulary size) from an iterator and encode both sides to u
 (e) the cache's size against its uint16 token arrays. The same (a), (b) for ``--lm-task`` on
 ``text/`` unless ``--lm-bytes 0``. Prints a table of ratios and writes JSON.
 
-    python bench/data_scale.py /tmp/scale [--pairs 4500000] [--task translate-de-en] [--lm-bytes 1e9]
+    python bench/data/data_scale.py /tmp/scale [--pairs 4500000] [--task translate-de-en] [--lm-bytes 1e9]
 """
 from __future__ import annotations
 
@@ -32,9 +32,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from machine import cpu_name
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: machine.py and workload.py
 
-ROOT = Path(__file__).resolve().parent.parent
+from machine import cpu_name  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "datasets"
 GIB = 2**30
 

@@ -1,4 +1,4 @@
-"""What each change that brought decoding up to CTranslate2's speed bought: bench/speed.py's ``decode_ablation``.
+"""What each change that brought decoding up to CTranslate2's speed bought: bench/race/speed.py's ``decode_ablation``.
 
 The current code decodes side by side, in the same rounds, with the same code with one change
 undone (``ABLATIONS``): through the searches' ``drop_finished`` where the core has a setting for it,
@@ -7,14 +7,18 @@ otherwise by monkeypatching from here.
 from __future__ import annotations
 
 import contextlib
+import sys
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 
 import torch
 
-from machine import alternate, timed
-from taskformer.core import decoding, inference
-from taskformer.core.data import pad
-from workload import L, Transformer, decode_fixed, make_taskformer
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: machine.py and workload.py
+
+from machine import alternate, timed  # noqa: E402
+from taskformer.core import decoding, inference  # noqa: E402
+from taskformer.core.data import pad  # noqa: E402
+from workload import L, Transformer, decode_fixed, make_taskformer  # noqa: E402
 
 
 @contextmanager

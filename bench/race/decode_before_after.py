@@ -1,6 +1,6 @@
 """Decode speed of whichever taskformer is imported, for a before/after comparison of a change.
 
-bench/speed.py's network, seeded random weights, 512 sources of random tokens (lengths 8..30), 24
+bench/race/speed.py's network, seeded random weights, 512 sources of random tokens (lengths 8..30), 24
 steps each (EOS ignored), fp32, the CLI's workers (one batch per thread). Prints one JSON line of
 sentences/s: greedy and beam 5, batch 1 and batch 128. For the "before" side, make a link tree of
 an older commit's worktree (as installed: taskformer/ with core, plugins and tasks linked into it)
@@ -9,7 +9,7 @@ and put it first on PYTHONPATH; run the two sides in turn, a few times each:
     git worktree add /tmp/before REV && mkdir -p /tmp/pkg/taskformer && cp -r /tmp/before/taskformer/* /tmp/pkg/taskformer/
     for d in core plugins tasks; do ln -s /tmp/before/$d /tmp/pkg/taskformer/$d; done
     for r in 1 2 3; do (cd /tmp && PYTHONPATH=/tmp/pkg python $OLDPWD/bench/decode_before_after.py); \
-                       python bench/decode_before_after.py; done
+                       python bench/race/decode_before_after.py; done
 """
 import json
 import time

@@ -1,6 +1,6 @@
 """Does the copy that decodes give the trained model's outputs? Packed layers against `nn.Linear`, and int8.
 
-    python bench/decode_agreement.py RUN_DIR [--split test] [--int8]
+    python bench/study/decode_agreement.py RUN_DIR [--split test] [--int8]
 
 On CPU, `taskformer eval`, `predict`, the Python API and the server decode through a copy of the
 model whose linear layers are pre-packed for oneDNN (``core/inference.py``). Its products round

@@ -1,6 +1,6 @@
 """A command on a busy machine: every core kept busy for the command's first seconds, then left alone.
 
-    python bench/busy.py --seconds 120 -- taskformer run translate-de-en --data-dir DIR --time-limit 5
+    python bench/faults/busy.py --seconds 120 -- taskformer run translate-de-en --data-dir DIR --time-limit 5
 
 Spinning child processes (one per core unless --workers says otherwise) start with the command and
 are stopped after --seconds; the command's own output passes through, and its wall time, the load's
@@ -16,8 +16,11 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from machine import cpu_name
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: machine.py and workload.py
+
+from machine import cpu_name  # noqa: E402
 
 
 def spin() -> None:

@@ -1,7 +1,7 @@
 """`taskformer serve` under load: throughput and latency with dynamic batching against `--max-batch 1`.
 
     taskformer run copy --out runs/copy/bench          # a trained run in about 30 s (any run works)
-    python bench/serve.py runs/copy/bench              # about 9 minutes; --seconds/--soak shorten it
+    python bench/race/serve.py runs/copy/bench              # about 9 minutes; --seconds/--soak shorten it
 
 For each server setting (dynamic batching with the default `--max-batch`, and `--max-batch 1`) it
 starts `taskformer serve` on 127.0.0.1 in a subprocess and runs 1, 8 and 32 concurrent clients for
@@ -22,7 +22,7 @@ load alternate in N parts of SECONDS/N each, the p99s pooling each side's parts,
 slowing down or speeding up during the measurement falls on both sides alike; RSS is then read
 after every part too, which shows whether memory levels off or keeps growing.
 
-    python bench/serve.py runs/copy/bench --hostile 60 --rounds 4      # about 3 minutes
+    python bench/race/serve.py runs/copy/bench --hostile 60 --rounds 4      # about 3 minutes
 
 `--engines LIST` serves the run once per `decode.engine` (e.g. `auto,torch`) and races the raw
 runtime instead: one client's p50 latency against raw CTranslate2's median time for the same
@@ -30,7 +30,7 @@ sentences one at a time (the run's search and budget per sentence, the threads o
 the most clients' throughput against a CTranslate2 loop that decodes all the sentences in batches of
 the server's `--max-batch` (32), each batch's budget its longest sentence's.
 
-    python bench/serve.py runs/copy/bench --engines auto,torch --clients 1,32 --seconds 30 --soak 0
+    python bench/race/serve.py runs/copy/bench --engines auto,torch --clients 1,32 --seconds 30 --soak 0
 
 The clients are aiohttp's, all in this process, and share the machine with the server; each row
 says how much of a core they took (`client_cpu`). They are lean on purpose: httpx's client, used
@@ -57,7 +57,9 @@ from pathlib import Path
 
 import aiohttp
 
-from machine import cpu_name
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: machine.py and workload.py
+
+from machine import cpu_name  # noqa: E402
 
 
 def sentences_of(run_dir: Path, limit: int) -> list[str]:
@@ -71,19 +73,24 @@ def sentences_of(run_dir: Path, limit: int) -> list[str]:
 
 def rss_kib(pid: int) -> int:
     status = Path(f"/proc/{pid}/status").read_text()
-    return int(re.search(r"^VmRSS:\s+(\d+) kB", status, flags=re.M).group(1))
+    found = re.search(r"^VmRSS:\s+(\d+) kB", status, flags=re.M)
+    if not found:
+        raise RuntimeError(f"/proc/{pid}/status gives no VmRSS")
+    return int(found.group(1))
 
 
 class Server:
     def __init__(self, run_dir: Path, *args: str):
         self.process = subprocess.Popen([sys.executable, "-m", "taskformer", "serve", str(run_dir), "--port", "0",
                                          "--max-queue", "100000", *args], stderr=subprocess.PIPE, text=True)
-        line = self.process.stderr.readline()
-        found = re.search(r"http://[\d.]+:\d+", line)
-        if not found:
-            sys.exit(f"the server did not start: {line}{self.process.stderr.read()}")
+        stderr = self.process.stderr
+        assert stderr is not None  # a pipe, as asked
+        line = stderr.readline()
+        found, named = re.search(r"http://[\d.]+:\d+", line), re.search(r"serving (\S+) on", line)
+        if not found or not named:
+            sys.exit(f"the server did not start: {line}{stderr.read()}")
         self.url = found.group(0)
-        self.name = re.search(r"serving (\S+) on", line).group(1)
+        self.name = named.group(1)
 
     def stop(self) -> None:
         self.process.terminate()
@@ -237,7 +244,7 @@ def raw_ctranslate2(run_dir: Path, sentences: list[str], batch: int) -> dict:
     run = runner.load(run_dir)
     d = run.config.decode
     vocab = vocabulary(run.tokenizer, run.model.cfg.vocab_size)
-    ids, _ = encode_sources(run.tokenizer, hooks.normalize(run.task, sentences), run.model.cfg.max_len)
+    ids, _ = encode_sources(run.tokenizer, hooks.normalize(run.task, sentences, run.config), run.model.cfg.max_len)
     tokens = [[vocab[i] for i in row[:-1]] for row in ids]  # the export adds the EOS itself
     budgets = [int(max_lengths(torch.tensor([row]), d.max_len_a, d.max_len_b, run.model.cfg.max_len)[0]) for row in ids]
     options = dict(beam_size=d.beam if d.strategy == "beam" else 1, length_penalty=d.length_penalty,

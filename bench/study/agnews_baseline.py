@@ -4,7 +4,7 @@ It reads the same files through the same parser as ``taskformer run agnews`` and
 rows the Transformer trains on (train minus the seeded validation split), then scores the official
 test set. scikit-learn is a bench-only dependency (``pip install taskformer[bench]``).
 
-    python bench/agnews_baseline.py [--data-dir DIR] [--val-fraction 0.05] [--seed 0]
+    python bench/study/agnews_baseline.py [--data-dir DIR] [--val-fraction 0.05] [--seed 0]
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from sklearn.svm import LinearSVC
 from taskformer.core.errors import TaskformerError
 from taskformer.tasks.agnews import read_csv, split_val
 
-DEFAULT_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets" / "ag_news"
+DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "ag_news"
 
 
 def main() -> None:

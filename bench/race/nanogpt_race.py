@@ -11,9 +11,9 @@ offset (ours cuts the text into consecutive blocks from another offset each epoc
 loss is its own estimate (``--eval_iters`` random blocks of train and of val, every 250 updates),
 ours is over every val block (every 500 updates, the task's default).
 
-    python bench/nanogpt_race.py                      # both modes, the full recipe (minutes)
-    python bench/nanogpt_race.py --iters 20 --mode updates   # a smoke run of the script itself
-    python bench/nanogpt_race.py --mode updates --threads 2
+    python bench/race/nanogpt_race.py                      # both modes, the full recipe (minutes)
+    python bench/race/nanogpt_race.py --iters 20 --mode updates   # a smoke run of the script itself
+    python bench/race/nanogpt_race.py --mode updates --threads 2
 
 ``updates``: the recipe in both, tokens per second of each (training tokens over the seconds of the
 training loop, its evaluations included), their ratio and each val loss. ``wall-clock``: the task's
@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: machine.py and workload.py
 from machine import cpu_name  # noqa: E402
 
 BATCH, BLOCK = 12, 64

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CLI end to end on a GPU machine: install without dependencies (the machine has its own torch),
 # train translate-de-en for MINUTES minutes, then predict and evaluate eager and with the compiled step.
-#   DATA=path/to/multi30k MINUTES=2 OUT=results bash bench/gpu_cli.sh
+#   DATA=path/to/multi30k MINUTES=2 OUT=results bash bench/race/gpu_cli.sh
 export PYTHONUNBUFFERED=1 TASKFORMER_CACHE=/tmp/tfcache TORCHINDUCTOR_CACHE_DIR=/tmp/ind
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || python3 -m pip install -q --no-deps --no-build-isolation --no-index -e .
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT

@@ -4,7 +4,7 @@ against a bare ``python -c pass``, each run as a fresh process, alternating, med
 The installed ``taskformer`` console script is what a user types; it must start in well under a
 second (it imports no torch: tests/test_layers.py checks that).
 
-    python bench/startup.py [--rounds 15]
+    python bench/race/startup.py [--rounds 15]
 """
 from __future__ import annotations
 
@@ -14,8 +14,11 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
-from machine import alternate, cpu_name, timed
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: machine.py and workload.py
+
+from machine import alternate, cpu_name, timed  # noqa: E402
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ folder, runs each case as ``python -m taskformer ...`` with a timeout, and class
                clobbered user file, a BOM learnt as a token, ...)
     misnamed   the refusal, but its line does not name what the case expects (the file, key or option)
 
-    python bench/faults.py [--json FILE] [--timeout 120] [--only NAME ...] [--keep DIR]
+    python bench/faults/faults.py [--json FILE] [--timeout 120] [--only NAME ...] [--keep DIR]
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
-DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
+DATA = Path(__file__).resolve().parents[2] / "tests" / "data"
 TINY = ["--quiet", "--set", "data.train_size=40", "--set", "data.val_size=4", "--set", "data.test_size=4",
         "--set", "train.max_steps=2"]  # tests/conftest.py: a run directory with every file, in seconds
 TINY_TRANSLATE = [a for o in ["model.d_model=32", "model.n_heads=2", "model.enc_layers=1", "model.dec_layers=1",

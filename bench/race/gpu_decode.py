@@ -1,19 +1,19 @@
 """Decoding on a GPU: eager, the compiled static step, the step as a CUDA graph, and CTranslate2.
 
-    python bench/gpu_decode.py --out gpu.json           # on a machine with a CUDA GPU
-    python bench/gpu_decode.py --device cpu --quick     # a smoke run of the script anywhere
+    python bench/race/gpu_decode.py --out gpu.json           # on a machine with a CUDA GPU
+    python bench/race/gpu_decode.py --device cpu --quick     # a smoke run of the script anywhere
 
-bench/speed.py's network (vocabulary 8,000, d_model 256, 3+3 layers, 8 heads, FFN 1024) with its
+bench/race/speed.py's network (vocabulary 8,000, d_model 256, 3+3 layers, 8 heads, FFN 1024) with its
 seeded random weights, fp32. Sources are synthetic: ``--src-len`` random tokens each (Multi30k's
 German sentences average about that many subwords), and every sentence is decoded for exactly
-``--steps`` tokens (EOS ignored), as bench/speed.py races. Contenders, in alternating rounds:
+``--steps`` tokens (EOS ignored), as bench/race/speed.py races. Contenders, in alternating rounds:
 
 - ``eager``: the model as ``predict`` decodes it on a GPU today;
 - ``compiled``: the static-cache step through Inductor's Triton kernels, without CUDA graphs;
 - ``cudagraph``: the same step captured as a CUDA graph (what ``decode.compile`` does on a GPU);
 - ``ctranslate2``: the exported weights on the GPU, where CTranslate2 can use it.
 
-Then the engine choice (bench/engine_race.py): ``decode.engine=auto`` through taskformer's predict
+Then the engine choice (bench/race/engine_race.py): ``decode.engine=auto`` through taskformer's predict
 path (on a GPU: CTranslate2 with CUDA where it has it, else our decoder, and the reason) against raw
 CTranslate2 on the same device and weights, batch 1 and 128, greedy and beam 5, fp32 and int8, with
 natural lengths (a budget of ``--steps`` tokens, EOS ending a sentence sooner). ``--no-engines``
@@ -99,7 +99,7 @@ def ctranslate2_run(translator, src: torch.Tensor, batch: int, steps: int):
 
 
 def engines(model, args, device: torch.device) -> dict | str:
-    """``decode.engine=auto`` against raw CTranslate2 on this device (bench/engine_race.py), or why it cannot run."""
+    """``decode.engine=auto`` against raw CTranslate2 on this device (bench/race/engine_race.py), or why it cannot run."""
     try:
         import ctranslate2  # noqa: F401
     except ImportError:

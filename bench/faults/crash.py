@@ -1,7 +1,7 @@
 """Crash consistency: a training run killed with SIGKILL at random moments resumes to the weights of the
 run that was never killed, and no kill leaves a run directory that cannot be used.
 
-    python bench/crash.py --trials 20 --json crash.json        # a few minutes on 2 cores
+    python bench/faults/crash.py --trials 20 --json crash.json        # a few minutes on 2 cores
 
 It trains one small copy run to the end (the reference; one thread, fp32, so a resumed run must be
 bitwise equal), with evaluations, checkpoints between them and checkpoint averaging, so that every
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-KILLPOINT = Path(__file__).resolve().parent.parent / "tests" / "killpoint.py"
+KILLPOINT = Path(__file__).resolve().parents[2] / "tests" / "killpoint.py"
 MOMENTS = ("update", "evaluation", "averaging", "checkpoint")
 SETTINGS = ["data.train_size=400", "data.val_size=16", "data.test_size=8", "train.epochs=0", "train.max_steps=60",
             "train.eval_every=10", "train.save_every=4", "train.average_last=3", "train.keep_last=2", "train.threads=1",

@@ -2,7 +2,7 @@
 as a whole command (start, data, probe, training, final evaluation, report), its wall time against
 its --time-limit, its test score, and when training began.
 
-    python bench/first_minutes.py --data ../shared/datasets --out runs/first-minutes [--only agnews]
+    python bench/study/first_minutes.py --data ../shared/datasets --out runs/first-minutes [--only agnews]
 
 Journeys (the goals in docs/results.md): translate-de-en 5 minutes, agnews 1 minute, couplet 5
 minutes twice (the second reads its prepared data from the cache). Run it alone on the machine: each
@@ -20,7 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from machine import cpu_name
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: machine.py and workload.py
+
+from machine import cpu_name  # noqa: E402
 
 JOURNEYS = {  # name -> (task, data folder, minutes)
     "translate-de-en": ("translate-de-en", "multi30k", 5),

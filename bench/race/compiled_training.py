@@ -1,9 +1,9 @@
 """A training step through TorchInductor against the eager one: target tokens/s, side by side.
 
-    python bench/compiled_training.py            # 3 rounds of 8 updates each, on real Multi30k batches
-    python bench/compiled_training.py --quick
+    python bench/race/compiled_training.py            # 3 rounds of 8 updates each, on real Multi30k batches
+    python bench/race/compiled_training.py --quick
 
-bench/speed.py's network (the translate-de-en default's shape) and the engine's own update (label
+bench/race/speed.py's network (the translate-de-en default's shape) and the engine's own update (label
 smoothing, clipping, AdamW), in bf16 where bf16 is native and fp32 always. The compiled contender is
 the same model after ``nn.Module.compile(dynamic=True)`` (the batches' lengths vary: one graph for
 all of them, not one per shape); its compile is done in a warm-up over every batch before the
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: machine.py and workload.py
 from machine import alternate, cpu_name, timed  # noqa: E402
 from taskformer.core import precision  # noqa: E402
 from taskformer.core.data import pad, token_batches  # noqa: E402

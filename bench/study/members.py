@@ -4,7 +4,7 @@ The evidence that an ensemble recipe pays: the same weights, the same data and t
 run's own decoding (beam, length penalty), scored with every member alone and all of them
 together. Val only: the recipe is chosen on val, and the test set is decoded once by the run.
 
-    python bench/members.py RUN [--split val] [--json members.json]
+    python bench/study/members.py RUN [--split val] [--json members.json]
 """
 from __future__ import annotations
 

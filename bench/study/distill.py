@@ -21,7 +21,7 @@ and then measures on the same machine:
 Choices (``distill.mix``, the teacher's beam and length penalty, the student's recipe) are made on
 val; test is the student run's own final evaluation, once. Time figures are for an idle machine.
 
-    python bench/distill.py TEACHER --out runs/student [--time-limit 60] [--set distill.mix=true]
+    python bench/study/distill.py TEACHER --out runs/student [--time-limit 60] [--set distill.mix=true]
         [--teacher-set decode.beam=5] [--student DIR] [--rounds 3] [--json FILE]
 """
 from __future__ import annotations

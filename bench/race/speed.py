@@ -4,9 +4,9 @@ Both implementations run in this one process, alternating round by round on the 
 so machine noise hits both alike; the table reports absolute figures and taskformer/baseline
 ratios. The baseline is imported from ``../shared/bench/reference_transformer.py`` (not copied).
 
-    python bench/speed.py                 # full run (several minutes on 2 cores)
-    python bench/speed.py --quick         # reduced workloads and rounds, a few minutes
-    python bench/speed.py --json out.json # also write the figures as JSON
+    python bench/race/speed.py                 # full run (several minutes on 2 cores)
+    python bench/race/speed.py --quick         # reduced workloads and rounds, a few minutes
+    python bench/race/speed.py --json out.json # also write the figures as JSON
 
 Workloads (model shape for all: vocab 8000, d_model 256, 3+3 layers, 8 heads, FFN 1024):
 1. training target tokens/s on a fixed synthetic batch of 128 x 24 tokens;
@@ -64,13 +64,15 @@ except ImportError:  # the race rows need it: pip install taskformer[export]
 from decode_ablation import ablation
 from engine_race import classifier, print_race, race
 
-from machine import alternate, cpu_name, forced_isa, timed
-from taskformer.app.resources import keep_freed_memory
-from taskformer.core import decoding, export, inference, precision
-from taskformer.core.data import pad, token_batches
-from taskformer.core.engine import autocast
-from taskformer.core.tokenize import symbols
-from workload import BOS, CPU, PAD, ROOT, B, L, Transformer, V, decode_fixed, make_reference, make_taskformer, multi30k, ref
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: machine.py and workload.py
+
+from machine import alternate, cpu_name, forced_isa, timed  # noqa: E402
+from taskformer.app.resources import keep_freed_memory  # noqa: E402
+from taskformer.core import decoding, export, inference, precision  # noqa: E402
+from taskformer.core.data import pad, token_batches  # noqa: E402
+from taskformer.core.engine import autocast  # noqa: E402
+from taskformer.core.tokenize import symbols  # noqa: E402
+from workload import BOS, CPU, PAD, ROOT, B, L, Transformer, V, decode_fixed, make_reference, make_taskformer, multi30k, ref  # noqa: E402
 
 
 # -- workloads --------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Two decoding levers measured against what taskformer does (neither adopted; docs/benchmarks.md says why).
 
-    python bench/decode_levers.py [--sentences 60] [--rounds 3] [--json out.json]
+    python bench/race/decode_levers.py [--sentences 60] [--rounds 3] [--json out.json]
 
-bench/speed.py's network (``workload``: d256 3+3, vocabulary 8,000) decodes Multi30k val sources
+bench/race/speed.py's network (``workload``: d256 3+3, vocabulary 8,000) decodes Multi30k val sources
 greedily for exactly 24 steps (EOS ignored), at batch 1 (``--sentences`` sentences one at a time) and
 at batch 128 (1,000 sentences, longest first), in alternating rounds (the median of each):
 
@@ -20,6 +20,7 @@ import copy
 import datetime as dt
 import json
 import multiprocessing
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,11 +28,13 @@ from typing import Any
 import torch
 import torch._inductor.config
 
-import workload
-from machine import alternate, cpu_name, timed
-from taskformer.app.resources import keep_freed_memory
-from taskformer.core import decoding, inference
-from taskformer.core.data import pad
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: machine.py and workload.py
+
+import workload  # noqa: E402
+from machine import alternate, cpu_name, timed  # noqa: E402
+from taskformer.app.resources import keep_freed_memory  # noqa: E402
+from taskformer.core import decoding, inference  # noqa: E402
+from taskformer.core.data import pad  # noqa: E402
 
 _WORK: Callable[[int], Any] | None = None  # what a forked worker runs: set before the pool forks, so nothing is
                                          # pickled but an index

@@ -14,7 +14,7 @@ each training seed, and the val and test accuracy of each are printed side by si
 each run made (``--time-limit`` is wall time: the two encodings take turns going first; ``--steps``
 gives both the same updates).
 
-    python bench/pairs.py [--time-limit 3 | --steps N] [--seeds 0 1 2] [--size 6000] [--out DIR]
+    python bench/study/pairs.py [--time-limit 3 | --steps N] [--seeds 0 1 2] [--size 6000] [--out DIR]
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ training throughput each run records (target tokens/s, from ``result.json``). Wh
 native the two runs train the same way and the ratio should be ~1.0; where it is native, bf16 should
 win clearly.
 
-    python bench/precision.py [--data-dir ../shared/datasets/multi30k] [--steps 20] [--rounds 2]
+    python bench/race/precision.py [--data-dir ../shared/datasets/multi30k] [--steps 20] [--rounds 2]
 """
 from __future__ import annotations
 
@@ -20,10 +20,12 @@ from pathlib import Path
 
 import torch
 
-from machine import cpu_name, forced_isa
-from taskformer.core import precision
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: machine.py and workload.py
 
-ROOT = Path(__file__).resolve().parents[1]
+from machine import cpu_name, forced_isa  # noqa: E402
+from taskformer.core import precision  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(data_dir: Path, steps: int, extra: list[str], out: Path) -> dict:

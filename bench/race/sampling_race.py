@@ -1,7 +1,7 @@
 """Sampling speed at batch 1: taskformer against nanoGPT's ``sample.py`` and CTranslate2's generator.
 
-    python bench/sampling_race.py              # 5 samples of 500 characters each, per contender
-    python bench/sampling_race.py --quick      # a smoke run of the script
+    python bench/race/sampling_race.py              # 5 samples of 500 characters each, per contender
+    python bench/race/sampling_race.py --quick      # a smoke run of the script
 
 The same network shape on both sides: nanoGPT's CPU recipe (4 layers, 4 heads, width 128, context
 64), each trained for a few updates only (speed does not depend on the weights; ours 300, so that
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: machine.py and workload.py
 from nanogpt_race import nanogpt  # noqa: E402
 
 from machine import cpu_name  # noqa: E402

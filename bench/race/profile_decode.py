@@ -1,7 +1,7 @@
 """Where a decode's time goes: torch's profiler over one of bench/workload.py's decoding workloads.
 
-    python bench/profile_decode.py                      # greedy and beam 5, batch 128 and batch 1, fp32
-    python bench/profile_decode.py --quantize int8 --rows 12
+    python bench/race/profile_decode.py                      # greedy and beam 5, batch 128 and batch 1, fp32
+    python bench/race/profile_decode.py --quantize int8 --rows 12
 
 The bench's network (d256 3+3, vocabulary 8,000) decodes Multi30k val sources for exactly 24 steps
 (EOS ignored), through the copy that taskformer decodes with, on one thread: one batch of 128
@@ -12,15 +12,19 @@ counts most at batch 1.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-import workload
-from taskformer.app.resources import keep_freed_memory
-from taskformer.core import inference
-from taskformer.core.data import pad
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: machine.py and workload.py
+
+import workload  # noqa: E402
+from taskformer.app.resources import keep_freed_memory  # noqa: E402
+from taskformer.core import inference  # noqa: E402
+from taskformer.core.data import pad  # noqa: E402
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Do the engines give our decoder's outputs? CTranslate2 or ONNX Runtime against torch, search by search.
 
-    python bench/engine_agreement.py RUN_DIR [--split test] [--limit N] [--int8]
-    python bench/engine_agreement.py RUN_DIR --inputs FILE    # one source per line, no references
+    python bench/study/engine_agreement.py RUN_DIR [--split test] [--limit N] [--int8]
+    python bench/study/engine_agreement.py RUN_DIR --inputs FILE    # one source per line, no references
 
 Decodes the sources of the run's ``outputs-SPLIT.jsonl`` with ``decode.engine=torch`` and with the
 run's runtime (CTranslate2 for a search, ONNX Runtime for a classifier or tagger), in fp32, through

@@ -1,10 +1,10 @@
 """The engines' race: ``decode.engine=auto`` through taskformer's predict path against the raw runtime.
 
-    python bench/engine_race.py                      # the search race (bench/speed.py's network), a few minutes
-    python bench/engine_race.py --quick              # tiny: checks that it runs
-    python bench/engine_race.py --classifier RUN     # also a classifier run: ONNX Runtime against torch
+    python bench/race/engine_race.py                      # the search race (bench/race/speed.py's network), a few minutes
+    python bench/race/engine_race.py --quick              # tiny: checks that it runs
+    python bench/race/engine_race.py --classifier RUN     # also a classifier run: ONNX Runtime against torch
 
-1. Search: bench/speed.py's network (untrained, vocabulary 8,000, d_model 256, 3+3 layers) as a copy
+1. Search: bench/race/speed.py's network (untrained, vocabulary 8,000, d_model 256, 3+3 layers) as a copy
    run held in memory, its Multi30k val sources as texts of synthetic tokens. ``auto`` decodes them
    through ``runner.predict`` (what ``taskformer predict``, the Python API and the server call:
    normalizing, tokenizing, batching by length, the runtime, detokenizing) and raw CTranslate2 decodes
@@ -16,7 +16,7 @@
    ``predict`` call per test sentence) with ``decode.engine=onnxruntime`` and ``torch``, and the share
    of the run's test sentences whose labels agree.
 
-``--device cuda`` runs the search race on the GPU (CTranslate2 built with CUDA; bench/gpu_decode.py
+``--device cuda`` runs the search race on the GPU (CTranslate2 built with CUDA; bench/race/gpu_decode.py
 calls it). The machine should be quiet: the figures are timings.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ from taskformer.core.tokenize import symbols
 from taskformer.plugins.manager import plugins
 from taskformer.plugins.run import Run
 
-BUDGET = 24  # tokens per output, as bench/speed.py's decoding rows
+BUDGET = 24  # tokens per output, as bench/race/speed.py's decoding rows
 
 
 def copy_run(model, vocab: int, device: str) -> Run:
@@ -173,7 +173,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cpu or cuda (CTranslate2 built with CUDA)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: workload.py
     from machine import cpu_name
     from workload import V, make_taskformer, multi30k
 

@@ -9,8 +9,8 @@ defaults, vocabulary 10,000) on synthetic batches of ``--max-tokens`` target tok
 length changes every update, as token-based batching does, and reports seconds per update, minor
 page faults per update and its peak resident memory.
 
-    python bench/allocator.py                       # 3 rounds of 20 updates: about 3 minutes on 2 cores
-    python bench/allocator.py --rounds 5 --steps 30 --json out.json
+    python bench/race/allocator.py                       # 3 rounds of 20 updates: about 3 minutes on 2 cores
+    python bench/race/allocator.py --rounds 5 --steps 30 --json out.json
 """
 from __future__ import annotations
 
@@ -26,14 +26,16 @@ from pathlib import Path
 
 import torch
 
-from machine import cpu_name  # bench/ is on the path when a script here runs
-from taskformer.app.resources import keep_freed_memory
-from taskformer.core import config as C
-from taskformer.core.arrays import Ragged
-from taskformer.core.data import Encoded
-from taskformer.core.engine import TrainConfig, Trainer
-from taskformer.core.model import ModelConfig, Transformer
-from taskformer.plugins.manager import plugins
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: machine.py and workload.py
+
+from machine import cpu_name  # bench/ is on the path when a script here runs  # noqa: E402
+from taskformer.app.resources import keep_freed_memory  # noqa: E402
+from taskformer.core import config as C  # noqa: E402
+from taskformer.core.arrays import Ragged  # noqa: E402
+from taskformer.core.data import Encoded  # noqa: E402
+from taskformer.core.engine import TrainConfig, Trainer  # noqa: E402
+from taskformer.core.model import ModelConfig, Transformer  # noqa: E402
+from taskformer.plugins.manager import plugins  # noqa: E402
 
 VOCAB = 10_000
 

@@ -6,9 +6,9 @@ row scores the human second lines as if they were outputs: how often the referen
 The data is read once; each setting then costs one decoding pass (``taskformer eval RUN --set ...``
 gives the same figures, one setting per call).
 
-    python bench/couplet_tones.py RUN_DIR [--split val] [--penalties 1 2 4] [--finals hard] [--beam 8]
-    python bench/couplet_tones.py RUN_DIR --split test --samples 20   # rules off vs the run's, side by side
-    python bench/couplet_tones.py RUN_DIR --split test --paired 1000  # is the BLEU gap larger than chance?
+    python bench/study/couplet_tones.py RUN_DIR [--split val] [--penalties 1 2 4] [--finals hard] [--beam 8]
+    python bench/study/couplet_tones.py RUN_DIR --split test --samples 20   # rules off vs the run's, side by side
+    python bench/study/couplet_tones.py RUN_DIR --split test --paired 1000  # is the BLEU gap larger than chance?
 
 ``--paired N`` decodes the whole split with the rules off and as the run decodes, and compares their
 char BLEU by sacrebleu's paired bootstrap (N resamples of the pairs): a gap well inside the 95%
