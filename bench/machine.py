@@ -36,7 +36,7 @@ def timed(fn, *args) -> float:
 def alternate(contenders: dict, work, rounds: int) -> dict:
     """Run ``work(name, contender)`` (which returns seconds) for each contender in turn, ``rounds``
     times; the median seconds of each."""
-    times = {name: [] for name in contenders}
+    times: dict = {name: [] for name in contenders}
     for _ in range(rounds):
         for name, c in contenders.items():
             times[name].append(work(name, c))

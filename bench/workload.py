@@ -1,4 +1,4 @@
-"""The workload every decoding and training bench shares: bench/speed.py's network (vocabulary 8,000,
+"""The workload every decoding and training bench shares: bench/race/speed.py's network (vocabulary 8,000,
 d_model 256, 3+3 layers, 8 heads, FFN 1024) as taskformer builds it and as the tutorial baseline does
 (imported from ``../shared/bench/reference_transformer.py``, not copied), Multi30k batches, and a
 decode of a fixed number of steps."""
@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +18,8 @@ sys.path.insert(0, str(SHARED / "bench"))
 import reference_transformer as ref  # noqa: E402
 
 from taskformer.core import decoding  # noqa: E402
-from taskformer.core.data import encode_sources, read_parallel  # noqa: E402
+from taskformer.core.arrays import Ragged  # noqa: E402
+from taskformer.core.data import Encoded, encode_sources, read_parallel  # noqa: E402
 from taskformer.core.engine import Trainer  # noqa: E402
 from taskformer.core.model import BOS, EOS, PAD, Transformer  # noqa: E402
 from taskformer.core.model_config import ModelConfig  # noqa: E402
@@ -50,12 +52,13 @@ def make_reference():
 def make_taskformer(bf16: bool, module=None):
     """taskformer's network and the engine's training step; ``module``: another version of core/model.py."""
     torch.manual_seed(0)
-    shape = dict(vocab_size=V, d_model=D, n_heads=HEADS, enc_layers=LAYERS, dec_layers=LAYERS, d_ff=FF, dropout=0.1,
-                 tie_embeddings=False, max_len=128)
+    shape: dict[str, Any] = dict(vocab_size=V, d_model=D, n_heads=HEADS, enc_layers=LAYERS, dec_layers=LAYERS, d_ff=FF,
+                                 dropout=0.1, tie_embeddings=False, max_len=128)
     module = module or sys.modules[Transformer.__module__]
     model = module.Transformer(module.ModelConfig(**shape))
     model.cfg = ModelConfig(**shape)  # the same values; an older model's config may lack what today's engine reads
-    trainer = Trainer(model, TrainConfig(bf16=bf16, lr=1e-4, warmup=0), train=None, evaluate=dict,
+    no_data = Encoded(Ragged.of([]), Ragged.of([]))  # the step is called directly, never fit()
+    trainer = Trainer(model, TrainConfig(bf16=str(bf16).lower(), lr=1e-4, warmup=0), train=no_data, evaluate=dict,
                       select=("loss", False), run_dir=Path("."), device=CPU)
 
     def step(src, tgt):  # the engine's own update: label-smoothed loss, clipping, AdamW, schedule

@@ -75,8 +75,8 @@ class Compiled(nn.Module):
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_folder()))
         if options is None and backend == "inductor":
             # CPU: Inductor's C++ wrapper calls the kernels without Python; freezing folds the weights into
-            # the graph as constants, packed once for oneDNN (bench/compiled.py measured both).
-            # GPU: a CUDA graph replays the step's kernels in one launch (bench/gpu_decode.py).
+            # the graph as constants, packed once for oneDNN (bench/race/compiled.py measured both).
+            # GPU: a CUDA graph replays the step's kernels in one launch (bench/race/gpu_decode.py).
             options = {"triton.cudagraphs": True} if self.gpu else {"cpp_wrapper": True, "freezing": True}
         self._step: Callable[..., torch.Tensor] | None = torch.compile(model.decode, fullgraph=True, backend=backend,
                                                                        options=options)

@@ -50,6 +50,11 @@ class Model:
         return self._run.dir
 
     @property
+    def tokenizer(self):
+        """The run's ``tokenizers.Tokenizer``: ``model.tokenizer.encode(text).ids`` counts what a text costs."""
+        return self._run.tokenizer
+
+    @property
     def network(self) -> torch.nn.Module:
         """The trained network (a ``taskformer`` Transformer or ensemble), for scores of your own:
         ``model.network(src)`` gives a decoder-only model's next-token logits ``(B, L, vocab)``."""

@@ -79,7 +79,7 @@ class Search(DecodeConfig):
     every character that breaks the rule) or ``hard`` (only characters that keep it are allowed).
 
     Defaults: the final rule hard, opposition soft with penalty 1, beam 8, chosen on val pairs of a
-    separate run (bench/couplet_tones.py; the scores are in docs/results.md). Hard opposition is
+    separate run (bench/study/couplet_tones.py; the scores are in docs/results.md). Hard opposition is
     there for whoever wants the guarantee.
     """
 
@@ -102,7 +102,7 @@ TASK = Task(
     examples=("春风送暖入屠苏", "海阔凭鱼跃", "一帆风顺年年好"),
     higher_is_better=True,
     defaults={
-        # Sized for a 2-core CPU, chosen at equal time (docs/results.md, "Model size on both cores").
+        # Sized for a 2-core CPU, chosen at equal time (docs/archive/results-2026-11.md, "Model size on both cores").
         # bf16 where it is native (the engine's auto): more updates an hour at the same val loss per
         # update; fp32 elsewhere. A patience of 40 evaluations: the greedy char BLEU that selects
         # checkpoints is noisy from one evaluation to the next while the val loss still falls, and

@@ -83,8 +83,8 @@ def register():
 
 def task_data(task: str, data_dir, *overrides: str):
     """What ``task``'s data hook returns for ``data_dir`` under ``--set`` overrides, checked by the runner."""
-    from taskformer.app.prepare import make_config
     from taskformer.app.hooks import load_data
+    from taskformer.app.prepare import make_config
 
     declared = plugins().task(task)
     return load_data(declared, make_config(declared, None, list(overrides), None), data_dir)

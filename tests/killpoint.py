@@ -1,6 +1,6 @@
 """Run the ``taskformer`` command and kill it with SIGKILL at a chosen point of training.
 
-A seam for the crash tests and ``bench/crash.py`` only: taskformer never imports it, so training
+A seam for the crash tests and ``bench/faults/crash.py`` only: taskformer never imports it, so training
 pays nothing for it. It wraps the trainer's four moments a kill may land in, each by the function
 that does it:
 
@@ -53,7 +53,7 @@ class Points:
     def __init__(self, target: tuple[str, int, int | object, int] | None):
         self.target = target  # moment, occurrence, event number or function, which call of the function
         self.seen = {moment: 0 for moment in MOMENTS}
-        self.events = {moment: [] for moment in MOMENTS}  # events of each finished occurrence
+        self.events: dict[str, list] = {moment: [] for moment in MOMENTS}  # events of each finished occurrence
         self.stack: list[list] = []  # [moment, occurrence, step, events, calls of the target] of those entered
 
     def kill(self, where: str) -> None:
@@ -68,7 +68,7 @@ class Points:
     def profile(self, frame, event, arg) -> None:
         top = self.stack[-1]
         top[3] += 1
-        if not self.aimed():
+        if self.target is None or not self.aimed():
             return
         at, call = self.target[2:]
         if (event == "c_call" and arg is at) or (event == "call" and frame.f_code is getattr(at, "__code__", None)):

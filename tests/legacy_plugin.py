@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from taskformer import Task, TaskData, greedy, hookimpl, option, symbols
 
-HEARD = set()
+HEARD: set[str] = set()
 SMALL = dict(d_model=32, n_heads=2, enc_layers=1, dec_layers=1, d_ff=64, dropout=0.0, max_len=16)
 
 

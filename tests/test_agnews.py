@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 from taskformer import Label
-from taskformer.app import hooks, runner
-from taskformer.app.prepare import make_config
+from taskformer.app import hooks
 from taskformer.app.cli import main
+from taskformer.app.prepare import make_config
 from taskformer.plugins.manager import plugins
 
 pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's

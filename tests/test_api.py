@@ -4,6 +4,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from tokenizers import Tokenizer
 
 import taskformer
 from conftest import run_cli
@@ -40,6 +41,13 @@ def test_predict_matches_the_command_line_and_prints_nothing(workdir, capsys):
     cli = run_cli("predict", str(run_dir), "--beam", "1", input="\n".join(texts) + "\n")
     assert cli.returncode == 0 and cli.stdout.splitlines() == ours
     assert model.predict([]) == []
+
+
+def test_the_tokenizer_is_the_runs_own(finished):
+    run_dir = finished  # a tiny run: the tokenizer does not depend on how well its model learnt
+    text = "3 1 4 1 5 9 2 6"
+    own = Tokenizer.from_file(str(run_dir / "tokenizer.json")).encode(text).ids
+    assert taskformer.load(run_dir).tokenizer.encode(text).ids == own and own
 
 
 @pytest.mark.parametrize("call, message", [

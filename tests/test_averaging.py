@@ -1,4 +1,5 @@
-"""Checkpoint averaging: the mean itself, `train.average_last` in a run, `eval --average`, resume (DDP: tests/test_cooldown.py)."""
+"""Checkpoint averaging: the mean itself, `train.average_last` in a run, `eval --average`, resume
+(DDP: tests/test_cooldown.py)."""
 import json
 import shutil
 

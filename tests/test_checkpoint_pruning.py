@@ -10,7 +10,8 @@ from conftest import TINY
 pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
 
 # Four updates, a checkpoint after each, the newest two kept: a resume from step 3 writes step 4 and prunes.
-FOUR = [*TINY, "--set", "train.epochs=4", "--set", "train.max_steps=4", "--set", "train.save_every=1", "--set", "train.keep_last=2"]
+FOUR = [*TINY, "--set", "train.epochs=4", "--set", "train.max_steps=4", "--set", "train.save_every=1",
+        "--set", "train.keep_last=2"]
 
 
 @pytest.fixture(scope="module")

@@ -5,16 +5,16 @@ from __future__ import annotations
 import copy
 import json
 import os
+from typing import Any
 
 import pytest
 import torch
 
+from conftest import run_cli
 from taskformer.core import compiled, decoding, inference
 from taskformer.core.decoding import DecodeConfig
 from taskformer.core.model import PAD, Ensemble, Transformer
 from taskformer.core.model_config import ModelConfig
-
-from conftest import TINY, run_cli
 
 pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
 
@@ -24,7 +24,7 @@ V = 24
 def network(variant: str, seed: int = 0) -> Transformer:
     """An untrained network made opinionated (larger weights: peaked, varied next-token choices)."""
     torch.manual_seed(seed)
-    layers = {"enc_layers": 1} if variant == "encoder-decoder" else {}
+    layers: dict[str, Any] = {"enc_layers": 1} if variant == "encoder-decoder" else {}
     net = Transformer(ModelConfig(variant=variant, vocab_size=V, d_model=16, n_heads=2, dec_layers=2, d_ff=32,
                                   dropout=0.0, max_len=40, tie_embeddings=False, **layers)).eval()
     with torch.no_grad():

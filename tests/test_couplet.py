@@ -6,16 +6,15 @@ import json
 import random
 import shutil
 import unicodedata
+from dataclasses import replace
 
 import pytest
 import torch
 
-from dataclasses import replace
-
 from taskformer import EOS, UNK, characters
 from taskformer.app import runner
-from taskformer.app.prepare import make_config
 from taskformer.app.hooks import build_model, decode_texts, load_data, score
+from taskformer.app.prepare import make_config
 from taskformer.plugins.manager import plugins
 from taskformer.tasks.couplet import FREE, LEVEL, OBLIQUE, form_constraint, tone, tone_checks, tone_targets
 

@@ -12,20 +12,27 @@ import json
 import re
 from pathlib import Path
 
+import decode_options_plugin
 import pytest
 import torch
+from test_language_model import train_lm
 from tokenizers import Tokenizer
 
 from taskformer import BOS, PAD, UNK, DataError, DecodeConfig, TaskformerError, encode_sources, read_tsv, search
 from taskformer.plugins.manager import plugins
 from taskformer.testing import cli, run_task
 
-import decode_options_plugin
-from test_language_model import lm  # noqa: F401 -- its tiny language model, a fixture of that module
-
 pytestmark = pytest.mark.slow  # trains, serves or starts processes: the full run's, not the quick tier's
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    """tests/test_language_model.py's tiny language model."""
+    return train_lm(tmp_path_factory)
+
+
 TINY = {"model.d_model": 32, "model.n_heads": 2, "model.enc_layers": 1, "model.dec_layers": 1, "model.d_ff": 64,
         "model.max_len": 16, "train.bf16": False}
 # The server process registers the fixture plugins, as the in-process tests do.

@@ -1,9 +1,8 @@
 """Search: cached and uncached decoding agree, beam 1 is greedy, limits and constraints hold."""
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-import pytest
 
 from taskformer import hookimpl
 from taskformer.core import decoding, inference

@@ -9,10 +9,10 @@ import math
 from pathlib import Path
 
 import pytest
+from test_hostile import one_error
 
 import taskformer
 from conftest import run_cli
-from test_hostile import one_error
 
 pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
 
@@ -159,7 +159,8 @@ def test_a_classifier_student_learns_its_teachers_label_distribution(classifier,
     gap = sum(abs(float(p) - t[label]) for (label, p), t in zip(student, taught)) / len(rows)
     assert gap < 0.1  # as unsure as its teacher, where a student of one-hot labels would grow nearly sure
     info = json.loads((out / "result.json").read_text())["info"]
-    assert info["distill"]["teacher_search"] == {"strategy": "distribution", "temperature": 1.0} and info["distill"]["teacher_members"] == 2
+    assert info["distill"]["teacher_search"] == {"strategy": "distribution", "temperature": 1.0}
+    assert info["distill"]["teacher_members"] == 2
     report = " ".join((out / "report.txt").read_text().replace("│", " ").split())  # as one line, unwrapped
     assert "(2 members): its label distributions for the 152 train sources" in report
 

@@ -112,3 +112,40 @@ def test_the_reference_gives_the_signature_of_every_public_helper_the_tutorial_n
         assert f"#### `{name}(" in DOC.split(MARKER)[1], name
     assert "#### `read_tsv(path: str | Path, columns: int = 2) -> list[tuple[str, ...]]`" in DOC
     assert "#### `option(default: Any, help: str, *, at_least: float | None = None, " in DOC  # keyword-only marked
+
+
+PACKAGE = ["core", "plugins", "tasks", "taskformer"]
+
+
+def test_the_architecture_names_every_module():
+    """docs/architecture.md says what each module is for: a new module is named there too."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    modules = [path for folder in PACKAGE for path in (ROOT / folder).rglob("*.py")
+               if path.name != "__init__.py" and "scaffold" not in path.parts]
+    missing = [str(path.relative_to(ROOT)) for path in modules
+               if f"`{path.name}`" not in text and f"`{path.stem}`" not in text and f"/{path.name}`" not in text]
+    assert not missing, f"docs/architecture.md does not name: {missing}"
+
+
+def linked_files(text: str, base: Path) -> list[tuple[str, Path]]:
+    """The files that a markdown text's relative links name (anchors dropped), as paths from ``base``."""
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    return [(link, base / link.split("#")[0]) for link in links
+            if not re.match(r"[a-z]+:", link) and not link.startswith("#")]
+
+
+def test_every_relative_link_in_the_docs_names_a_file_that_exists():
+    broken = [f"{page.relative_to(ROOT)}: {link}" for page in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]
+              for link, target in linked_files(page.read_text(encoding="utf-8"), page.parent) if not target.exists()]
+    assert not broken, broken
+
+
+def test_every_bench_script_the_docs_and_code_name_exists():
+    """A moved or renamed bench script is named by its new path everywhere but the archive, whose commands are
+    kept as they were run."""
+    named = re.compile(r"(?<![\w/.])bench/[a-z0-9_/]+\.(?:py|sh)")  # a real path, not bench/KIND/SCRIPT.py
+    pages = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / ".ci").rglob("*"),
+             *(path for folder in [*PACKAGE, "tests", "bench"] for path in (ROOT / folder).rglob("*.py"))]
+    missing = sorted({f"{page.relative_to(ROOT)}: {path}" for page in pages if page.is_file()
+                      for path in named.findall(page.read_text(encoding="utf-8")) if not (ROOT / path).exists()})
+    assert not missing, missing

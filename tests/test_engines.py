@@ -291,6 +291,7 @@ def test_a_language_models_greedy_continuations_equal_ours(cli, lm):
 
 @needs_ct2
 @pytest.mark.parametrize("engine", ["torch", "ctranslate2"])
+@pytest.mark.slow  # starts a server process: the full run's, not the quick tier's
 def test_the_server_decodes_with_the_engine_and_says_so(cli, copy_run, lm, engine):
     pytest.importorskip("fastapi", reason="taskformer serve needs the serve extra")
     from test_serve import Server

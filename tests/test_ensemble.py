@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
+from test_agnews import LABELS, TINY
 
 import taskformer
 from taskformer import Label
@@ -14,9 +16,7 @@ from taskformer.core.loss import batch_loss
 from taskformer.core.model import Ensemble, Transformer
 from taskformer.core.model_config import ModelConfig
 
-from test_agnews import LABELS, TINY
-
-SMALL = dict(variant="encoder-only", vocab_size=20, num_classes=3, d_model=16, n_heads=2, enc_layers=1, d_ff=32,
+SMALL: dict[str, Any] = dict(variant="encoder-only", vocab_size=20, num_classes=3, d_model=16, n_heads=2, enc_layers=1, d_ff=32,
              dropout=0.0, max_len=16)
 
 

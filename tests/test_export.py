@@ -58,7 +58,8 @@ def ct2_greedy(model_dir: Path, texts: list[str], compute_type: str) -> list[str
                                          max_decoding_length=info["decode"]["max_len_b"],
                                          max_input_length=info["max_input_length"],
                                          disable_unk=True, suppress_sequences=[["[PAD]"], ["[BOS]"]])
-    return [tok.decode([tok.token_to_id(t) for t in r.hypotheses[0]]) for r in results]
+    vocab = tok.get_vocab()
+    return [tok.decode([vocab[t] for t in r.hypotheses[0]]) for r in results]
 
 
 def assert_same_greedy(cli, run: Path, out: Path) -> None:

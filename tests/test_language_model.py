@@ -26,12 +26,17 @@ TINY = {"model.d_model": 32, "model.n_heads": 2, "model.dec_layers": 1, "model.d
         "train.max_tokens": 64, "train.warmup": 5, "train.bf16": False, "decode.max_new_tokens": 24}
 
 
-@pytest.fixture(scope="module")
-def lm(tmp_path_factory):
+def train_lm(tmp_path_factory):
+    """A tiny shakespeare-char run on TEXT (seconds of training): its run directory."""
     data = tmp_path_factory.mktemp("text")
     (data / "input.txt").write_text(TEXT, encoding="utf-8")
     return run_task("shakespeare-char", tmp_path_factory.mktemp("runs") / "lm", data_dir=data, steps=12,
                     settings=TINY)
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    return train_lm(tmp_path_factory)
 
 
 def predicted(run_dir, *args, prompt="Citizen:"):

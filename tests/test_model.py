@@ -1,4 +1,6 @@
 """The Transformer through its model API: shapes, masks, ties, and the two variants."""
+from typing import Any
+
 import pytest
 import torch
 
@@ -8,7 +10,7 @@ from taskformer.core.model_config import ModelConfig
 
 def small(**kw) -> Transformer:
     torch.manual_seed(0)
-    cfg = dict(vocab_size=20, d_model=32, n_heads=4, enc_layers=2, dec_layers=2, d_ff=64, dropout=0.0, max_len=40)
+    cfg: dict[str, Any] = dict(vocab_size=20, d_model=32, n_heads=4, enc_layers=2, dec_layers=2, d_ff=64, dropout=0.0, max_len=40)
     cfg.update(kw)
     return Transformer(ModelConfig(**cfg)).eval()
 

@@ -15,9 +15,9 @@ from click.testing import CliRunner
 import taskformer
 from taskformer.app.cli import main
 from taskformer.core import onnx_export
-from taskformer.core.model_config import ModelConfig
 from taskformer.core.export import ExportError
 from taskformer.core.model import Transformer
+from taskformer.core.model_config import ModelConfig
 from taskformer.core.tokenize import symbols
 from taskformer.plugins.manager import plugins
 
@@ -151,6 +151,7 @@ def test_without_onnxruntime_auto_uses_torch_and_export_says_what_to_install(cli
     assert result.stderr.strip() == "Error: exporting to ONNX needs the onnxruntime package: pip install taskformer[export]"
 
 
+@pytest.mark.slow  # starts a server process: the full run's, not the quick tier's
 def test_the_server_classifies_with_onnxruntime(cli, runs):
     pytest.importorskip("fastapi", reason="taskformer serve needs the serve extra")
     from test_serve import Server

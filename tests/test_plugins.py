@@ -2,10 +2,10 @@
 import json
 from pathlib import Path
 
+import legacy_plugin
 import pytest
 import torch
 
-import legacy_plugin
 from conftest import run_cli
 from taskformer import Task, TaskData, hookimpl, symbols
 

@@ -44,7 +44,9 @@ def in_chromium(report, probe: str, tmp_path):
                           "--disable-background-networking", "--disable-component-update", "--disable-sync",
                           f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.as_uri()],
                          capture_output=True, text=True, timeout=120).stdout
-    return json.loads(re.search(r"<title>(.*?)</title>", dom, flags=re.S).group(1).replace("&quot;", '"'))
+    title = re.search(r"<title>(.*?)</title>", dom, flags=re.S)
+    assert title, dom
+    return json.loads(title.group(1).replace("&quot;", '"'))
 
 
 def test_report_html_plots_render_as_visible_images_in_chromium(finished_run, tmp_path):

@@ -58,7 +58,7 @@ def test_run_killed_mid_epoch_resumes_to_the_same_weights_and_metrics(reference,
     ra, rb = (json.loads((d / "result.json").read_text()) for d in (reference, out))
     assert ra["metrics"] == rb["metrics"]
     assert ra["info"]["steps"] == rb["info"]["steps"]
-    evals = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [e["step"] for e in evals if e["event"] == "eval"]
     assert steps == sorted(set(steps))  # no duplicated history from the killed process
 

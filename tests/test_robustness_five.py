@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
 
+from conftest import run_cli
 from taskformer.app.datacache import KEEP, MARK, VERSION
 from taskformer.core.data import Encoded
 from taskformer.core.engine import Trainer
@@ -20,6 +20,10 @@ from taskformer.core.errors import TaskformerError
 from taskformer.core.model import Transformer
 from taskformer.core.model_config import ModelConfig
 from taskformer.core.train_config import TrainConfig
+
+# The tests that start the command line as a process (training, serving, refusing) are the full run's, not the
+# quick tier's; the in-process ones stay quick.
+SLOW = pytest.mark.slow
 
 LM = ["--set", "train.max_steps=3", "--set", "model.max_len=16", "--set", "model.d_model=16",
       "--set", "model.n_heads=2", "--set", "model.d_ff=32", "--quiet"]
@@ -46,6 +50,7 @@ def one_error_line(result, *words):
 # -- a split that yields no batch: refused before training, never an endless count of empty epochs ----------
 
 @pytest.mark.parametrize("dry", [False, True])
+@SLOW
 def test_a_text_shorter_than_one_block_is_refused_before_training(tmp_path, dry):
     data = text_dir(tmp_path, "a")
     out = tmp_path / "run"
@@ -56,6 +61,7 @@ def test_a_text_shorter_than_one_block_is_refused_before_training(tmp_path, dry)
 
 
 @pytest.mark.parametrize("dry", [False, True])
+@SLOW
 def test_a_val_text_with_nothing_to_score_is_refused_before_training(tmp_path, dry):
     data = text_dir(tmp_path, TEXT)
     out = tmp_path / "run"
@@ -65,6 +71,7 @@ def test_a_val_text_with_nothing_to_score_is_refused_before_training(tmp_path, d
     assert not out.exists()
 
 
+@SLOW
 def test_more_processes_than_batches_is_refused_by_the_dry_run(tmp_path):
     data = text_dir(tmp_path, TEXT)  # one batch of blocks an epoch: a second process would have none
     result = run_cli("run", "shakespeare-char", "--data-dir", str(data), *LM, "--set", "train.max_tokens=4096",
@@ -132,6 +139,7 @@ def lm_run(tmp_path_factory):
     return out
 
 
+@SLOW
 def test_a_run_record_with_control_characters_is_reported_with_them_visible(lm_run, tmp_path):
     run = Path(shutil.copytree(lm_run, tmp_path / "run"))
     result_file = run / "result.json"
@@ -149,6 +157,7 @@ def test_a_run_record_with_control_characters_is_reported_with_them_visible(lm_r
         assert "\\x1b]0;PWN\\x07" in shown
 
 
+@SLOW
 def test_predict_on_a_terminal_shows_a_models_control_characters_as_escapes(lm_run):
     import pty
     import subprocess
@@ -177,6 +186,7 @@ def test_predict_on_a_terminal_shows_a_models_control_characters_as_escapes(lm_r
             json.loads(text)
 
 
+@SLOW
 def test_an_error_naming_a_file_shows_its_control_characters_as_escapes(tmp_path):
     result = run_cli("run", "copy", "--config", str(tmp_path / f"{HOSTILE}.toml"), "--quiet")
     line = one_error_line(result)
@@ -221,6 +231,7 @@ def teacher(tmp_path_factory):
     return out
 
 
+@SLOW
 def test_a_sampling_teacher_is_recorded_as_sampling_not_greedy(teacher, tmp_path):
     out = tmp_path / "student"
     result = run_cli("distill", str(teacher), "--out", str(out), *STUDENT, "--teacher-set", "decode.temperature=0.9",
@@ -236,6 +247,7 @@ def test_a_sampling_teacher_is_recorded_as_sampling_not_greedy(teacher, tmp_path
 
 # -- requests are bounded, and every option in range gives an answer ---------------------------------------
 
+@SLOW
 def test_sampling_at_the_ends_of_its_ranges_gives_an_answer_not_nan(lm_run):
     import taskformer
 
@@ -248,11 +260,13 @@ def test_sampling_at_the_ends_of_its_ranges_gives_an_answer_not_nan(lm_run):
         assert isinstance(out, str), extreme
 
 
+@SLOW
 def test_max_new_tokens_has_an_upper_bound_on_the_command_line(lm_run):
     result = run_cli("predict", str(lm_run), "said", "--set", "decode.max_new_tokens=1000000000")
     one_error_line(result, "max_new_tokens", "100000")
 
 
+@SLOW
 def test_the_server_bounds_a_requests_length_and_refuses_a_per_request_compile(lm_run):
     pytest.importorskip("fastapi", reason="taskformer serve needs the serve extra")
     from fastapi.testclient import TestClient
@@ -275,6 +289,7 @@ def test_the_server_bounds_a_requests_length_and_refuses_a_per_request_compile(l
         assert "compile" not in client.get("/v1/models").json()["models"][0]["options"]
 
 
+@SLOW
 def test_a_client_that_leaves_a_stream_writes_no_traceback_in_the_server_log(lm_run):
     httpx = pytest.importorskip("httpx", reason="the serve tests need the test extra")
     import subprocess
@@ -305,6 +320,7 @@ def test_a_token_budget_is_never_rounded_up_past_what_it_holds():
     assert [tokens(n) for n in (850_000, 1_234, 999, 1_500_000_000)] == ["850 k", "1.23 k", "999", "1,500 M"]
 
 
+@SLOW
 def test_the_dry_run_counts_one_update_in_the_singular(tmp_path):
     result = run_cli("run", "shakespeare-char", "--data-dir", str(text_dir(tmp_path, TEXT)), *LM,
                      "--set", "train.max_steps=1", "--set", "train.max_tokens=4096", "--dry-run")
@@ -314,6 +330,7 @@ def test_the_dry_run_counts_one_update_in_the_singular(tmp_path):
 
 
 @pytest.mark.parametrize("dry", [False, True])
+@SLOW
 def test_more_processes_than_cores_is_refused_at_once(tmp_path, dry):
     cores = len(os.sched_getaffinity(0))
     out = tmp_path / "run"
@@ -325,6 +342,7 @@ def test_more_processes_than_cores_is_refused_at_once(tmp_path, dry):
 
 @pytest.mark.parametrize("setting, words", [(["--seed", "5"], ["--seed 5", "draws its data from the seed"]),
                                             (["--set", "model.d_model=65536"], ["model.d_model"])])
+@SLOW
 def test_a_distillation_is_refused_before_the_teachers_decode(teacher, tmp_path, setting, words):
     out = tmp_path / "student"
     result = run_cli("distill", str(teacher), "--out", str(out), *STUDENT, *setting)
@@ -334,6 +352,7 @@ def test_a_distillation_is_refused_before_the_teachers_decode(teacher, tmp_path,
 
 # -- an intended stop is no error, and the record keeps it ----------------------------------------------------
 
+@SLOW
 def test_ctrl_c_of_a_run_says_how_to_resume_and_the_resumed_run_records_it(tmp_path):
     import signal
 
@@ -355,6 +374,7 @@ def test_ctrl_c_of_a_run_says_how_to_resume_and_the_resumed_run_records_it(tmp_p
     assert "it had stopped: interrupted by SIGINT" in re.sub(r"[\s│]+", " ", (out / "report.txt").read_text())
 
 
+@SLOW
 def test_ctrl_c_of_serve_is_a_calm_stop(lm_run):
     import signal
     import subprocess

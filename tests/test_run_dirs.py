@@ -111,8 +111,8 @@ def test_the_time_limit_stops_training_and_the_report_says_what_it_covered(cli, 
     # no patience and no epoch cap: only the clock ends it (a minute for the whole command, its start included:
     # room for a slow start on a busy machine)
     result = cli("run", "copy", "--out", str(out), "--time-limit", "1", "--quiet", "--set", "train.pace=1000",
-                 "--set", "train.patience=0", "--set", "train.schedule=inverse_sqrt", "--set", "data.train_size=400", "--set", "data.val_size=4",
-                 "--set", "data.test_size=4")
+                 "--set", "train.patience=0", "--set", "train.schedule=inverse_sqrt", "--set", "data.train_size=400",
+                 "--set", "data.val_size=4", "--set", "data.test_size=4")
     assert result.exit_code == 0, result.output
     info = json.loads((out / "result.json").read_text())["info"]
     assert info["steps"] >= 1 and info["time_limit_seconds"] == 60

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from typing import Any
 
 import pytest
 import torch
@@ -11,13 +12,13 @@ import torch.nn.functional as F
 
 import taskformer
 from taskformer.core.decoding import NEVER_WRITTEN, DecodeConfig, search
+from taskformer.core.inference import for_decoding
 from taskformer.core.loss import batch_loss
 from taskformer.core.model import BOS, EOS, PAD, Ensemble, Transformer
 from taskformer.core.model_config import ModelConfig
-from taskformer.core.inference import for_decoding
 
 V = 24
-SMALL = dict(vocab_size=V, d_model=16, n_heads=2, enc_layers=1, dec_layers=2, d_ff=32, dropout=0.0, max_len=16,
+SMALL: dict[str, Any] = dict(vocab_size=V, d_model=16, n_heads=2, enc_layers=1, dec_layers=2, d_ff=32, dropout=0.0, max_len=16,
              tie_embeddings=False)  # untied: a random tied model mostly repeats the token it was fed
 BUDGET = 6
 
@@ -30,7 +31,9 @@ def members(n: int, seed: int = 0) -> list[Transformer]:
         for net in nets:
             for p in net.parameters():
                 p.add_(torch.randn_like(p) * 0.3)
-            net.head.proj.bias[EOS] -= 0.5  # some outputs end early, others run to the budget
+            proj = net.head.proj
+            assert isinstance(proj, torch.nn.Linear)
+            proj.bias[EOS] -= 0.5  # some outputs end early, others run to the budget
     return nets
 
 
@@ -74,7 +77,7 @@ def reference_beam(nets, src, beam: int, length_penalty: float = 1.0) -> list[li
     out = []
     for row in src:
         hyps = [([BOS], 0.0, False)]
-        for step in range(BUDGET):
+        for _ in range(BUDGET):
             live = [h for h in hyps if not h[2]]
             cands = [h for h in hyps if h[2]]
             if live:

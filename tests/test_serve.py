@@ -23,12 +23,11 @@ pytestmark = pytest.mark.slow  # trains or serves through the command line: the 
 httpx = pytest.importorskip("httpx", reason="the serve tests need the test extra (httpx, fastapi, uvicorn)")
 pytest.importorskip("fastapi", reason="taskformer serve needs the serve extra")
 
+import tagging_plugin  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
 from taskformer.app.cli import main  # noqa: E402
 from taskformer.plugins.manager import plugins  # noqa: E402
-
-import tagging_plugin  # noqa: E402
 
 HERE = Path(__file__).parent
 # The test tagging plugin is not installed: the server process registers it as the CLI tests do.
@@ -50,12 +49,14 @@ class Server:
         self.process = subprocess.Popen([sys.executable, "-c", launch, "serve", *args, "--port", "0"],
                                         stderr=subprocess.PIPE, text=True, cwd=HERE,
                                         env={**os.environ, "PYTHONPATH": path})
-        self.banner = self.process.stderr.readline()  # the first line names the address, or is an Error line
+        stderr = self.process.stderr
+        assert stderr is not None
+        self.banner = stderr.readline()  # the first line names the address, or is an Error line
         found = re.search(r"http://[\d.]+:\d+", self.banner)
-        assert found, self.banner + self.process.stderr.read()
+        assert found, self.banner + stderr.read()
         self.url = found.group(0)
         self.client = httpx.Client(base_url=self.url, timeout=120)
-        threading.Thread(target=self.process.stderr.read, daemon=True).start()  # never block on a full pipe
+        threading.Thread(target=stderr.read, daemon=True).start()  # never block on a full pipe
 
     def post(self, path: str, body=None, **kw):
         return self.client.post(path, json=body, **kw) if body is not None else self.client.post(path, **kw)

@@ -2,12 +2,12 @@
 import json
 
 import pytest
+import tagging_plugin
 import torch
 import torch.nn.functional as F
-
-import tagging_plugin
-import taskformer
 from test_hostile import one_error
+
+import taskformer
 from taskformer import BOS, ClassificationHead, Task, TaskData, characters, encode_words, hookimpl, symbols
 from taskformer.core.data import IGNORE, collate, encode
 from taskformer.core.loss import batch_loss

@@ -56,8 +56,8 @@ def test_max_train_subsamples_train_only(data_dir):
 
 def test_a_resumed_run_gets_the_same_train_subsample(data_dir):
     # --resume hands the hook the saved tokenizer; the subsample must not depend on that
-    from taskformer.app.prepare import make_config
     from taskformer.app.hooks import load_data
+    from taskformer.app.prepare import make_config
     task = plugins().task("translate-de-en")
     config = make_config(task, None, ["data.max_train=25"], None)
     fresh = load_data(task, config, data_dir / "multi30k")

@@ -67,7 +67,7 @@ def keep_freed_memory() -> bool:
     of a 4k-token batch over a 10k vocabulary are 160 MB) fresh from the kernel and unmaps it on free,
     so every update paid a page fault per 4 kB it touched: 86k faults an update of translate-de-en.
     Serving large blocks from the heap and never trimming it keeps those pages mapped: 1.15x the
-    updates per hour for 5% more peak memory (bench/allocator.py, docs/benchmarks.md). Other C
+    updates per hour for 5% more peak memory (bench/race/allocator.py, docs/benchmarks.md). Other C
     libraries and systems are left as they are (PyTorch's CPU tuning guide suggests jemalloc or
     tcmalloc there).
     """
