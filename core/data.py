@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import random
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -71,18 +72,29 @@ def find_file(data_dir: str | Path, name: str) -> Path:
 
 
 def read_lines(path: str | Path) -> list[str]:
-    """All lines of a UTF-8 text file, plain or gzip, without line endings or a leading byte-order mark.
+    """All lines of a UTF-8 text file, plain or gzip, without line endings or a leading byte-order mark
+    (see :func:`each_line`). A file with no text (only blank lines) is refused, not a model trained on
+    nothing."""
+    out = list(each_line(path))
+    if not any(line.strip() for line in out):
+        raise DataError(f"{path}: holds only blank lines, no text")
+    return out
+
+
+def each_line(path: str | Path, shown: bool = True) -> Iterator[str]:
+    """The lines of a UTF-8 text file, plain or gzip, one at a time (never the whole file at once).
 
     Lines end in LF or CRLF, or, in a file without LF, in CR alone (classic Mac OS), which would
     otherwise make the whole file one example. Undecodable bytes are reported with the file name and
-    line number, and a file with no text (only blank lines) is refused, not a traceback or a model
-    trained on nothing.
+    line number; an empty file is refused. ``shown``: the reading is a stage of the console's (files
+    read side by side are not).
     """
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
-    out: list[str] = []
+    any_line = False
     try:
-        with opener(path, "rb") as f, stage(f"reading {path.name}", None, every=20_000) as advance:
+        counted = stage(f"reading {path.name}", None, every=20_000) if shown else nullcontext(lambda n=1: None)
+        with opener(path, "rb") as f, counted as advance:
             head = f.read(1 << 20)
             f.seek(0)
             lines: Iterable[bytes] = f  # a line at a time: never the whole file's bytes at once
@@ -93,17 +105,16 @@ def read_lines(path: str | Path) -> list[str]:
                 if i == 1:
                     line = line.removeprefix(b"\xef\xbb\xbf")  # a BOM is not part of the first line's text
                 try:
-                    out.append(line.removesuffix(b"\n").decode("utf-8").rstrip("\r"))
+                    text = line.removesuffix(b"\n").decode("utf-8").rstrip("\r")
                 except UnicodeDecodeError as e:
                     raise DataError(f"{path}:{i}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+                any_line = True
+                yield text
                 advance()
     except (OSError, EOFError) as e:
         raise DataError(f"{path}: cannot read ({e})") from None
-    if not out:
+    if not any_line:
         raise DataError(f"{path}: file is empty")
-    if not any(line.strip() for line in out):
-        raise DataError(f"{path}: holds only blank lines, no text")
-    return out
 
 
 def read_parallel(src_path: Path, tgt_path: Path) -> list[tuple[str, str]]:
@@ -298,7 +309,7 @@ def encode_text(tokenizer: Tokenizer, rows: Sequence, block: int, training: bool
         streams.append(part.flat)
         if not training:
             owned.append(np.repeat(np.asarray([i for i, _ in plain], dtype=np.int32), part.lengths()))
-    stream = np.concatenate(streams) if streams else np.zeros(0, dtype)
+    stream = joined_arrays(streams, dtype)
     enc = Encoded(Ragged.of([]), Ragged.of([]), target_pad=IGNORE, owners=None if training else Ragged.of([]))
     if training and len(stream) > 2 * block + 1:  # the stream's blocks come first: offset 0 for now
         enc.stream, enc.block = stream, block
@@ -325,6 +336,18 @@ def encode_text(tokenizer: Tokenizer, rows: Sequence, block: int, training: bool
         enc.src, enc.tgt = Ragged.concat(src), Ragged.concat(tgt)
         enc.owners = None if training else Ragged.concat(owners)
     return enc
+
+
+def joined_arrays(parts: list[np.ndarray], dtype) -> np.ndarray:
+    """``parts`` end to end in one new array, each freed once copied: the whole and the last part at
+    most are held at once (``np.concatenate`` holds every part beside the whole)."""
+    out = np.empty(sum(len(p) for p in parts), dtype)
+    at = 0
+    while parts:
+        part = parts.pop(0)
+        out[at : at + len(part)] = part
+        at += len(part)
+    return out
 
 
 TEXT_CHUNK = 1 << 22  # characters of running text tokenized at once (a tokenizer's Encoding costs ~100 bytes a token)

@@ -9,6 +9,7 @@ import pytest
 
 from taskformer.app import hooks
 from taskformer.app.prepare import make_config
+from taskformer.core.data import rows
 from taskformer.plugins.manager import plugins
 
 TOPICS = {"sport": "goal match team win", "tech": "chip software laptop code", "money": "stock bank market price"}
@@ -58,8 +59,11 @@ def refused(result, *says: str) -> str:
 
 
 def load(task: str, data, *sets, seed=None):
+    """The task's data as its hook gives it, with train's rows (which may be a lazy ``datasets.Dataset``) as tuples."""
     chosen = plugins().task(task)
-    return hooks.load_data(chosen, make_config(chosen, None, list(sets), seed), data)
+    data = hooks.load_data(chosen, make_config(chosen, None, list(sets), seed), data)
+    data.splits["train"] = rows(data.splits["train"])
+    return data
 
 
 # -- formats ---------------------------------------------------------------------------------------------
