@@ -152,17 +152,19 @@ def read_conll(path: Path) -> tuple[Part, list[str]]:
 
 def paragraphs(lines: Iterable[str]) -> Iterator[str]:
     """Running text as paragraphs, each with its line breaks and the blank lines after it (so joined
-    they give the text back), and none over :data:`PIECE` characters: the core joins them into one
+    they give the text back; blank lines before the first words belong to the first paragraph, never
+    a row of their own, which would be left out as empty), and none over :data:`PIECE` characters: the core joins them into one
     stream again, and the outputs files hold readable pieces instead of one huge row."""
     piece: list[str] = []
-    size, blank = 0, False
+    size, blank, words = 0, False, False  # words: the piece has more than blank lines (which start no piece)
     for line in lines:
-        if piece and ((line and blank) or size > PIECE):
+        if words and ((line and blank) or size > PIECE):
             yield "".join(piece)
-            piece, size = [], 0
+            piece, size, words = [], 0, False
         piece.append(line + "\n")
         size += len(line) + 1
         blank = not line
+        words = words or bool(line.strip())
     if piece:
         yield "".join(piece)
 

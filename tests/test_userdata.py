@@ -195,6 +195,28 @@ def test_running_text_keeps_its_order_and_many_files_are_held_out_whole(cli, tmp
     assert "whole files held out" in out and sizes(out) == {"train": 18, "val": 1, "test": 1}
 
 
+
+def test_large_data_is_handed_over_lazily_and_streaming_loses_no_text(tmp_path):
+    """translate and lm give the core their train split as a datasets.Dataset (read a batch at a
+    time, never held as Python rows), and running text read a line at a time joins back to the file."""
+    import datasets
+
+    text = "".join(f"Ça va {i}, très bien.\n" + ("\n" if i % 3 == 0 else "") + ("\n\n" if i % 7 == 0 else "")
+                   for i in range(300))
+    (tmp_path / "book.txt").write_text(text, encoding="utf-8")
+    chosen = plugins().task("lm")
+    data = hooks.load_data(chosen, make_config(chosen, None, [], None), tmp_path / "book.txt")
+    assert isinstance(data.splits["train"], datasets.Dataset)
+    assert "".join(t for s in ("train", "val", "test") for _, t in rows(data.splits[s])) == text
+    pairs = tmp_path / "pairs"
+    pairs.mkdir()
+    (pairs / "train.en").write_text("".join(f"a dog {i}\n" for i in range(30)))
+    (pairs / "train.de").write_text("".join(f"ein Hund {i}\n" for i in range(30)))
+    chosen = plugins().task("translate")
+    data = hooks.load_data(chosen, make_config(chosen, None, [], None), pairs)
+    assert isinstance(data.splits["train"], datasets.Dataset)
+    assert sorted(rows(data.splits["train"]))[:2] == [("ein Hund 0", "a dog 0"), ("ein Hund 1", "a dog 1")]
+
 # -- columns ---------------------------------------------------------------------------------------------
 
 def test_unknown_and_ambiguous_columns_are_refused_listing_the_columns(cli, tmp_path):
