@@ -17,7 +17,7 @@ import numpy as np
 from tokenizers import Encoding, Tokenizer
 
 from taskformer.core import variants
-from taskformer.core.arrays import Ragged, frame, id_dtype
+from taskformer.core.arrays import Ragged, Spilled, frame, id_dtype
 from taskformer.core.errors import DataError
 from taskformer.core.progress import stage
 from taskformer.core.tokenize import BOS, EOS, PAD, UNK
@@ -294,7 +294,8 @@ def encode_text(tokenizer: Tokenizer, rows: Sequence, block: int, training: bool
     or two, which no offset would keep whole.
     """
     dtype = id_dtype(tokenizer.get_vocab_size())
-    streams, owned = [], []
+    streams = Spilled(dtype)
+    owned: list[np.ndarray] = []
     prompted: list[tuple[list[int], list[int]]] = []  # (ids, owner of each id or -1 where not scored)
     for chunk in text_chunks(rows):
         prompts = tokenizer.encode_batch([prompt for _, prompt, _ in chunk])
@@ -306,10 +307,10 @@ def encode_text(tokenizer: Tokenizer, rows: Sequence, block: int, training: bool
             else:
                 plain.append((i, t))
         part = Ragged.of([t for _, t in plain], dtype)
-        streams.append(part.flat)
+        streams.append(part.flat)  # to disk: the parts are never held beside the whole stream
         if not training:
             owned.append(np.repeat(np.asarray([i for i, _ in plain], dtype=np.int32), part.lengths()))
-    stream = joined_arrays(streams, dtype)
+    stream = streams.array()
     enc = Encoded(Ragged.of([]), Ragged.of([]), target_pad=IGNORE, owners=None if training else Ragged.of([]))
     if training and len(stream) > 2 * block + 1:  # the stream's blocks come first: offset 0 for now
         enc.stream, enc.block = stream, block
@@ -338,19 +339,7 @@ def encode_text(tokenizer: Tokenizer, rows: Sequence, block: int, training: bool
     return enc
 
 
-def joined_arrays(parts: list[np.ndarray], dtype) -> np.ndarray:
-    """``parts`` end to end in one new array, each freed once copied: the whole and the last part at
-    most are held at once (``np.concatenate`` holds every part beside the whole)."""
-    out = np.empty(sum(len(p) for p in parts), dtype)
-    at = 0
-    while parts:
-        part = parts.pop(0)
-        out[at : at + len(part)] = part
-        at += len(part)
-    return out
-
-
-TEXT_CHUNK = 1 << 22  # characters of running text tokenized at once (a tokenizer's Encoding costs ~100 bytes a token)
+TEXT_CHUNK = 1 << 20  # characters of running text tokenized at once (a tokenizer's Encoding costs ~100 bytes a token)
 
 
 def text_chunks(rows: Sequence) -> Iterator[list[tuple[int, str, str]]]:

@@ -108,7 +108,7 @@ class Source:
             for column in columns:
                 for reason, mask in zip(("missing", "empty"), blanks(part.table, column)):
                     if (new := mask & ~dropped).any():
-                        bad.setdefault(f"{reason} {column}", []).extend(part.where(i) for i in np.flatnonzero(new))
+                        bad.setdefault(f"{reason} {column}", []).extend(part.where(int(i)) for i in np.flatnonzero(new))
                     dropped |= mask
             parts.append(part.take(np.flatnonzero(~dropped)) if dropped.any() else part)
         for reason, places in bad.items():

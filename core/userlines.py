@@ -72,7 +72,9 @@ class Columns:
     ``datasets.Dataset`` (:meth:`dataset`): only the batch being filled is Python strings."""
 
     def __init__(self, names: list[str]):
-        self.names, self.rows, self.done = names, [], []
+        self.names = names
+        self.rows: list[tuple[str, ...]] = []
+        self.done: list[Any] = []  # pyarrow.RecordBatch
         self.count = 0
 
     def add(self, *values: str) -> None:
