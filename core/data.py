@@ -72,9 +72,7 @@ def find_file(data_dir: str | Path, name: str) -> Path:
 
 
 def read_lines(path: str | Path) -> list[str]:
-    """All lines of a UTF-8 text file, plain or gzip, without line endings or a leading byte-order mark
-    (see :func:`each_line`). A file with no text (only blank lines) is refused, not a model trained on
-    nothing."""
+    """All lines of a text file (:func:`each_line`); one with only blank lines is refused."""
     out = list(each_line(path))
     if not any(line.strip() for line in out):
         raise DataError(f"{path}: holds only blank lines, no text")
@@ -86,8 +84,7 @@ def each_line(path: str | Path, shown: bool = True) -> Iterator[str]:
 
     Lines end in LF or CRLF, or, in a file without LF, in CR alone (classic Mac OS), which would
     otherwise make the whole file one example. Undecodable bytes are reported with the file name and
-    line number; an empty file is refused. ``shown``: the reading is a stage of the console's (files
-    read side by side are not).
+    line number; an empty file is refused. ``shown``: a stage of the console's (not for files read side by side).
     """
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
