@@ -72,7 +72,13 @@ def find_file(data_dir: str | Path, name: str) -> Path:
 
 
 def read_lines(path: str | Path) -> list[str]:
-    """All lines of a text file (:func:`each_line`); one with only blank lines is refused."""
+    """All lines of a UTF-8 text file, plain or gzip, without line endings or a leading byte-order mark.
+
+    Lines end in LF or CRLF, or, in a file without LF, in CR alone (classic Mac OS), which would
+    otherwise make the whole file one example. Undecodable bytes are reported with the file name and
+    line number, and a file with no text (only blank lines) is refused, not a traceback or a model
+    trained on nothing.
+    """
     out = list(each_line(path))
     if not any(line.strip() for line in out):
         raise DataError(f"{path}: holds only blank lines, no text")
@@ -80,12 +86,8 @@ def read_lines(path: str | Path) -> list[str]:
 
 
 def each_line(path: str | Path, shown: bool = True) -> Iterator[str]:
-    """The lines of a UTF-8 text file, plain or gzip, one at a time (never the whole file at once).
-
-    Lines end in LF or CRLF, or, in a file without LF, in CR alone (classic Mac OS), which would
-    otherwise make the whole file one example. Undecodable bytes are reported with the file name and
-    line number; an empty file is refused. ``shown``: a stage of the console's (not for files read side by side).
-    """
+    """The lines of a file as :func:`read_lines` reads them, one at a time (never the whole file at
+    once); an empty file is refused. ``shown``: a stage of the console's (not for files read side by side)."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     any_line = False
