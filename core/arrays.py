@@ -137,13 +137,13 @@ class Spilled:
         self.file = tempfile.TemporaryFile()
 
     def append(self, part: np.ndarray) -> None:
-        self.file.write(memoryview(np.ascontiguousarray(part, dtype=self.dtype)).cast("B"))
+        self.file.write(np.ascontiguousarray(part, dtype=self.dtype).data.cast("B"))
         self.size += len(part)
 
     def array(self) -> np.ndarray:
         out = np.empty(self.size, self.dtype)
         self.file.seek(0)
-        view, done = memoryview(out).cast("B"), 0
+        view, done = out.data.cast("B"), 0
         while done < out.nbytes:
             read = self.file.readinto(view[done:])
             if not read:
