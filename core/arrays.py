@@ -8,6 +8,7 @@ batch is padded into a tensor (:func:`taskformer.core.data.collate`).
 """
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -124,3 +125,29 @@ def frame(rows: Ragged, room: int, head: Sequence[int] = (), tail: Sequence[int]
     for k, token in enumerate(tail):
         out[offsets[:-1] + len(head) + kept + k] = token
     return Ragged(out, offsets), int((lengths > room).sum())
+
+
+class Spilled:
+    """One array made of parts appended one at a time, each written to a temporary file as it comes
+    and the whole read back once (:meth:`array`): a list of parts joined by ``np.concatenate`` holds
+    every part beside the whole, twice a language model's token stream."""
+
+    def __init__(self, dtype: Any):
+        self.dtype, self.size = np.dtype(dtype), 0
+        self.file = tempfile.TemporaryFile()
+
+    def append(self, part: np.ndarray) -> None:
+        self.file.write(np.ascontiguousarray(part, dtype=self.dtype).data.cast("B"))
+        self.size += len(part)
+
+    def array(self) -> np.ndarray:
+        out = np.empty(self.size, self.dtype)
+        self.file.seek(0)
+        view, done = out.data.cast("B"), 0
+        while done < out.nbytes:
+            read = self.file.readinto(view[done:])
+            if not read:
+                raise OSError(f"a temporary file gave back {done:,} of {out.nbytes:,} bytes")
+            done += read
+        self.file.close()
+        return out

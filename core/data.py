@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import random
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -16,7 +17,7 @@ import numpy as np
 from tokenizers import Encoding, Tokenizer
 
 from taskformer.core import variants
-from taskformer.core.arrays import Ragged, frame, id_dtype
+from taskformer.core.arrays import Ragged, Spilled, frame, id_dtype
 from taskformer.core.errors import DataError
 from taskformer.core.progress import stage
 from taskformer.core.tokenize import BOS, EOS, PAD, UNK
@@ -78,11 +79,21 @@ def read_lines(path: str | Path) -> list[str]:
     line number, and a file with no text (only blank lines) is refused, not a traceback or a model
     trained on nothing.
     """
+    out = list(each_line(path))
+    if not any(line.strip() for line in out):
+        raise DataError(f"{path}: holds only blank lines, no text")
+    return out
+
+
+def each_line(path: str | Path, shown: bool = True) -> Iterator[str]:
+    """The lines of a file as :func:`read_lines` reads them, one at a time (never the whole file at
+    once); an empty file is refused. ``shown``: a stage of the console's (not for files read side by side)."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
-    out: list[str] = []
+    any_line = False
     try:
-        with opener(path, "rb") as f, stage(f"reading {path.name}", None, every=20_000) as advance:
+        counted = stage(f"reading {path.name}", None, every=20_000) if shown else nullcontext(lambda n=1: None)
+        with opener(path, "rb") as f, counted as advance:
             head = f.read(1 << 20)
             f.seek(0)
             lines: Iterable[bytes] = f  # a line at a time: never the whole file's bytes at once
@@ -93,17 +104,16 @@ def read_lines(path: str | Path) -> list[str]:
                 if i == 1:
                     line = line.removeprefix(b"\xef\xbb\xbf")  # a BOM is not part of the first line's text
                 try:
-                    out.append(line.removesuffix(b"\n").decode("utf-8").rstrip("\r"))
+                    text = line.removesuffix(b"\n").decode("utf-8").rstrip("\r")
                 except UnicodeDecodeError as e:
                     raise DataError(f"{path}:{i}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+                any_line = True
+                yield text
                 advance()
     except (OSError, EOFError) as e:
         raise DataError(f"{path}: cannot read ({e})") from None
-    if not out:
+    if not any_line:
         raise DataError(f"{path}: file is empty")
-    if not any(line.strip() for line in out):
-        raise DataError(f"{path}: holds only blank lines, no text")
-    return out
 
 
 def read_parallel(src_path: Path, tgt_path: Path) -> list[tuple[str, str]]:
@@ -283,7 +293,8 @@ def encode_text(tokenizer: Tokenizer, rows: Sequence, block: int, training: bool
     or two, which no offset would keep whole.
     """
     dtype = id_dtype(tokenizer.get_vocab_size())
-    streams, owned = [], []
+    streams = Spilled(dtype)
+    owned: list[np.ndarray] = []
     prompted: list[tuple[list[int], list[int]]] = []  # (ids, owner of each id or -1 where not scored)
     for chunk in text_chunks(rows):
         prompts = tokenizer.encode_batch([prompt for _, prompt, _ in chunk])
@@ -295,10 +306,10 @@ def encode_text(tokenizer: Tokenizer, rows: Sequence, block: int, training: bool
             else:
                 plain.append((i, t))
         part = Ragged.of([t for _, t in plain], dtype)
-        streams.append(part.flat)
+        streams.append(part.flat)  # to disk: the parts are never held beside the whole stream
         if not training:
             owned.append(np.repeat(np.asarray([i for i, _ in plain], dtype=np.int32), part.lengths()))
-    stream = np.concatenate(streams) if streams else np.zeros(0, dtype)
+    stream = streams.array()
     enc = Encoded(Ragged.of([]), Ragged.of([]), target_pad=IGNORE, owners=None if training else Ragged.of([]))
     if training and len(stream) > 2 * block + 1:  # the stream's blocks come first: offset 0 for now
         enc.stream, enc.block = stream, block
@@ -327,7 +338,7 @@ def encode_text(tokenizer: Tokenizer, rows: Sequence, block: int, training: bool
     return enc
 
 
-TEXT_CHUNK = 1 << 22  # characters of running text tokenized at once (a tokenizer's Encoding costs ~100 bytes a token)
+TEXT_CHUNK = 1 << 20  # characters of running text tokenized at once (a tokenizer's Encoding costs ~100 bytes a token)
 
 
 def text_chunks(rows: Sequence) -> Iterator[list[tuple[int, str, str]]]:

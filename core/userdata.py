@@ -19,14 +19,16 @@ import gzip
 import random
 import re
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from taskformer.core.data import read_lines
+import numpy as np
+
 from taskformer.core.errors import DataError
 from taskformer.core.options import option
+from taskformer.core.userlines import Part, batches, numbered, quiet_datasets, read_aligned, read_conll, text_part
+from taskformer.core.userlines import read_text as read_running
 
 SPLITS = ("train", "val", "test")
 SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "dev": "val", "test": "test"}
@@ -52,23 +54,6 @@ class ReadOptions:
                                         "split column gives one.", above=0.0, below=1.0)
     columns: str = option("", "Column names of a headerless CSV/TSV, comma-separated (label,title,description); "
                               "empty: the first row names them.")
-
-
-@dataclass
-class Part:
-    """The rows of one file (or one hub split) that belong to a split, as a ``datasets.Dataset``;
-    ``origin`` holds each row's place in its file, so a bad row is named ``file:line`` or ``file row N``."""
-
-    table: Any  # datasets.Dataset
-    file: str
-    unit: str  # "line": origin is a line number; "row": a data row number
-    origin: list[int]
-
-    def where(self, i: int) -> str:
-        return f"{self.file}:{self.origin[i]}" if self.unit == "line" else f"{self.file} row {self.origin[i]}"
-
-    def take(self, indices: list[int]) -> Part:
-        return Part(self.table.select(indices), self.file, self.unit, [self.origin[i] for i in indices])
 
 
 @dataclass
@@ -112,28 +97,42 @@ class Source:
         """Whether a header could have been a data row (a CSV's first row read as names)."""
         return any(not re.fullmatch(r"[A-Za-z_][\w .-]{0,40}", c) for c in self.columns)
 
-    def rows(self, split: str, columns: list[str]) -> tuple[list[tuple], list[str]]:
-        """The split's values of ``columns`` as Python rows, and where each came from; a row with a
-        missing (null) or empty value is left out and counted in ``notes`` by file and line."""
-        rows: list[tuple] = []
-        where: list[str] = []
+    def clean(self, split: str, columns: list[str]) -> list[Part]:
+        """The split's parts without the rows whose value in one of ``columns`` is missing (null) or
+        empty; those are counted in ``notes`` by file and line. Found with Arrow's compute functions:
+        no row becomes a Python value here."""
         bad: dict[str, list[str]] = {}
+        parts = []
         for part in self.splits[split]:
-            start = 0
-            for batch in batches(part.table.select_columns(columns)):
-                for i, values in enumerate(zip(*(batch[c] for c in columns)), start):
-                    empty = next((c for c, v in zip(columns, values) if v is None or not str(v).strip()
-                                  or v == []), None)
-                    if empty is not None:
-                        reason = "missing" if values[columns.index(empty)] is None else "empty"
-                        bad.setdefault(f"{reason} {empty}", []).append(part.where(i))
-                        continue
-                    rows.append(values)
-                    where.append(part.where(i))
-                start += len(batch[columns[0]])
+            dropped = np.zeros(len(part), dtype=bool)
+            for column in columns:
+                for reason, mask in zip(("missing", "empty"), blanks(part.table, column)):
+                    if (new := mask & ~dropped).any():
+                        bad.setdefault(f"{reason} {column}", []).extend(part.where(int(i)) for i in np.flatnonzero(new))
+                    dropped |= mask
+            parts.append(part.take(np.flatnonzero(~dropped)) if dropped.any() else part)
         for reason, places in bad.items():
             self.skip(split, reason, places)
+        return parts
+
+    def rows(self, split: str, columns: list[str]) -> tuple[list[tuple], list[str]]:
+        """The split's values of ``columns`` as Python rows, and where each came from, without the
+        rows :meth:`clean` leaves out: for the val and test rows, which are decoded and scored as text."""
+        rows: list[tuple] = []
+        where: list[str] = []
+        for part in self.clean(split, columns):
+            rows.extend(row for batch in batches(part.table.select_columns(columns)) for row in zip(*(batch[c] for c in columns)))
+            where.extend(part.where(i) for i in range(len(part)))
         return rows, where
+
+    def dataset(self, split: str, columns: list[str], names: list[str]) -> Any:
+        """The split's ``columns`` renamed ``names``, as one ``datasets.Dataset`` without the rows
+        :meth:`clean` leaves out: train's rows handed to the core lazily (read a chunk at a time)."""
+        datasets = quiet_datasets()
+        tables = [p.table.select_columns(columns) for p in self.clean(split, columns)]
+        table = tables[0] if len(tables) == 1 else datasets.concatenate_datasets(tables)
+        temporary = {c: f"__{i}" for i, c in enumerate(columns)}  # two steps: a column may be renamed to another's name
+        return table.rename_columns(temporary).rename_columns(dict(zip(temporary.values(), names)))
 
     def skip(self, split: str, reason: str, places: list[str]) -> None:
         """Count rows left out of ``split`` for ``reason`` in the notes, naming the first few."""
@@ -141,22 +140,23 @@ class Source:
         self.notes[f"{split} rows left out ({reason})"] = f"{len(places):,}: {shown}"
 
     def sizes(self) -> str:
-        return ", ".join(f"{s} {sum(len(p.origin) for p in self.splits[s]):,}" for s in SPLITS)
+        return ", ".join(f"{s} {sum(len(p) for p in self.splits[s]):,}" for s in SPLITS)
 
 
-def batches(table, size: int = 10_000) -> Iterator[dict[str, list]]:
-    """A table's rows in column batches, read from the memory map a batch at a time."""
-    for start in range(0, len(table), size):
-        yield table[start : start + size]
+def blanks(table, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """Which rows of ``column`` are missing (null) and which empty (blank text, an empty list)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
-
-def quiet_datasets():
-    """The ``datasets`` module with its progress bars and logging off: the console shows our stages."""
-    import datasets
-
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
-    return datasets
+    values = table.with_format("arrow")[column]
+    missing = np.asarray(values.is_null(), dtype=bool)
+    if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+        empty = pc.equal(pc.utf8_trim_whitespace(values), "")
+    elif pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
+        empty = pc.equal(pc.list_value_length(values), 0)
+    else:
+        return missing, np.zeros_like(missing)
+    return missing, np.asarray(empty.fill_null(False), dtype=bool) & ~missing
 
 
 def suffixes(path: Path) -> tuple[str, str]:
@@ -220,85 +220,12 @@ def read_table(path: Path, columns: str) -> Part:
             from None
     if "translation" in table.column_names and hasattr(table.features["translation"], "keys"):
         table = table.flatten().rename_columns({c: c.removeprefix("translation.") for c in table.flatten().column_names})
-    return Part(table, path.name, "line" if ext == ".jsonl" else "row", list(range(1, len(table) + 1)))
+    return Part(table, path.name, "line" if ext == ".jsonl" else "row", numbered(len(table)))
 
 
-def read_aligned(paths: dict[str, Path]) -> Part:
-    """Line-aligned files of one split, one per language (``train.fr``, ``train.en``): columns named by language."""
-    datasets = quiet_datasets()
-    lines = {lang: read_lines(path) for lang, path in paths.items()}
-    counts = {len(v) for v in lines.values()}
-    if len(counts) > 1:
-        listed = ", ".join(f"{p.name} {len(lines[lang]):,}" for lang, p in paths.items())
-        raise DataError(f"{next(iter(paths.values())).parent}: line-aligned files must have as many lines ({listed})")
-    names = "+".join(p.name for p in paths.values())
-    return Part(datasets.Dataset.from_dict(lines), names, "line", list(range(1, counts.pop() + 1)))
-
-
-def read_conll(path: Path) -> tuple[Part, list[str]]:
-    """Sentences of a CoNLL file (a word per line, its tag in the last column, a blank line between
-    sentences, ``-DOCSTART-`` lines skipped) as the columns ``tokens`` and ``tags`` (space-separated);
-    also the places of lines without a tag, whose sentences are left out."""
-    datasets = quiet_datasets()
-    words: list[str] = []
-    tags: list[str] = []
-    rows: dict[str, list] = {"tokens": [], "tags": []}
-    origin: list[int] = []
-    untagged: list[str] = []
-    start, broken = 0, False
-
-    def end() -> None:
-        if words and not broken:
-            rows["tokens"].append(" ".join(words))
-            rows["tags"].append(" ".join(tags))
-            origin.append(start)
-        words.clear()
-        tags.clear()
-
-    for number, line in enumerate([*read_lines(path), ""], 1):
-        cells = line.split()
-        if not cells or cells[0] == "-DOCSTART-":
-            end()
-            broken = False
-            continue
-        if not words:
-            start = number
-        if len(cells) < 2:
-            untagged.append(f"{path.name}:{number}")
-            broken = True
-        words.append(cells[0])
-        tags.append(cells[-1])
-    return Part(datasets.Dataset.from_dict(rows), path.name, "line", origin), untagged
-
-
-def text_part(text: str, name: str) -> Part:
-    """Running text as rows of paragraphs (each keeps its line breaks): the core joins them into one
-    stream again, and the outputs files hold readable pieces instead of one huge row."""
-    pieces = [p for p in re.split(r"(?<=\n\n)(?=[^\n])", text) if p]
-    return Part(quiet_datasets().Dataset.from_dict({"text": pieces}), name, "row", list(range(1, len(pieces) + 1)))
-
-
-def whole_text(path: Path) -> str:
-    return "".join(line + "\n" for line in read_lines(path))
-
-
-def read_text(paths: list[Path], seed: int, val: float, test: float) -> tuple[dict[str, list[Part]], str]:
-    """Running text for a language model, in its order: one or a few files are joined and the last
-    ``val + test`` of the characters held out (nanoGPT's rule; cut at line ends), val before test;
-    with ``MANY_FILES`` or more, whole files are held out by a seeded shuffle."""
-    if len(paths) >= MANY_FILES:
-        order = list(paths)
-        random.Random(seed).shuffle(order)
-        n_val, n_test = (max(1, round(f * len(order))) for f in (val, test))
-        chosen = {"val": order[:n_val], "test": order[n_val:n_val + n_test], "train": order[n_val + n_test:]}
-        return ({s: [text_part(whole_text(p), p.name) for p in sorted(chosen[s])] for s in SPLITS},
-                f"whole files held out by a seeded shuffle (data.split_seed): {n_val} val, {n_test} test")
-    text = "".join(whole_text(p) for p in paths)
-    name = "+".join(p.name for p in paths)
-    cuts = [text.rfind("\n", 0, int(len(text) * f) + 1) + 1 or int(len(text) * f) for f in (1 - (val + test), 1 - test)]
-    return ({"train": [text_part(text[: cuts[0]], name)], "val": [text_part(text[cuts[0] : cuts[1]], name)],
-             "test": [text_part(text[cuts[1] :], name)]},
-            f"the text in order: the last {val + test:.0%} of its characters held out, val then test")
+def read_text(paths: list[Path], opts: ReadOptions) -> tuple[dict[str, list[Part]], str]:
+    """Running text for a language model, in its order (see :func:`taskformer.core.userlines.read_text`)."""
+    return read_running(paths, opts.split_seed, opts.val_fraction, opts.test_fraction, MANY_FILES)
 
 
 def read_hub(name: str) -> dict[str, list[Part]]:
@@ -316,7 +243,7 @@ def read_hub(name: str) -> dict[str, list[Part]]:
             if "translation" in table.column_names:
                 table = table.flatten()
                 table = table.rename_columns({c: c.removeprefix("translation.") for c in table.column_names})
-            splits[ours] = [Part(table, f"hub {repo} {hub_split}", "row", list(range(1, len(table) + 1)))]
+            splits[ours] = [Part(table, f"hub {repo} {hub_split}", "row", numbered(len(table)))]
     return splits
 
 
@@ -347,9 +274,9 @@ def read(location: str, opts: ReadOptions, lm: bool = False) -> Source:
         if lm and {kind_of(p, lm) for p in found} == {"text"}:
             named = {p: split_of(suffixes(p)[0]) for p in found}
             if not all(named.values()):
-                splits, how = read_text(found, opts.split_seed, opts.val_fraction, opts.test_fraction)
+                splits, how = read_text(found, opts)
                 return finish(Source(location, splits, ["text"], how, notes, running=True))
-            splits = {s: [text_part(whole_text(f), f.name) for f in found if named[f] == s] for s in SPLITS}
+            splits = {s: [text_part([f], f.name) for f in found if named[f] == s] for s in SPLITS}
             return finish(Source(location, splits, ["text"], "file names", notes, running=True))
         else:
             splits, how = read_files(found, path, opts, notes)
@@ -407,9 +334,9 @@ def finish(source: Source, opts: ReadOptions | None = None) -> Source:
         by_split(source)
     if opts is not None and "train" in source.splits and not all(s in source.splits for s in SPLITS):
         carve(source, opts)
-    if empty := [s for s in SPLITS if not sum(len(p.origin) for p in source.splits.get(s, []))]:
+    if empty := [s for s in SPLITS if not sum(len(p) for p in source.splits.get(s, []))]:
         raise DataError(f"{source.location}: the {' and '.join(empty)} split would be empty ({source.how}; "
-                        f"rows: {', '.join(f'{s} {sum(len(p.origin) for p in source.splits.get(s, [])):,}' for s in SPLITS)}); "
+                        f"rows: {', '.join(f'{s} {sum(len(p) for p in source.splits.get(s, [])):,}' for s in SPLITS)}); "
                         "give more rows or a file for it")
     source.notes = {"data": source.location, "splits": f"{source.sizes()} ({source.how})", **source.notes}
     return source
@@ -435,17 +362,22 @@ def carve(source: Source, opts: ReadOptions) -> None:
     """Val and test rows drawn from train by a shuffle seeded with ``data.split_seed`` (never by position:
     sorted data would give a val set of one kind)."""
     train = source.splits["train"]
-    places = [(k, i) for k, part in enumerate(train) for i in range(len(part.origin))]
-    random.Random(opts.split_seed).shuffle(places)
+    order = list(range(sum(len(part) for part in train)))  # the same shuffle as of a list of (part, row)
+    random.Random(opts.split_seed).shuffle(order)
+    places = np.asarray(order, dtype=np.int64)
+    del order
     wanted = {s: f for s, f in (("val", opts.val_fraction), ("test", opts.test_fraction)) if s not in source.splits}
-    taken: dict[str, list[tuple[int, int]]] = {}
+    taken: dict[str, np.ndarray] = {}
     total = len(places)
     for split, fraction in wanted.items():
         n = min(max(1, round(fraction * total)), max(len(places) - 1, 0))
         taken[split], places = places[:n], places[n:]
     taken["train"] = places
+    edges = np.cumsum([0] + [len(part) for part in train])
     for split, chosen in taken.items():
-        source.splits[split] = [part.take(sorted(i for k2, i in chosen if k2 == k)) for k, part in enumerate(train)]
+        chosen = np.sort(chosen)
+        source.splits[split] = [part.take(chosen[(chosen >= lo) & (chosen < hi)] - lo)
+                                for part, lo, hi in zip(train, edges[:-1], edges[1:])]
     source.how += f"; {' and '.join(wanted)} from {SPLIT_RULE}"
 
 

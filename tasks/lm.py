@@ -60,22 +60,33 @@ def taskformer_tasks():
     return [TASK]
 
 
+def running_rows(source: userdata.Source, split: str, column: str) -> Any:
+    """A split as ``(prompt, text)`` rows of a ``datasets.Dataset`` with no prompt: running text,
+    joined into one stream by the core. Documents of a table are separated by a blank line in the
+    stream; the paragraphs of plain text keep their own."""
+    rows = source.dataset(split, [column], ["target"])
+    if not source.running:
+        rows = rows.map(lambda batch: {"target": [t.rstrip("\n") + "\n\n" for t in batch["target"]]}, batched=True)
+    return rows.add_column("source", [""] * len(rows))
+
+
+def characters_in(rows) -> int:
+    import pyarrow.compute as pc
+
+    return int(pc.sum(pc.utf8_length(rows.with_format("arrow")["target"])).as_py() or 0)
+
+
 @hookimpl
 def taskformer_data(task, config, data_dir, tokenizer):
     opts = config.data
     source = userdata.read(userdata.location(data_dir, task.name), opts, lm=True)
     column = source.pick("text", opts.text, TEXT)[0]
-    splits = {}
-    for split in userdata.SPLITS:
-        rows, _ = source.rows(split, [column])
-        # documents of a table are separated by a blank line in the stream; paragraphs keep their own
-        splits[split] = [("", text if source.running else text.rstrip("\n") + "\n\n") for (text,) in rows]
-    train_text = "".join(text for _, text in splits["train"])
-    if not train_text.strip():
+    splits = {split: running_rows(source, split, column) for split in userdata.SPLITS}
+    if not len(splits["train"]):
         raise DataError(f"{source.location}: the train split holds no text")
-    if tokenizer is None:
-        tokenizer = (characters([train_text], whitespace=True) if opts.tokenizer == "characters"
-                     else subword([train_text], opts.vocab_size))
-    source.notes["characters"] = ", ".join(f"{s} {sum(len(t) for _, t in splits[s]):,}" for s in userdata.SPLITS)
+    if tokenizer is None:  # from the train text a batch of rows at a time, never the whole text at once
+        texts = (text for batch in userdata.batches(splits["train"]) for text in batch["target"])
+        tokenizer = characters(texts, whitespace=True) if opts.tokenizer == "characters" else subword(texts, opts.vocab_size)
+    source.notes["characters"] = ", ".join(f"{s} {characters_in(splits[s]):,}" for s in userdata.SPLITS)
     userdata.tell(source)
     return TaskData(tokenizer=tokenizer, splits=splits, notes=source.notes)

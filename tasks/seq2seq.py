@@ -115,16 +115,18 @@ def taskformer_data(task, config, data_dir, tokenizer):
     language = tgt if userdata.LANGUAGE.fullmatch(tgt) and tgt not in TARGET else ""
     bleu, warning = bleu_tokenizer(language)
     fields = {"bleu_tokenize": bleu}  # the metrics hook scores with it
-    pairs = {}
-    for split in userdata.SPLITS:
+    pairs: dict[str, Any] = {}
+    for split in ("val", "test"):
         rows, _ = source.rows(split, [src, tgt])
-        pairs[split] = [(s, t) if split == "train" else (s, t, fields) for s, t in rows]
-    train = pairs["train"]
+        pairs[split] = [(s, t, fields) for s, t in rows]
+    train = source.dataset("train", [src, tgt], ["source", "target"])  # read a chunk at a time, never held
     if 0 < opts.max_train < len(train):  # a seeded subsample, for quick runs (the same on resume)
-        keep = random.Random(config.train.seed).sample(range(len(train)), opts.max_train)
-        pairs["train"] = [train[i] for i in sorted(keep)]
+        train = train.select(sorted(random.Random(config.train.seed).sample(range(len(train)), opts.max_train)))
+    pairs["train"] = train
     if tokenizer is None:  # one vocabulary of both sides of train: source, target and output share embeddings
-        tokenizer = subword([side for pair in pairs["train"] for side in pair], opts.vocab_size, kind=opts.tokenizer)
+        sides = (text for batch in userdata.batches(train) for pair in zip(batch["source"], batch["target"])
+                 for text in pair)
+        tokenizer = subword(sides, opts.vocab_size, kind=opts.tokenizer)
     source.notes["direction"] = f"{src} -> {tgt} (data.source, data.target choose)"
     source.notes["BLEU tokenizer"] = warning or bleu
     userdata.tell(source)

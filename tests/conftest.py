@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from taskformer import Task, TaskData, hookimpl, read_tsv, symbols
 from taskformer.app.cli import main
 from taskformer.plugins.manager import plugins
 
@@ -119,3 +120,62 @@ def finished(tmp_path_factory):
     out = tmp_path_factory.mktemp("finished") / "run"
     assert run_cli("run", "copy", "--out", str(out), *TINY).returncode == 0
     return out
+
+
+class Reversing:
+    """A plugin task that reverses digit strings read from DIR/pairs.tsv and counts its data hook's
+    calls (the cache tests' plugin). ``lazy`` hands every split over as a datasets.Dataset instead of a list."""
+
+    MODEL = {"d_model": 32, "n_heads": 2, "enc_layers": 1, "dec_layers": 1, "d_ff": 64, "dropout": 0.0, "max_len": 16}
+
+    def __init__(self, name: str, lazy: bool = False):
+        self.calls, self.lazy = 0, lazy
+        self.task = Task(name, "Reverse digits read from a file", metric="exact_match",
+                         defaults={"model": self.MODEL,
+                                   "train": {"epochs": 1, "max_tokens": 256, "warmup": 2, "threads": 1}})
+
+    @hookimpl
+    def taskformer_tasks(self):
+        return [self.task]
+
+    @hookimpl
+    def taskformer_data(self, config, data_dir):
+        self.calls += 1
+        pairs = read_tsv(data_dir / "pairs.tsv")
+        splits = {"train": pairs, "val": pairs[:4], "test": pairs[4:8]}
+        if self.lazy:
+            import datasets
+
+            splits = {name: datasets.Dataset.from_dict({"source": [s for s, _ in rows], "target": [t for _, t in rows]})
+                      for name, rows in splits.items()}
+        return TaskData(tokenizer=symbols(list("0123456789")), splits=splits)
+
+    @hookimpl
+    def taskformer_metrics(self, hypotheses, references):
+        return {"exact_match": 100.0 * sum(h == r for h, r in zip(hypotheses, references)) / len(references)}
+
+
+@pytest.fixture
+def reverse_data(tmp_path):
+    """A folder with pairs.tsv: 40 digit strings of 1 to 6 digits and their reversals (the Reversing task's data)."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    rows = [" ".join(f"{(i * 7 + j) % 10}" for j in range(1 + i % 6)) for i in range(40)]
+    (folder / "pairs.tsv").write_text("".join(f"{r}\t{' '.join(reversed(r.split()))}\n" for r in rows))
+    return folder
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A prepared-data cache folder of the test's own (TASKFORMER_CACHE)."""
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("TASKFORMER_CACHE", str(folder))
+    return folder
+
+
+def run_reversing(cli, task: str, folder, out, steps: int, *more):
+    """``taskformer run TASK --data-dir FOLDER --out OUT`` for ``steps`` updates, checked to succeed cleanly."""
+    result = cli("run", task, "--data-dir", str(folder), "--out", str(out), "--set", f"train.max_steps={steps}", *more)
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output and "internal error" not in result.output
+    return result

@@ -6,71 +6,19 @@ import os
 
 import numpy as np
 import pytest
+from conftest import Reversing, run_reversing
 
-from taskformer import Task, TaskData, hookimpl, read_tsv, symbols
+from taskformer import TaskData, symbols
 from taskformer.core.data import encode
-
-SMALL = {"d_model": 32, "n_heads": 2, "enc_layers": 1, "dec_layers": 1, "d_ff": 64, "dropout": 0.0, "max_len": 16}
-
-
-class Reversing:
-    """Reverse digit strings read from DIR/pairs.tsv; counts its data hook's calls. ``lazy`` hands
-    every split over as a datasets.Dataset instead of a list."""
-
-    TASK = Task("prepared-reverse", "Reverse digits read from a file", metric="exact_match",
-                defaults={"model": SMALL, "train": {"epochs": 1, "max_tokens": 256, "warmup": 2, "threads": 1}})
-
-    def __init__(self, lazy=False):
-        self.calls, self.lazy = 0, lazy
-
-    @hookimpl
-    def taskformer_tasks(self):
-        return [self.TASK]
-
-    @hookimpl
-    def taskformer_data(self, config, data_dir):
-        self.calls += 1
-        pairs = read_tsv(data_dir / "pairs.tsv")
-        splits = {"train": pairs, "val": pairs[:4], "test": pairs[4:8]}
-        if self.lazy:
-            import datasets
-
-            splits = {name: datasets.Dataset.from_dict({"source": [s for s, _ in rows], "target": [t for _, t in rows]})
-                      for name, rows in splits.items()}
-        return TaskData(tokenizer=symbols(list("0123456789")), splits=splits)
-
-    @hookimpl
-    def taskformer_metrics(self, hypotheses, references):
-        return {"exact_match": 100.0 * sum(h == r for h, r in zip(hypotheses, references)) / len(references)}
 
 
 @pytest.fixture
 def plugin(register):
-    return register(Reversing(), "prepared-reverse-plugin")
+    return register(Reversing("prepared-reverse"), "prepared-reverse-plugin")
 
 
-@pytest.fixture
-def data_dir(tmp_path):
-    folder = tmp_path / "data"
-    folder.mkdir()
-    rows = [" ".join(f"{(i * 7 + j) % 10}" for j in range(1 + i % 6)) for i in range(40)]
-    (folder / "pairs.tsv").write_text("".join(f"{r}\t{' '.join(reversed(r.split()))}\n" for r in rows))
-    return folder
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    folder = tmp_path / "cache"
-    monkeypatch.setenv("TASKFORMER_CACHE", str(folder))
-    return folder
-
-
-def run(cli, data_dir, out, *more):
-    result = cli("run", "prepared-reverse", "--data-dir", str(data_dir), "--out", str(out), "--set",
-                 "train.max_steps=3", *more)
-    assert result.exit_code == 0, result.output
-    assert "Traceback" not in result.output and "internal error" not in result.output
-    return result
+def run(cli, reverse_data, out, *more):
+    return run_reversing(cli, "prepared-reverse", reverse_data, out, 3, *more)
 
 
 def trained(out) -> dict:
@@ -107,9 +55,9 @@ def test_ids_are_uint16_where_the_vocabulary_fits_and_int32_beyond():
     assert small.tgt == [[1, 6, 5, 4, 2], [1, 5, 2]]
 
 
-def test_a_warm_cache_gives_the_same_batches_and_result_as_a_cold_one(cli, plugin, data_dir, cache, tmp_path):
-    cold = run(cli, data_dir, tmp_path / "cold")
-    warm = run(cli, data_dir, tmp_path / "warm")
+def test_a_warm_cache_gives_the_same_batches_and_result_as_a_cold_one(cli, plugin, reverse_data, cache, tmp_path):
+    cold = run(cli, reverse_data, tmp_path / "cold")
+    warm = run(cli, reverse_data, tmp_path / "warm")
     assert plugin.calls == 1 and "reading the prepared data from the cache" in warm.stderr
     assert trained(tmp_path / "cold") == trained(tmp_path / "warm")
     assert same_weights(tmp_path / "cold", tmp_path / "warm")
@@ -120,27 +68,27 @@ def test_a_warm_cache_gives_the_same_batches_and_result_as_a_cold_one(cli, plugi
     assert not warnings_of(cold) and not warnings_of(warm)
 
 
-def test_a_lazy_split_runs_as_a_list_does(cli, plugin, data_dir, tmp_path, monkeypatch):
+def test_a_lazy_split_runs_as_a_list_does(cli, plugin, reverse_data, tmp_path, monkeypatch):
     monkeypatch.setenv("TASKFORMER_CACHE", "off")
-    run(cli, data_dir, tmp_path / "lists")
+    run(cli, reverse_data, tmp_path / "lists")
     plugin.lazy = True
-    run(cli, data_dir, tmp_path / "lazy")
+    run(cli, reverse_data, tmp_path / "lazy")
     assert plugin.calls == 2
     assert trained(tmp_path / "lists") == trained(tmp_path / "lazy")
     assert same_weights(tmp_path / "lists", tmp_path / "lazy")
 
 
-def test_the_key_ignores_training_options(cli, plugin, data_dir, cache, tmp_path):
-    dry = cli("run", "prepared-reverse", "--data-dir", str(data_dir), "--dry-run")
+def test_the_key_ignores_training_options(cli, plugin, reverse_data, cache, tmp_path):
+    dry = cli("run", "prepared-reverse", "--data-dir", str(reverse_data), "--dry-run")
     assert dry.exit_code == 0, dry.output
-    run(cli, data_dir, tmp_path / "a", "--set", "train.lr=0.002", "--set", "model.d_ff=32")
+    run(cli, reverse_data, tmp_path / "a", "--set", "train.lr=0.002", "--set", "model.d_ff=32")
     assert plugin.calls == 1
-    run(cli, data_dir, tmp_path / "b", "--seed", "4")  # the seed may choose rows: a new entry
+    run(cli, reverse_data, tmp_path / "b", "--seed", "4")  # the seed may choose rows: a new entry
     assert plugin.calls == 2
 
 
 @pytest.mark.parametrize("where", ["file", "/dev/null", "read-only", "too long"])
-def test_an_unusable_cache_folder_costs_time_not_the_run(cli, plugin, data_dir, tmp_path, monkeypatch, where):
+def test_an_unusable_cache_folder_costs_time_not_the_run(cli, plugin, reverse_data, tmp_path, monkeypatch, where):
     if where == "file":
         (tmp_path / "a-file").write_text("not a folder")
         path = str(tmp_path / "a-file")
@@ -155,8 +103,8 @@ def test_an_unusable_cache_folder_costs_time_not_the_run(cli, plugin, data_dir, 
     else:
         path = where
     monkeypatch.setenv("TASKFORMER_CACHE", path)
-    first = run(cli, data_dir, tmp_path / "a")
-    second = run(cli, data_dir, tmp_path / "b")
+    first = run(cli, reverse_data, tmp_path / "a")
+    second = run(cli, reverse_data, tmp_path / "b")
     assert plugin.calls == 2
     assert len(warnings_of(first)) == 1 and len(warnings_of(second)) <= 1  # once a process: the same line is not repeated
     assert trained(tmp_path / "a") == trained(tmp_path / "b")
@@ -192,46 +140,46 @@ def damage_emptied(entry):
 
 
 @pytest.mark.parametrize("damage", [damage_truncated, damage_tampered, damage_out_of_range, damage_emptied])
-def test_a_damaged_entry_is_rebuilt(cli, plugin, data_dir, cache, tmp_path, damage):
-    run(cli, data_dir, tmp_path / "a")
+def test_a_damaged_entry_is_rebuilt(cli, plugin, reverse_data, cache, tmp_path, damage):
+    run(cli, reverse_data, tmp_path / "a")
     [entry] = entries(cache)
     damage(entry)
-    rebuilt = run(cli, data_dir, tmp_path / "b")
+    rebuilt = run(cli, reverse_data, tmp_path / "b")
     assert plugin.calls == 2
     assert len(warnings_of(rebuilt)) == 1 and "made again" in warnings_of(rebuilt)[0]
     assert trained(tmp_path / "a") == trained(tmp_path / "b")
-    warm = run(cli, data_dir, tmp_path / "c")  # and the entry made again is used
+    warm = run(cli, reverse_data, tmp_path / "c")  # and the entry made again is used
     assert plugin.calls == 2 and not warnings_of(warm)
 
 
-def test_a_swapped_entry_is_not_trusted(cli, plugin, data_dir, cache, tmp_path):
-    run(cli, data_dir, tmp_path / "a")
-    run(cli, data_dir, tmp_path / "b", "--seed", "4")
+def test_a_swapped_entry_is_not_trusted(cli, plugin, reverse_data, cache, tmp_path):
+    run(cli, reverse_data, tmp_path / "a")
+    run(cli, reverse_data, tmp_path / "b", "--seed", "4")
     first, second = entries(cache)
     first.rename(cache / "data" / "swap")
     second.rename(first)
     (cache / "data" / "swap").rename(second)
-    run(cli, data_dir, tmp_path / "c")
+    run(cli, reverse_data, tmp_path / "c")
     assert plugin.calls == 3  # read again, not served the other seed's rows
     assert trained(tmp_path / "a") == trained(tmp_path / "c")
 
 
-def test_pruning_keeps_the_size_cap_and_leaves_other_folders_alone(cli, plugin, data_dir, cache, tmp_path, monkeypatch):
-    run(cli, data_dir, tmp_path / "a")
+def test_pruning_keeps_the_size_cap_and_leaves_other_folders_alone(cli, plugin, reverse_data, cache, tmp_path, monkeypatch):
+    run(cli, reverse_data, tmp_path / "a")
     mine = cache / "data" / "0123456789abcdef0123456789abcdef"  # named like an entry, marked, but not the cache's
     mine.mkdir()
     (mine / ".taskformer-data").write_text("{}")
     (mine / "notes.txt").write_text("keep me")
     monkeypatch.setenv("TASKFORMER_CACHE_GB", "0.000001")  # a byte cap below one entry: only the newest stays
-    run(cli, data_dir, tmp_path / "b", "--seed", "4")
+    run(cli, reverse_data, tmp_path / "b", "--seed", "4")
     assert len(entries(cache)) == 2 and (mine / "notes.txt").read_text() == "keep me"
 
 
-def test_data_too_large_for_memory_is_refused_before_it_is_read(cli, plugin, data_dir, cache, monkeypatch):
+def test_data_too_large_for_memory_is_refused_before_it_is_read(cli, plugin, reverse_data, cache, monkeypatch):
     from taskformer.app import resources
 
     monkeypatch.setattr(resources, "available_memory", lambda: 1000)  # bytes: less than the file's text needs
-    result = cli("run", "prepared-reverse", "--data-dir", str(data_dir), "--set", "train.max_steps=1")
+    result = cli("run", "prepared-reverse", "--data-dir", str(reverse_data), "--set", "train.max_steps=1")
     assert result.exit_code == 2 and plugin.calls == 0
     [line] = result.stderr.strip().splitlines()[-1:]
-    assert line.startswith(f"Error: --data-dir {data_dir}: preparing its") and "memory" in line
+    assert line.startswith(f"Error: --data-dir {reverse_data}: preparing its") and "memory" in line

@@ -9,6 +9,7 @@ import pytest
 
 from taskformer.app import hooks
 from taskformer.app.prepare import make_config
+from taskformer.core.data import rows
 from taskformer.plugins.manager import plugins
 
 TOPICS = {"sport": "goal match team win", "tech": "chip software laptop code", "money": "stock bank market price"}
@@ -58,8 +59,11 @@ def refused(result, *says: str) -> str:
 
 
 def load(task: str, data, *sets, seed=None):
+    """The task's data as its hook gives it, with train's rows (which may be a lazy ``datasets.Dataset``) as tuples."""
     chosen = plugins().task(task)
-    return hooks.load_data(chosen, make_config(chosen, None, list(sets), seed), data)
+    data = hooks.load_data(chosen, make_config(chosen, None, list(sets), seed), data)
+    data.splits["train"] = rows(data.splits["train"])
+    return data
 
 
 # -- formats ---------------------------------------------------------------------------------------------
@@ -190,6 +194,28 @@ def test_running_text_keeps_its_order_and_many_files_are_held_out_whole(cli, tmp
     out = dry(cli, "lm", many)
     assert "whole files held out" in out and sizes(out) == {"train": 18, "val": 1, "test": 1}
 
+
+
+def test_large_data_is_handed_over_lazily_and_streaming_loses_no_text(tmp_path):
+    """translate and lm give the core their train split as a datasets.Dataset (read a batch at a
+    time, never held as Python rows), and running text read a line at a time joins back to the file."""
+    import datasets
+
+    text = "".join(f"Ça va {i}, très bien.\n" + ("\n" if i % 3 == 0 else "") + ("\n\n" if i % 7 == 0 else "")
+                   for i in range(300))
+    (tmp_path / "book.txt").write_text(text, encoding="utf-8")
+    chosen = plugins().task("lm")
+    data = hooks.load_data(chosen, make_config(chosen, None, [], None), tmp_path / "book.txt")
+    assert isinstance(data.splits["train"], datasets.Dataset)
+    assert "".join(t for s in ("train", "val", "test") for _, t in rows(data.splits[s])) == text
+    pairs = tmp_path / "pairs"
+    pairs.mkdir()
+    (pairs / "train.en").write_text("".join(f"a dog {i}\n" for i in range(30)))
+    (pairs / "train.de").write_text("".join(f"ein Hund {i}\n" for i in range(30)))
+    chosen = plugins().task("translate")
+    data = hooks.load_data(chosen, make_config(chosen, None, [], None), pairs)
+    assert isinstance(data.splits["train"], datasets.Dataset)
+    assert sorted(rows(data.splits["train"]))[:2] == [("ein Hund 0", "a dog 0"), ("ein Hund 1", "a dog 1")]
 
 # -- columns ---------------------------------------------------------------------------------------------
 

@@ -12,10 +12,12 @@ Then measures, each as a child process (CPU seconds from ``wait4``'s rusage, pea
 cache it left; (c) a real run with a warm cache to ``--updates`` updates: seconds to the first
 update (from the run's log) and peak RSS; (d) the tokenizers library alone on the same text: train
 the BPE (the task's vocabulary size) from an iterator and encode both sides to uint16 in batches;
-(e) the cache's size against its uint16 token arrays. The same (a), (b) for ``--lm-task`` on
-``text/`` unless ``--lm-bytes 0``. Prints a table of ratios and writes JSON.
+(e) the cache's size against its uint16 token arrays. The same (a), (b), (c), (e) for ``--lm-task``
+(the generic ``lm``: a character vocabulary) on ``text/`` unless ``--lm-bytes 0``, against the
+tokenizers library alone on that text (a character vocabulary trained from the file read in
+pieces, the text encoded to uint16 in batches of pieces). Prints a table of ratios and writes JSON.
 
-    python bench/data/data_scale.py /tmp/scale [--pairs 4500000] [--task translate-de-en] [--lm-bytes 1e9]
+    python bench/data/data_scale.py /tmp/scale [--pairs 4500000] [--task translate] [--lm-bytes 1e9]
 """
 from __future__ import annotations
 
@@ -92,7 +94,8 @@ def build_text(folder: Path, size: int) -> Path:
 
 def child(cmd: list[str], env: dict, watch: Path | None = None, updates: int = 0) -> dict:
     """Run ``cmd``; its CPU seconds and peak RSS, and with ``watch`` (a run's metrics.jsonl) the
-    seconds to its first logged update, stopping it with SIGINT after ``updates`` updates."""
+    seconds to its first logged update, killing it after ``updates`` updates (an interrupted run would
+    still evaluate every val and test token, which is not what is measured: at 1 GB, hours here)."""
     started = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     first = None
@@ -102,7 +105,7 @@ def child(cmd: list[str], env: dict, watch: Path | None = None, updates: int = 0
         if steps and first is None:
             first = time.monotonic() - started
         if steps and max(steps) >= updates:
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signal.SIGKILL)
             break
         time.sleep(0.2)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -141,6 +144,28 @@ print(size)
 '''
 
 
+LIBRARY_LM = r'''
+import sys, numpy as np
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+path = sys.argv[1]
+def pieces():
+    with open(path, encoding="utf-8") as f:
+        yield from iter(lambda: f.read(1 << 16), "")
+tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+tok.train_from_iterator(pieces(), trainers.WordLevelTrainer(special_tokens=["[PAD]", "[BOS]", "[EOS]", "[UNK]"],
+                        show_progress=False))
+size, batch = 0, []
+for piece in pieces():
+    batch.append(piece)
+    if len(batch) == 64:
+        size += sum(np.asarray(e.ids, np.uint16).nbytes for e in tok.encode_batch(batch))
+        batch.clear()
+size += sum(np.asarray(e.ids, np.uint16).nbytes for e in tok.encode_batch(batch))
+print(size)
+'''
+
+
 def cache_sizes(cache: Path) -> dict:
     entries = [p for p in (cache / "data").iterdir() if not p.name.startswith(".")]
     total = sum(f.stat().st_size for e in entries for f in e.rglob("*") if f.is_file())
@@ -170,10 +195,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", type=Path, help="where the corpora, caches and runs go (outside the repository)")
     ap.add_argument("--pairs", type=int, default=4_500_000)
-    ap.add_argument("--task", default="translate-de-en")
+    ap.add_argument("--task", default="translate")
     ap.add_argument("--vocab", type=int, default=10_000, help="the task's data.vocab_size (translate-de-en's default)")
-    ap.add_argument("--updates", type=int, default=50, help="updates of the real run with a warm cache (0: none)")
-    ap.add_argument("--lm-task", default="shakespeare-char")
+    ap.add_argument("--updates", type=int, default=50, help="updates of the real runs with a warm cache (0: none)")
+    ap.add_argument("--skip-pairs", action="store_true", help="measure the lm corpus only")
+    ap.add_argument("--lm-task", default="lm")
     ap.add_argument("--lm-bytes", type=float, default=1e9, help="size of the lm corpus (0: skip the lm runs)")
     ap.add_argument("--json", type=Path, help="write the figures here too")
     args = ap.parse_args()
@@ -181,17 +207,20 @@ def main() -> None:
     if folder.is_relative_to(ROOT):
         sys.exit(f"{folder} is inside the repository; pick a folder outside it")
     folder.mkdir(parents=True, exist_ok=True)
-    pairs = build_pairs(folder, args.pairs)
     work = Path(tempfile.mkdtemp(dir=folder, prefix="work-"))
+    figures: dict = {"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                     "pairs": 0 if args.skip_pairs else args.pairs, "task": args.task, "lm_task": args.lm_task}
     try:
-        figures: dict = {"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                         "pairs": args.pairs, "task": args.task,
-                         "library": child([sys.executable, "-c", LIBRARY, str(pairs), str(args.vocab)], dict(os.environ))}
-        figures[args.task] = measure(args.task, pairs, work, args.updates, ["--set", f"data.vocab_size={args.vocab}"])
+        if not args.skip_pairs:
+            pairs = build_pairs(folder, args.pairs)
+            figures["library"] = child([sys.executable, "-c", LIBRARY, str(pairs), str(args.vocab)], dict(os.environ))
+            figures[args.task] = measure(args.task, pairs, work, args.updates,
+                                         ["--set", f"data.vocab_size={args.vocab}"])
         if args.lm_bytes:
             text = build_text(folder, int(args.lm_bytes))
             figures["lm_bytes"] = int(args.lm_bytes)
-            figures[args.lm_task] = measure(args.lm_task, text, work, 0, [])
+            figures["lm_library"] = child([sys.executable, "-c", LIBRARY_LM, str(text / "input.txt")], dict(os.environ))
+            figures[args.lm_task] = measure(args.lm_task, text, work, args.updates, [])
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report(figures, args.task)
@@ -200,29 +229,28 @@ def main() -> None:
 
 
 def report(f: dict, task: str) -> None:
-    lib, t = f["library"], f[task]
-    rows = [("library alone: CPU s / peak RSS MB", f"{lib['cpu_s']} / {lib['peak_rss_mb']}", ""),
-            ("dry run, empty cache: CPU s / peak RSS MB", f"{t['cold_dry_run']['cpu_s']} / {t['cold_dry_run']['peak_rss_mb']}",
-             f"{t['cold_dry_run']['cpu_s'] / lib['cpu_s']:.2f}x the library's CPU (goal <= 1.5x); "
-             f"{t['cold_dry_run']['peak_rss_mb'] / 1024:.2f} GiB (goal <= 4)"),
-            ("dry run, warm cache: CPU s / peak RSS MB",
-             f"{t['warm_dry_run']['cpu_s']} / {t['warm_dry_run']['peak_rss_mb']}", ""),
-            ("cache MB / its token arrays MB", f"{t['cache']['cache_mb']} / {t['cache']['token_arrays_mb']}",
-             f"{t['cache']['ratio']}x (goal <= 1.5x)")]
-    if "warm_run" in t:
-        w = t["warm_run"]
-        rows.append(("real run, warm cache: first update s / peak RSS MB", f"{w['first_update_s']} / {w['peak_rss_mb']}",
-                     f"{w['peak_rss_mb'] / 1024:.2f} GiB (goal <= 4); first update goal <= 30 s (busy machine: wall time)"))
-    for name in [k for k in f if isinstance(f[k], dict) and "cold_dry_run" in f[k] and k != task]:
-        lm = f[name]
-        rows.append((f"{name} on {f['lm_bytes'] / 1e6:.0f} MB: dry run cold / warm, CPU s / peak RSS MB",
-                     f"{lm['cold_dry_run']['cpu_s']} / {lm['cold_dry_run']['peak_rss_mb']}; "
-                     f"{lm['warm_dry_run']['cpu_s']} / {lm['warm_dry_run']['peak_rss_mb']}",
-                     f"cache {lm['cache']['ratio']}x its arrays"))
-    print(f"{f['pairs']:,} pairs, {task}, {f['cpu']}, {f['date']}")
+    rows = []
+    for name, library, size in ((task, "library", f"{f['pairs']:,} pairs"),
+                                (f.get("lm_task", ""), "lm_library", f"{f.get('lm_bytes', 0) / 1e6:,.0f} MB of text")):
+        if name not in f:
+            continue
+        lib, t = f[library], f[name]
+        cold = t["cold_dry_run"]
+        rows += [(f"{name} on {size}: the library alone, CPU s / peak RSS MB", f"{lib['cpu_s']} / {lib['peak_rss_mb']}", ""),
+                 ("  dry run, empty cache: CPU s / peak RSS MB", f"{cold['cpu_s']} / {cold['peak_rss_mb']}",
+                  f"{cold['cpu_s'] / lib['cpu_s']:.2f}x the library's CPU (goal <= 1.5x); "
+                  f"{cold['peak_rss_mb'] / 1024:.2f} GiB (goal <= 4)"),
+                 ("  dry run, warm cache: CPU s / peak RSS MB",
+                  f"{t['warm_dry_run']['cpu_s']} / {t['warm_dry_run']['peak_rss_mb']}", ""),
+                 ("  cache MB / its token arrays MB", f"{t['cache']['cache_mb']} / {t['cache']['token_arrays_mb']}",
+                  f"{t['cache']['ratio']}x (goal <= 1.5x)")]
+        if "warm_run" in t:
+            w = t["warm_run"]
+            rows.append(("  real run, warm cache: first update s / peak RSS MB", f"{w['first_update_s']} / {w['peak_rss_mb']}",
+                         f"{w['peak_rss_mb'] / 1024:.2f} GiB (goal <= 4); first update goal <= 30 s (wall time)"))
+    print(f"{f['cpu']}, {f['date']}")
     for name, value, ratio in rows:
         print(f"{name:<62} {value:<28} {ratio}")
-
 
 if __name__ == "__main__":
     main()

@@ -48,6 +48,7 @@ from taskformer.core import progress, variants
 from taskformer.core.arrays import Ragged
 from taskformer.core.config import RunConfig
 from taskformer.core.data import IGNORE, Encoded, TaskData, encode
+from taskformer.core.data import rows as read_rows
 from taskformer.plugins.hookspecs import Task
 
 KEEP = 8  # cache entries kept, newest first: a few data sets and settings a person moves between
@@ -137,7 +138,7 @@ class Reread(Sequence):
 
     def __getitem__(self, i):
         if self.rows is None:
-            self.rows = list(self.hook().splits["train"])
+            self.rows = read_rows(self.hook().splits["train"])
         return self.rows[i]
 
 

@@ -45,7 +45,7 @@ from taskformer.app.rundir import row_json
 from taskformer.core import checkpoint as ckpt
 from taskformer.core import config as C
 from taskformer.core import progress
-from taskformer.core.data import TaskData, encode_sources
+from taskformer.core.data import TaskData, each_row, encode_sources
 from taskformer.core.decoding import decode_workers
 from taskformer.core.errors import TaskformerError
 from taskformer.core.model import SequenceModel
@@ -159,7 +159,7 @@ def check_student_data(teacher: Run, data_dir: str | None, student: C.RunConfig,
         return
     own = datacache.load(task, student, data_dir, lambda: load_data(task, student, data_dir, tokenizer=data.tokenizer),
                          data.tokenizer)
-    if [row[0] for row in own.splits["train"]] != [row[0] for row in data.splits["train"]]:
+    if [row[0] for row in each_row(own.splits["train"])] != [row[0] for row in each_row(data.splits["train"])]:
         raise TaskformerError(f"--seed {student.train.seed}: task {task.name!r} draws its data from the seed, so the "
                               f"student's train split would not be the one the teacher decodes (with its seed, "
                               f"{teacher.config.train.seed}); leave --seed out, or train a teacher with that seed")
@@ -255,7 +255,7 @@ def decode(teacher: Run, data: TaskData, run_dir: Path, temperature: float) -> d
         done_path.unlink(missing_ok=True)
         return {"decoded_rows": 0, "decode_seconds": 0.0}
     outputs = decoded_so_far(done_path, len(train))
-    sources = [row[0] for row in train]
+    sources = [row[0] for row in each_row(train)]
     kind = teacher.model.cfg.kind
     ids, _ = encode_sources(teacher.tokenizer, sources, teacher.model.cfg.max_len, classify=kind.classifies)
     order = [i for i in sorted(range(len(train)), key=lambda i: -len(ids[i])) if i not in outputs]

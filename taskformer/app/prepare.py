@@ -39,7 +39,7 @@ from taskformer.core import checkpoint as ckpt
 from taskformer.core import config as C
 from taskformer.core.clock import FEW_UPDATES, Clock, reserve_for
 from taskformer.core.config import RunConfig
-from taskformer.core.data import Encoded, TaskData
+from taskformer.core.data import Encoded, TaskData, each_row
 from taskformer.core.engine import epoch_updates
 from taskformer.core.errors import TaskformerError
 from taskformer.core.options import unused
@@ -222,7 +222,7 @@ def distilled(data: TaskData, record: dict, run_dir: Path) -> TaskData:
         raise TaskformerError(f"{path}: {len(rows):,} teacher outputs for the {len(train):,} rows of the task's train "
                               "split; the data is not what the teacher decoded (another --data-dir or data option?)")
     taught: list[tuple] = []
-    for number, (row, example) in enumerate(zip(rows, train), 1):
+    for number, (row, example) in enumerate(zip(rows, each_row(train)), 1):
         source, given = example[0], row.get("source")
         if given != source and not (isinstance(given, list) and tuple(given) == source):  # JSON's pair is a list
             raise TaskformerError(f"{path}:{number}: not the teacher's output for train row {number} of this data "
@@ -232,7 +232,7 @@ def distilled(data: TaskData, record: dict, run_dir: Path) -> TaskData:
         if not (is_distribution(output, data.labels) if data.labels else isinstance(output, str)):
             raise TaskformerError(f"{path}:{number}: the teacher's output is not {wanted}; the file is damaged")
         taught.append((source, row["output"], *example[2:]))  # the fields a row may carry
-    return replace(data, splits={**data.splits, "train": [*train, *taught] if mix else taught})
+    return replace(data, splits={**data.splits, "train": [*each_row(train), *taught] if mix else taught})
 
 
 def is_distribution(output, labels: list[str]) -> bool:
