@@ -153,6 +153,22 @@ def test_the_python_api_picks_and_names_the_engine(copy_run):
 
 
 @needs_ct2
+def test_ctranslate2_decodes_sources_of_several_lengths_in_one_batch(copy_run, monkeypatch):
+    """A server's batch mixes lengths: CTranslate2 takes it whole (each row cut to its own budget), where
+    our decoder splits it by length into batches of a sentence or two."""
+    from taskformer.core.runtimes import CTranslate2Search
+
+    calls: list[int] = []
+    run = CTranslate2Search._run
+    monkeypatch.setattr(CTranslate2Search, "_run", lambda self, rows, *a: calls.append(len(rows)) or run(self, rows, *a))
+    model = taskformer.load(copy_run)
+    texts = held_out(11, 40, (1, 14))  # 14 lengths
+    settings = {"beam": 1, "batch_size": 16, "max_len_a": 0.5, "max_len_b": 1}  # budgets that cut most rows
+    assert model.predict(texts, **settings) == model.predict(texts, engine="torch", **settings)
+    assert calls == [16, 16, 8]
+
+
+@needs_ct2
 def test_fallbacks_through_the_command_line(cli, copy_run, register):
     class OwnSearch:  # a plugin with a decode hook of its own, as couplet's constrained search is
         @hookimpl
