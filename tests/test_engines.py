@@ -55,6 +55,23 @@ def test_auto_falls_back_to_torch_and_says_why(facts, decode, found, why):
     assert choice.engine == "torch" and why in choice.reason
 
 
+@needs_ct2
+def test_a_gpu_whose_cuda_libraries_ctranslate2_cannot_load_is_not_offered_to_it(monkeypatch):
+    """A GPU CTranslate2 sees but whose cuBLAS it cannot open (torch built for another CUDA): auto must
+    not choose it and fail at the first sentence."""
+    import ctranslate2
+
+    def missing(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 1)
+    monkeypatch.setattr(engines.ctypes, "CDLL", missing)
+    found = engines.available("cuda")
+    assert "ctranslate2" not in found
+    choice = engines.choose("auto", COPY._replace(device="cuda"), DecodeConfig(), False, found)
+    assert choice.engine == "torch" and "needs libcublas.so.12" in choice.reason
+
+
 def test_an_engine_asked_for_by_name_is_refused_where_it_cannot_decode_never_swapped():
     with pytest.raises(engines.EngineError, match=r"decode.engine=ctranslate2: the run is an ensemble of 2"):
         engines.choose("ctranslate2", COPY._replace(members=2), DecodeConfig(), False, CPU)
