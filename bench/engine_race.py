@@ -173,25 +173,27 @@ def race(run: Run, texts: list[str], rounds: int, n: dict[int, int], device: str
 
 
 def classifier(run_dir: Path, sentences: int, limit: int = 0) -> dict:
-    """Batch-1 latency of a classifier run with ONNX Runtime and with torch, and label agreement on its test outputs."""
-    import taskformer
-
-    model = taskformer.load(run_dir)
+    """Batch-1 latency of a classifier run with ONNX Runtime and with torch, and label agreement on its
+    test outputs. Each engine is the run's setting (``--set decode.engine=...``, as ``taskformer
+    predict`` and the server take it), not a per-call option, which would rebuild the config every call."""
+    runs = {}
+    for engine in ("onnxruntime", "torch"):
+        runs[engine] = runner.load(run_dir)
+        runner.set_decoding(runs[engine], [f"decode.engine={engine}"], "--set")
     rows = [json.loads(line) for line in (run_dir / "outputs-test.jsonl").read_text().splitlines()][: limit or None]
     texts = [tuple(r["source"]) if isinstance(r["source"], list) else r["source"] for r in rows]
+    auto = runner.with_decoding(runs["torch"], {"engine": "auto"}, "bench")
     out: dict = {"run_dir": str(run_dir), "test_sentences": len(texts), "latency_ms": {},
-                 "engine": {e: model.engine(engine=e) for e in ("auto", "onnxruntime")}}
-    labels = {}
-    for engine in ("onnxruntime", "torch"):
-        labels[engine] = [p.label for p in model.predict(texts, engine=engine)]
+                 "engine": hooks.engine_choice(runs["torch"].task, runs["torch"].model, auto).as_dict()}
+    labels = {e: [p.label for p in runner.predict(run, texts, run.config)[0]] for e, run in runs.items()}
     out["labels_equal"] = sum(a == b for a, b in zip(*labels.values()))
     out["labels_agree"] = out["labels_equal"] / len(texts)
     probe = [t for t in texts if t][:sentences]
     times: dict[str, list[float]] = {"onnxruntime": [], "torch": []}
     for text in probe:  # alternating sentence by sentence: machine noise hits both alike
-        for engine in times:
+        for engine, run in runs.items():
             started = time.perf_counter()
-            model.predict([text], engine=engine)
+            runner.predict(run, [text], run.config)
             times[engine].append(time.perf_counter() - started)
     out["latency_ms"] = {e: 1000 * statistics.median(t[1:] or t) for e, t in times.items()}
     out["speedup"] = out["latency_ms"]["torch"] / out["latency_ms"]["onnxruntime"]

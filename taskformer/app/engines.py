@@ -183,6 +183,7 @@ def root() -> Path | None:
 
 _digests: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (parameter versions, digest)
 _loaded: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (key, runtime)
+_parameters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its parameters
 _lock = threading.Lock()
 
 
@@ -288,11 +289,15 @@ def runtime(choice: Choice, model: Transformer | Ensemble, tokenizer: Tokenizer,
     converted through the cache on first use and kept while the weights are unchanged; CTranslate2 gets
     as many workers as our decoder would run (``decode.workers``)."""
     net = cast(Transformer, model)
-    device = next(net.parameters()).device.type
-    workers = decode_workers(decode.workers, next(net.parameters()).device, 1 << 20)
-    # The same weights (their version counters), choice, tokenizer and workers: the loaded runtime, with
-    # no digest computed (a server asks for every batch).
-    key = (choice, workers, id(tokenizer), tuple(p._version for p in net.parameters()))
+    params = _parameters.get(net)
+    if params is None:  # walking the modules for them costs more than a small classifier's batch
+        params = _parameters[net] = tuple(net.parameters())
+    device = params[0].device.type
+    workers = decode_workers(decode.workers, params[0].device, 1 << 20)
+    # The same weights (their version counters, bumped by every in-place change: an update, a
+    # load_state_dict), choice, tokenizer and workers: the loaded runtime, with no digest computed (a
+    # server asks for every batch).
+    key = (choice, workers, id(tokenizer), tuple(p._version for p in params))
     with _lock:
         kept = _loaded.get(net)
         if kept is not None and kept[0] == key:
