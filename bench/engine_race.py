@@ -19,8 +19,8 @@
    auto time is the cost of our wrapping (1.0: none). Our own decoder (``decode.engine=torch``, the
    same ``decode.quantize``: torchao's int8) is timed once per row for reference, at batch 1 on a
    quarter of the sentences.
-2. ``--classifier RUN`` (a finished encoder-only run, agnews say): the batch-1 latency (median of one
-   ``predict`` call per sentence) with ``decode.engine=onnxruntime`` and ``torch``, and the share of
+2. ``--classifier RUN`` (a finished encoder-only run of one network, agnews say): the batch-1 latency
+   (median of one ``predict`` call per sentence, the engines alternating in blocks of 20) with ``decode.engine=onnxruntime`` and ``torch``, and the share of
    the run's test sentences whose labels agree (all of them unless ``--classifier-limit``).
 
 ``--device cuda`` runs the search race on the GPU (CTranslate2 built with CUDA; bench/gpu_decode.py
@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -105,6 +106,17 @@ def raw_translator(run: Run, folder: Path, compute_type: str, device: str, worke
     return translator
 
 
+def through_predict(run: Run, texts: list[str], config, size: int, _=None) -> int:
+    """Decode ``texts`` as ``taskformer predict`` does, one per call at batch 1 (``size``), else in one
+    call; how many."""
+    if size == 1:
+        for t in texts:
+            runner.predict(run, [t], config)
+    else:
+        runner.predict(run, texts, config)
+    return len(texts)
+
+
 def per_sentence(_, fn) -> float:
     """Seconds per sentence of one round of ``fn`` (which returns how many it decoded)."""
     started = time.perf_counter()
@@ -137,14 +149,6 @@ def race(run: Run, texts: list[str], rounds: int, n: dict[int, int], device: str
                     tokens, budgets, options = raw_inputs(run, chosen)
                     options["beam_size"] = beam
 
-                    def ours(_, chosen=chosen, searched=runner.with_search(config, beam, size), size=size):
-                        if size == 1:
-                            for t in chosen:
-                                runner.predict(run, [t], searched)
-                        else:
-                            runner.predict(run, chosen, searched)
-                        return len(chosen)
-
                     def theirs(_, tokens=tokens, budgets=budgets, options=options, size=size, raw=raw):
                         if size == 1:
                             for t, b in zip(tokens, budgets):
@@ -154,14 +158,15 @@ def race(run: Run, texts: list[str], rounds: int, n: dict[int, int], device: str
                                                 **options)
                         return len(tokens)
 
+                    ours = partial(through_predict, run, chosen, runner.with_search(config, beam, size), size)
                     ours(None)  # warm-up: the first call converts into the cache and loads the runtime
                     theirs(None)
                     name = f"{search} {precision} batch {size}"
                     secs = alternate({f"auto {name}": ours, f"ctranslate2 {name}": theirs}, per_sentence, rounds)
                     if torch_reference:  # one round; a quarter of the sentences at batch 1 (it is the slow one)
                         few = chosen[: max(count // 4, 1)] if size == 1 else chosen
-                        searched = runner.with_search(reference, beam, size)
-                        secs[f"torch {name}"] = per_sentence(None, lambda _, s=searched: ours(None, few, s))
+                        secs[f"torch {name}"] = per_sentence(None, partial(
+                            through_predict, run, few, runner.with_search(reference, beam, size), size))
                     out["sentences_per_s"] |= {k: 1.0 / v for k, v in secs.items()}
                     out["ratios"][name] = secs[f"ctranslate2 {name}"] / secs[f"auto {name}"]
                     print(f"  {name}: " + ", ".join(f"{k.split()[0]} {1 / v:.1f} sent/s" for k, v in secs.items())
@@ -176,26 +181,31 @@ def classifier(run_dir: Path, sentences: int, limit: int = 0) -> dict:
     """Batch-1 latency of a classifier run with ONNX Runtime and with torch, and label agreement on its
     test outputs. Each engine is the run's setting (``--set decode.engine=...``, as ``taskformer
     predict`` and the server take it), not a per-call option, which would rebuild the config every call."""
-    runs = {}
-    for engine in ("onnxruntime", "torch"):
-        runs[engine] = runner.load(run_dir)
-        runner.set_decoding(runs[engine], [f"decode.engine={engine}"], "--set")
+    runs = {engine: runner.load(run_dir) for engine in ("onnxruntime", "torch")}
+    auto = hooks.engine_choice(runs["torch"].task, runs["torch"].model, runs["torch"].config)
+    out: dict = {"run_dir": str(run_dir), "engine": auto.as_dict()}
+    if auto.engine != "onnxruntime":  # an ensemble (agnews' default: model.members=20), say
+        print(f"classifier {run_dir}: auto decodes with {auto}: no race", file=sys.stderr)
+        return out
+    for engine, run in runs.items():
+        runner.set_decoding(run, [f"decode.engine={engine}"], "--set")
     rows = [json.loads(line) for line in (run_dir / "outputs-test.jsonl").read_text().splitlines()][: limit or None]
     texts = [tuple(r["source"]) if isinstance(r["source"], list) else r["source"] for r in rows]
-    auto = runner.with_decoding(runs["torch"], {"engine": "auto"}, "bench")
-    out: dict = {"run_dir": str(run_dir), "test_sentences": len(texts), "latency_ms": {},
-                 "engine": hooks.engine_choice(runs["torch"].task, runs["torch"].model, auto).as_dict()}
+    out |= {"test_sentences": len(texts), "latency_ms": {}}
     labels = {e: [p.label for p in runner.predict(run, texts, run.config)[0]] for e, run in runs.items()}
     out["labels_equal"] = sum(a == b for a, b in zip(*labels.values()))
     out["labels_agree"] = out["labels_equal"] / len(texts)
     probe = [t for t in texts if t][:sentences]
     times: dict[str, list[float]] = {"onnxruntime": [], "torch": []}
-    for text in probe:  # alternating sentence by sentence: machine noise hits both alike
+    # Alternating in blocks of 20 sentences: machine noise hits both alike, and neither runtime's threads,
+    # still spinning after its call, take the cores from the other's next one.
+    for block in range(0, len(probe), 20):
         for engine, run in runs.items():
-            started = time.perf_counter()
-            runner.predict(run, [text], run.config)
-            times[engine].append(time.perf_counter() - started)
-    out["latency_ms"] = {e: 1000 * statistics.median(t[1:] or t) for e, t in times.items()}
+            for text in probe[block : block + 20]:
+                started = time.perf_counter()
+                runner.predict(run, [text], run.config)
+                times[engine].append(time.perf_counter() - started)
+    out["latency_ms"] = {e: 1000 * statistics.median(t) for e, t in times.items()}
     out["speedup"] = out["latency_ms"]["torch"] / out["latency_ms"]["onnxruntime"]
     return out
 
@@ -208,7 +218,7 @@ def print_race(result: dict) -> None:
               f"{f'; torch {ours:,.1f}' if ours else ''})")
     for name, ratio in result.get("int8_speedup", {}).items():
         print(f"int8 / fp32 speed, {name}: {ratio:.2f}x")
-    if "classifier" in result:
+    if "latency_ms" in result.get("classifier", {}):
         c = result["classifier"]
         print(f"classifier batch-1 latency: ONNX Runtime {c['latency_ms']['onnxruntime']:.2f} ms, torch "
               f"{c['latency_ms']['torch']:.2f} ms ({c['speedup']:.2f}x); labels equal on {c['labels_equal']} of "

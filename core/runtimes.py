@@ -1,8 +1,9 @@
 """Decoding outside torch: a converted model run by CTranslate2 or ONNX Runtime, fed our token ids.
 
 Both runtimes take batches as our decoder does (:func:`taskformer.app.hooks.decode_texts` groups
-sources of one length, except for a CTranslate2 translator, which batches any lengths) and give back what it gives: token ids per row for a search, logits for a
-classifier or tagger, so that tokenizing, detokenizing and labelling stay ours.
+sources of one length, except for a CTranslate2 translator, which batches any lengths) and give
+back what it gives: token ids per row for a search, logits for a classifier or tagger, so that
+tokenizing, detokenizing and labelling stay ours.
 
 CTranslate2 is told what our search does (``taskformer.core.decoding``): the budget
 ``max_len_a * source length + max_len_b`` of each source (CTranslate2 takes one a call: the
