@@ -1,8 +1,8 @@
 """Every figure of the engines' goals in one command: trains what is not given, runs the four races,
 writes their JSON and prints the goals beside the figures.
 
-    python bench/engine_all.py --out engine-figures                            # about 20 minutes on 2 cores
-    python bench/engine_all.py --out engine-figures --deen RUN --agnews RUN    # trained runs given: about 14
+    python bench/engine_all.py --out engine-figures                            # expected 15 minutes on 2 cores
+    python bench/engine_all.py --out engine-figures --deen RUN --agnews RUN    # trained runs given: expected 9
     python bench/engine_all.py --out /tmp/e --quick                            # tiny: checks that it runs
     python bench/engine_all.py --out engine-figures --only serve,agreement     # some of them
 
@@ -14,14 +14,17 @@ default is an ensemble of 20) (``--quick``: a few updates each). Then, each in a
 
 - ``race``: bench/engine_race.py on the de-en run: ``decode.engine=auto`` through the predict path
   against raw CTranslate2 on the same weights, batch 1 and 128, greedy and beam 5, fp32 and int8,
-  with our torch decoder once for reference (about 5 minutes);
+  with our torch decoder once for reference (expected 3 to 5 minutes);
 - ``serve``: bench/serve.py ``--engines auto,torch``: one client's p50 latency against raw
   CTranslate2's batch-1 time on the same sentences, 32 clients' throughput against a CTranslate2
-  loop batching 32 (the server's ``--max-batch``) (about 3 minutes);
+  loop batching 32 (the server's ``--max-batch``) (expected 3 minutes);
 - ``classifier``: bench/engine_race.py ``--classifier`` on the agnews run: batch-1 latency with ONNX
-  Runtime and torch, labels compared on all of agnews test (about 2 minutes);
+  Runtime and torch, labels compared on all of agnews test (expected 1 to 2 minutes);
 - ``agreement``: bench/engine_agreement.py on the de-en run's test: greedy, beam 5 with the run's
-  length penalty and with none, torch against CTranslate2 in fp32 (about 2 minutes).
+  length penalty and with none, torch against CTranslate2 in fp32 (expected 1 to 2 minutes).
+
+The durations are estimates, not timed on a quiet machine (they were checked at ``--quick`` sizes on a
+busy one).
 """
 from __future__ import annotations
 

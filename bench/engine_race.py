@@ -20,8 +20,9 @@
    same ``decode.quantize``: torchao's int8) is timed once per row for reference, at batch 1 on a
    quarter of the sentences.
 2. ``--classifier RUN`` (a finished encoder-only run of one network, agnews say): the batch-1 latency
-   (median of one ``predict`` call per sentence, the engines alternating in blocks of 20) with ``decode.engine=onnxruntime`` and ``torch``, and the share of
-   the run's test sentences whose labels agree (all of them unless ``--classifier-limit``).
+   (median of one ``predict`` call per sentence, the engines alternating in blocks of 20) with
+   ``decode.engine=onnxruntime`` and ``torch``, and the share of the run's test sentences whose
+   labels agree (all of them unless ``--classifier-limit``).
 
 ``--device cuda`` runs the search race on the GPU (CTranslate2 built with CUDA; bench/gpu_decode.py
 calls it). The machine should be quiet: the figures are timings.

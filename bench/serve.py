@@ -27,8 +27,9 @@ after every part too, which shows whether memory levels off or keeps growing.
 `--engines LIST` serves the run once per `decode.engine` (e.g. `auto,torch`) and races the raw
 runtime instead: one client's p50 latency against raw CTranslate2's median time for the same
 sentences one at a time (the run's search and budget per sentence, the threads our runtime uses), and
-the most clients' throughput against a CTranslate2 loop that decodes all the sentences in batches of
-the server's `--max-batch` (32), each batch's budget its longest sentence's.
+the most clients' throughput against CTranslate2 decoding all the sentences in one call with
+`max_batch_size` the server's `--max-batch` (32): it sorts them by length and batches them itself.
+Raw CTranslate2 is told what bench/engine_race.py tells it (the run's search, budget and threads).
 
     python bench/serve.py runs/copy/bench --engines auto,torch --clients 1,32 --seconds 30 --soak 0
 
