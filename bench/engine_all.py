@@ -59,7 +59,7 @@ def train(task: str, data: Path, minutes: float, out: Path, quick: bool, *settin
     if (out / "result.json").exists():
         return out
     budget = ["--set", "train.max_steps=10"] if quick else ["--time-limit", str(minutes)]
-    command = ["taskformer", "run", task, "--data-dir", str(data), "--out", str(out), "--quiet", *budget,
+    command = [sys.executable, "-m", "taskformer", "run", task, "--data-dir", str(data), "--out", str(out), "--quiet", *budget,
                *(x for s in settings for x in ("--set", s))]
     if step(f"train {task}", command, out.parent / f"train-{task}.log") < 0:
         sys.exit(f"Error: training {task} failed: {out.parent / f'train-{task}.log'}")
