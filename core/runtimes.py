@@ -1,13 +1,14 @@
 """Decoding outside torch: a converted model run by CTranslate2 or ONNX Runtime, fed our token ids.
 
-Both runtimes take the batches our decoder takes (:func:`taskformer.app.hooks.decode_texts` groups
-sources of one length) and give back what it gives: token ids per row for a search, logits for a
-classifier or tagger, so that tokenizing, detokenizing and labelling stay ours.
+Both runtimes take batches as our decoder does (:func:`taskformer.app.hooks.decode_texts` groups
+sources of one length, except for a CTranslate2 translator, which batches any lengths) and give
+back what it gives: token ids per row for a search, logits for a classifier or tagger, so that
+tokenizing, detokenizing and labelling stay ours.
 
 CTranslate2 is told what our search does (``taskformer.core.decoding``): the budget
-``max_len_a * source length + max_len_b`` (one per call: a batch's sources share their length; EOS
-may come first, as ours allows: an empty output), the
-specials no search writes (``disable_unk``, PAD and BOS suppressed), beam size and length penalty,
+``max_len_a * source length + max_len_b`` of each source (CTranslate2 takes one a call: the
+longest row's, each row cut to its own after; EOS may come first, as ours allows: an empty output),
+the specials no search writes (``disable_unk``, PAD and BOS suppressed), beam size and length penalty,
 sampling's temperature, top-k and top-p. Two conventions differ. Its beam ranks finished hypotheses by
 ``score / length ** length_penalty`` where ours uses Wu et al.'s ``((5 + length) / 6) ** length_penalty``,
 and equal scores may be broken differently; docs/engines.md measures the agreement. Its sampling draws
@@ -40,6 +41,7 @@ class CTranslate2Search:
         import ctranslate2
 
         self.ctranslate2, self.kind, self.max_len = ctranslate2, kind, max_len
+        self.mixes_lengths = kind.encoder  # a batch may hold sources of several lengths (a prompt's end must align)
         self.vocabulary, self.ids = vocabulary, {t: i for i, t in enumerate(vocabulary)}
         threads = torch.get_num_threads()
         make = ctranslate2.Translator if kind.encoder else ctranslate2.Generator
@@ -57,14 +59,14 @@ class CTranslate2Search:
 
     def search(self, src: torch.Tensor, config: DecodeConfig,
                on_token: Callable[[int], bool] | None = None) -> list[list[int]]:
-        """The output ids of each row of ``src`` (one length per batch, as our batches are) under
+        """The output ids of each row of ``src`` (padded; for a decoder-only model one length a batch) under
         ``config``'s search. ``on_token(id)`` (one greedy or sampled row) is called with each token as it
         is chosen and stops the search by returning True."""
         rows = [[self.vocabulary[i] for i in row if i != PAD] for row in src.tolist()]
         if self.kind.encoder:  # the export frames sources itself (add_source_eos): ours end in EOS already
             rows = [row[:-1] for row in rows]
-        budget = int(max_lengths(src, config.max_len_a, config.max_len_b, self.max_len).max()) if self.kind.encoder \
-            else config.max_new_tokens
+        budgets = max_lengths(src, config.max_len_a, config.max_len_b, self.max_len).tolist() if self.kind.encoder \
+            else [config.max_new_tokens] * len(rows)
         sampled = config.temperature > 0
         beam = config.beam if config.strategy == "beam" and not sampled else 1
         options = dict(beam_size=beam, length_penalty=config.length_penalty, disable_unk=True,
@@ -75,7 +77,10 @@ class CTranslate2Search:
             self.ctranslate2.set_random_seed(config.seed)  # read by a worker thread the first time it samples
         if on_token is not None:
             options["callback"] = lambda step: bool(on_token(step.token_id))
-        return self._run(rows, budget, options)
+        # One budget a call: the longest row's. A row cut to its own budget afterwards is what a search
+        # with that budget gives greedy or sampled (a token never depends on the budget); a beam's
+        # finished hypotheses may differ where the budget cut them.
+        return [ids[:b] for ids, b in zip(self._run(rows, max(budgets), options), budgets)]
 
     def _run(self, rows: list[list[str]], budget: int, options: dict) -> list[list[int]]:
         if self.kind.encoder:

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from taskformer.app import hooks, runner
+from taskformer.core import config as C
 from taskformer.core.decoding import word_tags
 from taskformer.core.errors import TaskformerError
 
@@ -96,6 +97,8 @@ class Model:
                 except UnicodeEncodeError as e:  # a lone surrogate such as "\udcff": no tokenizer can take it
                     raise TaskformerError(f"predict: texts[{i}] is not valid unicode ({e.reason} at position "
                                           f"{e.start}); decode bytes with errors='replace'") from None
+        if not decode:
+            C.validate(self.config)  # the config may have been changed by hand (model.config.decode.beam = ...)
         config = runner.with_decoding(self._run, decode, "predict") if decode else self.config
         outputs, _ = runner.predict(self._run, rows, runner.with_search(config, beam, batch_size),
                                     return_attention=bool(return_attention))

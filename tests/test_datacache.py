@@ -3,6 +3,7 @@ instead of calling the data hook, and a changed file or setting is never served 
 import json
 
 import pytest
+
 from conftest import Reversing, run_reversing
 
 pytestmark = pytest.mark.slow  # trains, serves or starts processes: the full run's, not the quick tier's

@@ -55,6 +55,23 @@ def test_auto_falls_back_to_torch_and_says_why(facts, decode, found, why):
     assert choice.engine == "torch" and why in choice.reason
 
 
+@needs_ct2
+def test_a_gpu_whose_cuda_libraries_ctranslate2_cannot_load_is_not_offered_to_it(monkeypatch):
+    """A GPU CTranslate2 sees but whose cuBLAS it cannot open (torch built for another CUDA): auto must
+    not choose it and fail at the first sentence."""
+    import ctranslate2
+
+    def missing(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 1)
+    monkeypatch.setattr(engines.ctypes, "CDLL", missing)
+    found = engines.available("cuda")
+    assert "ctranslate2" not in found
+    choice = engines.choose("auto", COPY._replace(device="cuda"), DecodeConfig(), False, found)
+    assert choice.engine == "torch" and "needs libcublas.so.12" in choice.reason
+
+
 def test_an_engine_asked_for_by_name_is_refused_where_it_cannot_decode_never_swapped():
     with pytest.raises(engines.EngineError, match=r"decode.engine=ctranslate2: the run is an ensemble of 2"):
         engines.choose("ctranslate2", COPY._replace(members=2), DecodeConfig(), False, CPU)
@@ -150,6 +167,22 @@ def test_the_python_api_picks_and_names_the_engine(copy_run):
     assert model.predict(texts, beam=1) == model.predict(texts, beam=1, engine="torch")
     with pytest.raises(taskformer.TaskformerError, match="decode.engine=onnxruntime: it decodes classifiers"):
         model.predict(texts, engine="onnxruntime")
+
+
+@needs_ct2
+def test_ctranslate2_decodes_sources_of_several_lengths_in_one_batch(copy_run, monkeypatch):
+    """A server's batch mixes lengths: CTranslate2 takes it whole (each row cut to its own budget), where
+    our decoder splits it by length into batches of a sentence or two."""
+    from taskformer.core.runtimes import CTranslate2Search
+
+    calls: list[int] = []
+    run = CTranslate2Search._run
+    monkeypatch.setattr(CTranslate2Search, "_run", lambda self, rows, *a: calls.append(len(rows)) or run(self, rows, *a))
+    model = taskformer.load(copy_run)
+    texts = held_out(11, 40, (1, 14))  # 14 lengths
+    settings = {"beam": 1, "batch_size": 16, "max_len_a": 0.5, "max_len_b": 1}  # budgets that cut most rows
+    assert model.predict(texts, **settings) == model.predict(texts, engine="torch", **settings)
+    assert calls == [16, 16, 8]
 
 
 @needs_ct2

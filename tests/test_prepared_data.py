@@ -6,8 +6,8 @@ import os
 
 import numpy as np
 import pytest
-from conftest import Reversing, run_reversing
 
+from conftest import Reversing, run_reversing
 from taskformer import TaskData, symbols
 from taskformer.core.data import encode
 

@@ -1,20 +1,28 @@
 """The engines' race: ``decode.engine=auto`` through taskformer's predict path against the raw runtime.
 
-    python bench/race/engine_race.py                      # the search race (bench/race/speed.py's network), a few minutes
-    python bench/race/engine_race.py --quick              # tiny: checks that it runs
-    python bench/race/engine_race.py --classifier RUN     # also a classifier run: ONNX Runtime against torch
+    python bench/race/engine_race.py --run RUN --json race.json    # a trained encoder-decoder run (translate-de-en)
+    python bench/race/engine_race.py --json race.json              # bench/race/speed.py's untrained network instead
+    python bench/race/engine_race.py --quick                       # tiny: checks that it runs
+    python bench/race/engine_race.py --no-search --classifier RUN  # a classifier run: ONNX Runtime against torch
 
-1. Search: bench/race/speed.py's network (untrained, vocabulary 8,000, d_model 256, 3+3 layers) as a copy
-   run held in memory, its Multi30k val sources as texts of synthetic tokens. ``auto`` decodes them
-   through ``runner.predict`` (what ``taskformer predict``, the Python API and the server call:
-   normalizing, tokenizing, batching by length, the runtime, detokenizing) and raw CTranslate2 decodes
-   the same token lists with the same weights (exported by ``core.export``), the same options
-   (budget 24 tokens, specials suppressed) and the same threads. Greedy and beam 5, fp32 and int8
-   (``decode.quantize=int8``), one sentence per call (batch 1) and 128 per batch, rounds alternating.
-   The ratio auto / raw is the cost of our wrapping (1.0: none).
-2. ``--classifier RUN`` (a finished encoder-only run, agnews say): the batch-1 latency (median of one
-   ``predict`` call per test sentence) with ``decode.engine=onnxruntime`` and ``torch``, and the share
-   of the run's test sentences whose labels agree.
+1. Search. ``--run RUN``: the run's weights and tokenizer, its test sources (``outputs-test.jsonl``),
+   its length budget and length penalty. Without it: bench/race/speed.py's network (untrained, vocabulary
+   8,000, d_model 256, 3+3 layers) as a copy run held in memory, its Multi30k val sources as texts of
+   synthetic tokens, a budget of 24 tokens. Either way fp32 (``train.bf16=false``: a run trained in
+   bf16 decodes in fp32 here). ``auto`` decodes through ``runner.predict`` (what ``taskformer
+   predict``, the Python API and the server call: normalizing, tokenizing, batching by length, the
+   runtime, detokenizing); raw CTranslate2 decodes the same token lists with the same weights
+   (exported by ``core.export``), options (each sentence's budget, the specials suppressed, the
+   length penalty) and threads, the idiomatic way: one ``translate_batch`` per sentence at batch 1,
+   one call with ``max_batch_size=128`` (CTranslate2 sorts and batches itself) at batch 128. Greedy
+   and beam 5, fp32 and int8 (``decode.quantize=int8``), rounds alternating. The ratio raw time /
+   auto time is the cost of our wrapping (1.0: none). Our own decoder (``decode.engine=torch``, the
+   same ``decode.quantize``: torchao's int8) is timed once per row for reference, at batch 1 on a
+   quarter of the sentences.
+2. ``--classifier RUN`` (a finished encoder-only run of one network, agnews say): the batch-1 latency
+   (median of one ``predict`` call per sentence, the engines alternating in blocks of 20) with
+   ``decode.engine=onnxruntime`` and ``torch``, and the share of the run's test sentences whose
+   labels agree (all of them unless ``--classifier-limit``).
 
 ``--device cuda`` runs the search race on the GPU (CTranslate2 built with CUDA; bench/race/gpu_decode.py
 calls it). The machine should be quiet: the figures are timings.
@@ -27,21 +35,23 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
 
-from taskformer.app import runner
-from taskformer.app.hooks import engine_choice
+from taskformer.app import hooks, runner
 from taskformer.app.prepare import make_config
 from taskformer.core import export
-from taskformer.core.decoding import decode_workers
-from taskformer.core.model import PAD
-from taskformer.core.tokenize import symbols
+from taskformer.core.data import encode_sources
+from taskformer.core.decoding import NEVER_WRITTEN, decode_workers, max_lengths
+from taskformer.core.model import PAD, UNK
+from taskformer.core.tokenize import SPECIALS, symbols
 from taskformer.plugins.manager import plugins
 from taskformer.plugins.run import Run
 
-BUDGET = 24  # tokens per output, as bench/race/speed.py's decoding rows
+BUDGET = 24  # tokens per output of the untrained network, as bench/race/speed.py's decoding rows
 
 
 def copy_run(model, vocab: int, device: str) -> Run:
@@ -55,9 +65,57 @@ def copy_run(model, vocab: int, device: str) -> Run:
     return Run(Path("."), task, config, tokenizer, None, model.to(device).eval())
 
 
+def trained_run(run_dir: Path, device: str) -> tuple[Run, list[str]]:
+    """A finished encoder-decoder run, in fp32, and its test sources."""
+    run = runner.load(run_dir)
+    run.config = replace(run.config, train=replace(run.config.train, bf16=False))
+    run.model.to(device).eval()
+    rows = [json.loads(line)["source"] for line in (run_dir / "outputs-test.jsonl").read_text().splitlines()]
+    return run, [r for r in rows if isinstance(r, str) and r.strip()]
+
+
 def texts_of(sources: list[list[int]]) -> list[str]:
     """The sources as texts of synthetic tokens, without the EOS that our framing adds again."""
     return [" ".join(f"t{i}" for i in s[:-1] if i != PAD) for s in sources]
+
+
+def raw_inputs(run: Run, texts: list[str]) -> tuple[list[list[str]], list[int], dict]:
+    """What raw CTranslate2 is given for ``texts``: each source's tokens (normalized and tokenized as
+    taskformer does; the export adds the EOS itself), each one's budget (``max_len_a * length +
+    max_len_b``) and the run's search options, the specials no search writes suppressed."""
+    d, cfg = run.config.decode, run.model.cfg
+    ids, _ = encode_sources(run.tokenizer, hooks.normalize(run.task, texts, run.config), cfg.max_len)
+    vocab = export.vocabulary(run.tokenizer, cfg.vocab_size)
+    budgets = [int(max_lengths(torch.tensor([row]), d.max_len_a, d.max_len_b, cfg.max_len)[0]) for row in ids]
+    options = dict(length_penalty=d.length_penalty, min_decoding_length=0, disable_unk=True,
+                   suppress_sequences=[[SPECIALS[i]] for i in NEVER_WRITTEN if i != UNK])
+    return [[vocab[i] for i in row[:-1]] for row in ids], budgets, options
+
+
+def raw_translator(run: Run, folder: Path, compute_type: str, device: str, workers: int):
+    """Raw CTranslate2 on ``run``'s weights, exported into ``folder``, with our runtime's threads."""
+    import ctranslate2
+
+    model_device = next(run.model.parameters()).device
+    path = export.to_ctranslate2(run.model.cpu(), run.tokenizer, folder,
+                                 compute_type if compute_type in export.QUANTIZATIONS else "float32")
+    run.model.to(model_device)
+    threads = torch.get_num_threads()
+    translator = ctranslate2.Translator(str(path), device=device, compute_type=compute_type, inter_threads=workers,
+                                        intra_threads=max(threads // workers, 1))
+    torch.set_num_threads(threads)  # CTranslate2 sets the OpenMP threads it shares with torch to 1
+    return translator
+
+
+def through_predict(run: Run, texts: list[str], config, size: int, _=None) -> int:
+    """Decode ``texts`` as ``taskformer predict`` does, one per call at batch 1 (``size``), else in one
+    call; how many."""
+    if size == 1:
+        for t in texts:
+            runner.predict(run, [t], config)
+    else:
+        runner.predict(run, texts, config)
+    return len(texts)
 
 
 def per_sentence(_, fn) -> float:
@@ -67,90 +125,88 @@ def per_sentence(_, fn) -> float:
     return (time.perf_counter() - started) / n
 
 
-def race(sources: list[list[int]], model, vocab: int, rounds: int, n: dict[int, int], device: str = "cpu") -> dict:
-    """Sentences/s of ``auto`` and raw CTranslate2 for each search, precision and batch size in ``n``
-    (batch size -> sentences decoded), and the ratios auto / raw."""
-    import ctranslate2
-
+def race(run: Run, texts: list[str], rounds: int, n: dict[int, int], device: str = "cpu",
+         torch_reference: bool = True) -> dict:
+    """Sentences/s of ``auto`` and raw CTranslate2 (and once, of torch) for each search, precision and
+    batch size in ``n`` (batch size -> sentences decoded), and the ratios auto / raw."""
     from machine import alternate
 
-    run = copy_run(model, vocab, device)
-    texts = texts_of(sources)
-    out: dict = {"sentences_per_s": {}, "ratios": {}, "engine": {}}
+    out: dict = {"sentences_per_s": {}, "ratios": {}, "engine": {}, "sentences": n}
     with tempfile.TemporaryDirectory() as folder:
         for quantize in ("none", "int8"):
             config = runner.with_decoding(run, {"quantize": quantize, "engine": "auto"}, "bench")
-            choice = engine_choice(run.task, run.model, config)
+            choice = hooks.engine_choice(run.task, run.model, config)
             out["engine"][quantize] = choice.as_dict()
             if choice.engine != "ctranslate2":
                 print(f"auto chose {choice}: no race", file=sys.stderr)
                 continue
-            raw_path = export.to_ctranslate2(run.model.cpu(), run.tokenizer, Path(folder) / quantize,
-                                             choice.compute_type if choice.compute_type in export.QUANTIZATIONS
-                                             else "float32")
-            run.model.to(device)
             workers = decode_workers(config.decode.workers, torch.device(device), 1 << 20)
-            threads = torch.get_num_threads()
-            raw = ctranslate2.Translator(str(raw_path), device=device, compute_type=choice.compute_type,
-                                         inter_threads=workers, intra_threads=max(threads // workers, 1))
-            torch.set_num_threads(threads)
+            raw = raw_translator(run, Path(folder) / quantize, choice.compute_type, device, workers)
+            reference = runner.with_decoding(run, {"quantize": quantize, "engine": "torch"}, "bench")
             precision = "int8" if quantize == "int8" else "fp32"
             for search, beam in (("greedy", 1), ("beam5", 5)):
                 for size, count in n.items():
                     chosen = texts[:count]
-                    tokens = [t.split() for t in chosen]
-                    searched = runner.with_search(config, beam, size)
+                    tokens, budgets, options = raw_inputs(run, chosen)
+                    options["beam_size"] = beam
 
-                    def ours(_, chosen=chosen, searched=searched, size=size):
+                    def theirs(_, tokens=tokens, budgets=budgets, options=options, size=size, raw=raw):
                         if size == 1:
-                            for t in chosen:
-                                runner.predict(run, [t], searched)
+                            for t, b in zip(tokens, budgets):
+                                raw.translate_batch([t], max_decoding_length=b, **options)
                         else:
-                            runner.predict(run, chosen, searched)
-                        return len(chosen)
-
-                    def theirs(_, tokens=tokens, beam=beam, size=size, raw=raw):
-                        options = dict(beam_size=beam, max_decoding_length=BUDGET, min_decoding_length=0,
-                                       disable_unk=True, suppress_sequences=[["[PAD]"], ["[BOS]"]])
-                        if size == 1:
-                            for t in tokens:
-                                raw.translate_batch([t], **options)
-                        else:
-                            raw.translate_batch(tokens, max_batch_size=size, **options)
+                            raw.translate_batch(tokens, max_batch_size=size, max_decoding_length=max(budgets),
+                                                **options)
                         return len(tokens)
 
+                    ours = partial(through_predict, run, chosen, runner.with_search(config, beam, size), size)
                     ours(None)  # warm-up: the first call converts into the cache and loads the runtime
                     theirs(None)
                     name = f"{search} {precision} batch {size}"
                     secs = alternate({f"auto {name}": ours, f"ctranslate2 {name}": theirs}, per_sentence, rounds)
+                    if torch_reference:  # one round; a quarter of the sentences at batch 1 (it is the slow one)
+                        few = chosen[: max(count // 4, 1)] if size == 1 else chosen
+                        secs[f"torch {name}"] = per_sentence(None, partial(
+                            through_predict, run, few, runner.with_search(reference, beam, size), size))
                     out["sentences_per_s"] |= {k: 1.0 / v for k, v in secs.items()}
                     out["ratios"][name] = secs[f"ctranslate2 {name}"] / secs[f"auto {name}"]
-                    print(f"  {name}: auto {1 / secs[f'auto {name}']:.1f} sent/s, raw CTranslate2 "
-                          f"{1 / secs[f'ctranslate2 {name}']:.1f} sent/s, auto / raw {out['ratios'][name]:.3f}x",
-                          file=sys.stderr, flush=True)
+                    print(f"  {name}: " + ", ".join(f"{k.split()[0]} {1 / v:.1f} sent/s" for k, v in secs.items())
+                          + f"; auto / raw {out['ratios'][name]:.3f}x", file=sys.stderr, flush=True)
+    speeds = out["sentences_per_s"]
+    out["int8_speedup"] = {key.replace(" int8", ""): v / speeds[key.replace("int8", "fp32")]  # what int8 buys
+                           for key, v in speeds.items() if " int8 " in key and key.replace("int8", "fp32") in speeds}
     return out
 
 
-def classifier(run_dir: Path, sentences: int) -> dict:
-    """Batch-1 latency of a classifier run with ONNX Runtime and with torch, and label agreement on its test outputs."""
-    import taskformer
-
-    model = taskformer.load(run_dir)
-    rows = [json.loads(line) for line in (run_dir / "outputs-test.jsonl").read_text().splitlines()]
+def classifier(run_dir: Path, sentences: int, limit: int = 0) -> dict:
+    """Batch-1 latency of a classifier run with ONNX Runtime and with torch, and label agreement on its
+    test outputs. Each engine is the run's setting (``--set decode.engine=...``, as ``taskformer
+    predict`` and the server take it), not a per-call option, which would rebuild the config every call."""
+    runs = {engine: runner.load(run_dir) for engine in ("onnxruntime", "torch")}
+    auto = hooks.engine_choice(runs["torch"].task, runs["torch"].model, runs["torch"].config)
+    out: dict = {"run_dir": str(run_dir), "engine": auto.as_dict()}
+    if auto.engine != "onnxruntime":  # an ensemble (agnews' default: model.members=20), say
+        print(f"classifier {run_dir}: auto decodes with {auto}: no race", file=sys.stderr)
+        return out
+    for engine, run in runs.items():
+        runner.set_decoding(run, [f"decode.engine={engine}"], "--set")
+    rows = [json.loads(line) for line in (run_dir / "outputs-test.jsonl").read_text().splitlines()][: limit or None]
     texts = [tuple(r["source"]) if isinstance(r["source"], list) else r["source"] for r in rows]
-    out: dict = {"run_dir": str(run_dir), "test_sentences": len(texts), "latency_ms": {}}
-    labels = {}
-    for engine in ("onnxruntime", "torch"):
-        labels[engine] = [p.label for p in model.predict(texts, engine=engine)]
-    out["labels_agree"] = sum(a == b for a, b in zip(*labels.values())) / len(texts)
+    out |= {"test_sentences": len(texts), "latency_ms": {}}
+    labels = {e: [p.label for p in runner.predict(run, texts, run.config)[0]] for e, run in runs.items()}
+    out["labels_equal"] = sum(a == b for a, b in zip(*labels.values()))
+    out["labels_agree"] = out["labels_equal"] / len(texts)
     probe = [t for t in texts if t][:sentences]
     times: dict[str, list[float]] = {"onnxruntime": [], "torch": []}
-    for text in probe:  # alternating sentence by sentence: machine noise hits both alike
-        for engine in times:
-            started = time.perf_counter()
-            model.predict([text], engine=engine)
-            times[engine].append(time.perf_counter() - started)
-    out["latency_ms"] = {e: 1000 * statistics.median(t[1:] or t) for e, t in times.items()}
+    # Alternating in blocks of 20 sentences: machine noise hits both alike, and neither runtime's threads,
+    # still spinning after its call, take the cores from the other's next one.
+    for block in range(0, len(probe), 20):
+        for engine, run in runs.items():
+            for text in probe[block : block + 20]:
+                started = time.perf_counter()
+                runner.predict(run, [text], run.config)
+                times[engine].append(time.perf_counter() - started)
+    out["latency_ms"] = {e: 1000 * statistics.median(t) for e, t in times.items()}
     out["speedup"] = out["latency_ms"]["torch"] / out["latency_ms"]["onnxruntime"]
     return out
 
@@ -158,32 +214,53 @@ def classifier(run_dir: Path, sentences: int) -> dict:
 def print_race(result: dict) -> None:
     for name, ratio in result.get("ratios", {}).items():
         auto, raw = (result["sentences_per_s"][f"{who} {name}"] for who in ("auto", "ctranslate2"))
-        print(f"decode.engine=auto / raw CTranslate2, {name}: {ratio:.3f}x ({auto:,.1f} vs {raw:,.1f} sent/s)")
-    if "classifier" in result:
+        ours = result["sentences_per_s"].get(f"torch {name}")
+        print(f"decode.engine=auto / raw CTranslate2, {name}: {ratio:.3f}x ({auto:,.1f} vs {raw:,.1f} sent/s"
+              f"{f'; torch {ours:,.1f}' if ours else ''})")
+    for name, ratio in result.get("int8_speedup", {}).items():
+        print(f"int8 / fp32 speed, {name}: {ratio:.2f}x")
+    if "latency_ms" in result.get("classifier", {}):
         c = result["classifier"]
         print(f"classifier batch-1 latency: ONNX Runtime {c['latency_ms']['onnxruntime']:.2f} ms, torch "
-              f"{c['latency_ms']['torch']:.2f} ms ({c['speedup']:.2f}x); labels agree on "
-              f"{100 * c['labels_agree']:.2f}% of {c['test_sentences']} test sentences")
+              f"{c['latency_ms']['torch']:.2f} ms ({c['speedup']:.2f}x); labels equal on {c['labels_equal']} of "
+              f"{c['test_sentences']} test sentences ({100 * c['labels_agree']:.2f}%)")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", type=Path, metavar="RUN", help="race this trained encoder-decoder run's weights and "
+                    "test sources (default: bench/race/speed.py's untrained network)")
     ap.add_argument("--quick", action="store_true", help="tiny workloads: checks that it runs")
-    ap.add_argument("--classifier", type=Path, metavar="RUN", help="also race a classifier run's engines")
+    ap.add_argument("--sentences", default="100,1000", metavar="N1,N128",
+                    help="sentences decoded one at a time, and in batches of 128 (default 100,1000)")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of auto and raw (default 3)")
+    ap.add_argument("--no-torch", action="store_true", help="leave out the torch reference")
+    ap.add_argument("--no-search", action="store_true", help="only the classifier (--classifier)")
+    ap.add_argument("--classifier", type=Path, metavar="RUN", help="race a classifier run's engines")
+    ap.add_argument("--classifier-sentences", type=int, default=200, help="sentences timed one at a time")
+    ap.add_argument("--classifier-limit", type=int, default=0, help="compare labels on the first N test rows (0: all)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (CTranslate2 built with CUDA)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: workload.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: machine.py and workload.py
     from machine import cpu_name
-    from workload import V, make_taskformer, multi30k
 
-    _, _, val_src = multi30k(200 if args.quick else 2000)
-    model = make_taskformer(False)[0]
-    n = {1: 4, 128: 32} if args.quick else {1: 100, 128: 1000}
-    result = {"cpu": cpu_name(), "device": args.device, "threads": torch.get_num_threads(),
-              **race(val_src, model, V, 1 if args.quick else 3, n, args.device)}
+    n1, n128 = (4, 32) if args.quick else (int(k) for k in args.sentences.split(","))
+    rounds = 1 if args.quick else args.rounds
+    result: dict = {"cpu": cpu_name(), "device": args.device, "threads": torch.get_num_threads()}
+    if not args.no_search:
+        if args.run:
+            run, texts = trained_run(args.run, args.device)
+            result["run_dir"] = str(args.run)
+        else:
+            from workload import V, make_taskformer, multi30k
+
+            _, _, val_src = multi30k(200 if args.quick else 2000)
+            run, texts = copy_run(make_taskformer(False)[0], V, args.device), texts_of(val_src)
+        result |= race(run, texts, rounds, {1: n1, 128: n128}, args.device, not args.no_torch)
     if args.classifier:
-        result["classifier"] = classifier(args.classifier, 5 if args.quick else 200)
+        result["classifier"] = classifier(args.classifier, 5 if args.quick else args.classifier_sentences,
+                                          args.classifier_limit)
     print_race(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -29,10 +29,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -43,7 +43,7 @@ from taskformer.core.model_config import ModelConfig
 from taskformer.core.tokenize import symbols
 
 V = 8000
-SHAPE: dict[str, Any] = dict(vocab_size=V, d_model=256, n_heads=8, enc_layers=3, dec_layers=3, d_ff=1024, dropout=0.1,
+SHAPE = dict(vocab_size=V, d_model=256, n_heads=8, enc_layers=3, dec_layers=3, d_ff=1024, dropout=0.1,
              tie_embeddings=False, max_len=128)
 
 
@@ -99,17 +99,15 @@ def ctranslate2_run(translator, src: torch.Tensor, batch: int, steps: int):
     return run
 
 
-def engines(model, args, device: torch.device) -> dict | str:
+def engines(model, args, device: torch.device, translator) -> dict | str:
     """``decode.engine=auto`` against raw CTranslate2 on this device (bench/race/engine_race.py), or why it cannot run."""
-    try:
-        import ctranslate2  # noqa: F401
-    except ImportError:
-        return "ctranslate2 is not installed: decode.engine=auto decodes with torch here"
-    from engine_race import print_race, race
+    if isinstance(translator, str):
+        return f"skipped: CTranslate2 cannot decode on {device.type} here ({translator})"
+    from engine_race import copy_run, print_race, race, texts_of
 
-    with torch.no_grad():
-        rows = [row.tolist() for row in sources(max(args.n1, args.n128), args.src_len)]
-    result = race(rows, model, V, args.rounds, {1: args.n1, 128: args.n128}, device.type)
+    rows = [row.tolist() for row in sources(max(args.n1, args.n128), args.src_len)]
+    result = race(copy_run(model, V, device.type), texts_of(rows), args.rounds, {1: args.n1, 128: args.n128},
+                  device.type)
     print_race(result)
     return result
 
@@ -155,6 +153,7 @@ def main() -> None:
         translator = ctranslate2_translator(model, Path(tmp), device)
         if isinstance(translator, str):
             results["ctranslate2"] = translator
+            print(f"ctranslate2: left out, it cannot decode on {device.type} here: {translator}", flush=True)
         for batch, n in ((1, args.n1), (128, args.n128)):
             src = sources(n, args.src_len)
             runs = {name: (lambda search, m=m, batch=batch, src=src: decode_all(m, src, batch, search, args.steps, device))
@@ -163,9 +162,18 @@ def main() -> None:
                 runs["ctranslate2"] = ctranslate2_run(translator, src, batch, args.steps)
             for search in ("greedy", "beam5"):
                 first = {}
-                for name, run in runs.items():  # compiles and captures: timed apart
+                for name, run in list(runs.items()):  # compiles and captures: timed apart
                     started = time.perf_counter()
-                    first[name] = run(search)
+                    try:
+                        first[name] = run(search)
+                    except Exception as error:  # noqa: BLE001 -- a contender that cannot run here is left out, said why
+                        if name == "eager":
+                            raise
+                        results.setdefault("left_out", {})[name] = f"{type(error).__name__}: {str(error)[:300]}"
+                        print(f"{name}: left out, it failed: {results['left_out'][name]}", flush=True)
+                        contenders.pop(name, None)
+                        del runs[name]
+                        continue
                     results["first_pass_s"][f"{name} {search} b{batch}"] = round(time.perf_counter() - started, 2)
                 if search == "greedy":
                     for name in runs:
@@ -184,12 +192,14 @@ def main() -> None:
                 print(f"{search} batch {batch} (sentences/s):", row, flush=True)
                 if args.out:  # as it goes: a run cut short keeps its rows
                     args.out.write_text(json.dumps(results, indent=1) + "\n")
-        if args.profile:
+        if args.profile and "cudagraph" in contenders:
             results["profile greedy b1"] = profile(contenders["cudagraph"], sources(args.n1, args.src_len), args.steps,
                                                    device)
             print(results["profile greedy b1"])
     if not args.no_engines:
-        results["engines"] = engines(model, args, device)
+        results["engines"] = engines(model, args, device, translator)
+        if isinstance(results["engines"], str):
+            print(results["engines"], flush=True)
         if args.out:
             args.out.write_text(json.dumps(results, indent=1) + "\n")
     from torch._dynamo.utils import counters
@@ -202,4 +212,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

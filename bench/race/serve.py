@@ -27,8 +27,9 @@ after every part too, which shows whether memory levels off or keeps growing.
 `--engines LIST` serves the run once per `decode.engine` (e.g. `auto,torch`) and races the raw
 runtime instead: one client's p50 latency against raw CTranslate2's median time for the same
 sentences one at a time (the run's search and budget per sentence, the threads our runtime uses), and
-the most clients' throughput against a CTranslate2 loop that decodes all the sentences in batches of
-the server's `--max-batch` (32), each batch's budget its longest sentence's.
+the most clients' throughput against CTranslate2 decoding all the sentences in one call with
+`max_batch_size` the server's `--max-batch` (32): it sorts them by length and batches them itself.
+Raw CTranslate2 is told what bench/race/engine_race.py tells it (the run's search, budget and threads).
 
     python bench/race/serve.py runs/copy/bench --engines auto,torch --clients 1,32 --seconds 30 --soak 0
 
@@ -73,24 +74,19 @@ def sentences_of(run_dir: Path, limit: int) -> list[str]:
 
 def rss_kib(pid: int) -> int:
     status = Path(f"/proc/{pid}/status").read_text()
-    found = re.search(r"^VmRSS:\s+(\d+) kB", status, flags=re.M)
-    if not found:
-        raise RuntimeError(f"/proc/{pid}/status gives no VmRSS")
-    return int(found.group(1))
+    return int(re.search(r"^VmRSS:\s+(\d+) kB", status, flags=re.M).group(1))
 
 
 class Server:
     def __init__(self, run_dir: Path, *args: str):
         self.process = subprocess.Popen([sys.executable, "-m", "taskformer", "serve", str(run_dir), "--port", "0",
                                          "--max-queue", "100000", *args], stderr=subprocess.PIPE, text=True)
-        stderr = self.process.stderr
-        assert stderr is not None  # a pipe, as asked
-        line = stderr.readline()
-        found, named = re.search(r"http://[\d.]+:\d+", line), re.search(r"serving (\S+) on", line)
-        if not found or not named:
-            sys.exit(f"the server did not start: {line}{stderr.read()}")
+        line = self.process.stderr.readline()
+        found = re.search(r"http://[\d.]+:\d+", line)
+        if not found:
+            sys.exit(f"the server did not start: {line}{self.process.stderr.read()}")
         self.url = found.group(0)
-        self.name = named.group(1)
+        self.name = re.search(r"serving (\S+) on", line).group(1)
 
     def stop(self) -> None:
         self.process.terminate()
@@ -229,42 +225,36 @@ def hostile(run_dir: Path, sentences: list[str], clients: int, seconds: float, s
 
 
 def raw_ctranslate2(run_dir: Path, sentences: list[str], batch: int) -> dict:
-    """Raw CTranslate2 on the run's weights (exported here): the median seconds of one sentence at a
-    time, and sentences/s of all of them in batches of ``batch``."""
+    """Raw CTranslate2 on the run's weights (exported here), told what bench/race/engine_race.py tells it: the
+    median seconds of one sentence at a time, and sentences/s of all of them in batches of ``batch``
+    (CTranslate2 sorts them by length and batches them itself), with the run's search."""
     import tempfile
 
-    import ctranslate2
     import torch
+    from engine_race import raw_inputs, raw_translator
 
-    from taskformer.app import hooks, runner
-    from taskformer.core.data import encode_sources
-    from taskformer.core.decoding import decode_workers, max_lengths
-    from taskformer.core.export import vocabulary
+    from taskformer.app import runner
+    from taskformer.core.decoding import decode_workers
 
     run = runner.load(run_dir)
     d = run.config.decode
-    vocab = vocabulary(run.tokenizer, run.model.cfg.vocab_size)
-    ids, _ = encode_sources(run.tokenizer, hooks.normalize(run.task, sentences, run.config), run.model.cfg.max_len)
-    tokens = [[vocab[i] for i in row[:-1]] for row in ids]  # the export adds the EOS itself
-    budgets = [int(max_lengths(torch.tensor([row]), d.max_len_a, d.max_len_b, run.model.cfg.max_len)[0]) for row in ids]
-    options = dict(beam_size=d.beam if d.strategy == "beam" else 1, length_penalty=d.length_penalty,
-                   min_decoding_length=0, disable_unk=True, suppress_sequences=[["[PAD]"], ["[BOS]"]])
-    workers = decode_workers(d.workers, torch.device("cpu"), 1 << 20)
+    tokens, budgets, options = raw_inputs(run, sentences)
+    options["beam_size"] = d.beam if d.strategy == "beam" else 1
+    compute = "int8" if d.quantize == "int8" else "float32"
     with tempfile.TemporaryDirectory() as folder:
-        runner.export(run, Path(folder) / "ct2", "int8" if d.quantize == "int8" else "float32")
-        translator = ctranslate2.Translator(str(Path(folder) / "ct2"), device="cpu",
-                                            compute_type="int8" if d.quantize == "int8" else "float32",
-                                            inter_threads=workers, intra_threads=max(torch.get_num_threads() // workers, 1))
+        translator = raw_translator(run, Path(folder) / "ct2", compute, "cpu",
+                                    decode_workers(d.workers, torch.device("cpu"), 1 << 20))
+    translator.translate_batch(tokens[:8], max_decoding_length=max(budgets[:8]), **options)  # warm-up
     one = []
     for t, b in zip(tokens, budgets):
         started = time.perf_counter()
         translator.translate_batch([t], max_decoding_length=b, **options)
         one.append(time.perf_counter() - started)
     started = time.perf_counter()
-    for i in range(0, len(tokens), batch):
-        translator.translate_batch(tokens[i : i + batch], max_decoding_length=max(budgets[i : i + batch]), **options)
-    return {"batch1_median_ms": 1000 * statistics.median(one[1:] or one),
-            "batched_sentences_per_s": len(tokens) / (time.perf_counter() - started), "batch": batch}
+    translator.translate_batch(tokens, max_batch_size=batch, max_decoding_length=max(budgets), **options)
+    return {"batch1_median_ms": 1000 * statistics.median(one), "batched_sentences_per_s":
+            len(tokens) / (time.perf_counter() - started), "batch": batch, "compute_type": compute,
+            "beam": options["beam_size"]}
 
 
 def engines_race(run_dir: Path, sentences: list[str], clients: list[int], seconds: float, engines: list[str],

@@ -62,7 +62,7 @@ except ImportError:  # the race rows need it: pip install taskformer[export]
     ctranslate2 = None
 
 from decode_ablation import ablation
-from engine_race import classifier, print_race, race
+from engine_race import classifier, copy_run, print_race, race, texts_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: machine.py and workload.py
 
@@ -326,8 +326,8 @@ def main() -> None:
     engines = {}
     if ctranslate2:
         stage("decode.engine=auto against raw CTranslate2")
-        engines = race(val_src, make_taskformer(False)[0], V, 1 if quick else 3, {1: 16 if quick else 200,
-                                                                                  128: 192 if quick else 1000})
+        engines = race(copy_run(make_taskformer(False)[0], V, "cpu"), texts_of(val_src), 1 if quick else 3,
+                       {1: 16 if quick else 200, 128: 192 if quick else 1000})
     if args.classifier:
         stage(f"classifier {args.classifier}: ONNX Runtime against torch")
         engines["classifier"] = classifier(args.classifier, 20 if quick else 200)

@@ -2,6 +2,7 @@
 
     python bench/study/engine_agreement.py RUN_DIR [--split test] [--limit N] [--int8]
     python bench/study/engine_agreement.py RUN_DIR --inputs FILE    # one source per line, no references
+    python bench/study/engine_agreement.py RUN_DIR --json agreement.json
 
 Decodes the sources of the run's ``outputs-SPLIT.jsonl`` with ``decode.engine=torch`` and with the
 run's runtime (CTranslate2 for a search, ONNX Runtime for a classifier or tagger), in fp32, through
@@ -43,6 +44,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=0, help="the first N sources only (0: all)")
     parser.add_argument("--int8", action="store_true", help="also compare decode.quantize=int8")
     parser.add_argument("--inputs", type=Path, help="decode these lines (one source each) instead; no scores")
+    parser.add_argument("--json", type=Path, help="also write the counts here")
     args = parser.parse_args()
     where = args.inputs or args.run_dir / f"outputs-{args.split}.jsonl"
     rows = [{"source": line, "reference": ""} for line in where.read_text().splitlines()] if args.inputs else [
@@ -57,11 +59,13 @@ def main() -> None:
     searched = model.task.variant in ("encoder-decoder", "decoder-only")
     print(f"{len(sources)} sources of {where}, fp32; runtime: {runtime['engine']} "
           f"({runtime['reason']})")
-    if runtime["engine"] == "torch":
-        return
+    figures: dict = {"run_dir": str(args.run_dir), "sources": str(where), "n": len(sources), "engine": runtime,
+                     "searches": {}}
     lp = model.config.decode.length_penalty
-    searches: list[tuple[str, dict]] = [("greedy", {"beam": 1}), (f"beam 5, length_penalty {lp:g}", {"beam": 5}),
+    searches = [("greedy", {"beam": 1}), (f"beam 5, length_penalty {lp:g}", {"beam": 5}),
                 ("beam 5, length_penalty 0", {"beam": 5, "length_penalty": 0.0})] if searched else [("labels", {})]
+    if runtime["engine"] == "torch":  # nothing to compare
+        searches = []
     for quantize in ("none", "int8") if args.int8 else ("none",):
         for name, options in searches:
             outputs = {}
@@ -71,8 +75,13 @@ def main() -> None:
                 print(f"  {name}, {engine}{' int8' if quantize == 'int8' else ''}: "
                       f"{score(outputs[engine], references)} ({time.perf_counter() - started:.1f} s)", flush=True)
             equal = sum(same(a, b) for a, b in zip(*outputs.values()))
+            figures["searches"][f"{name}{' (int8)' if quantize == 'int8' else ''}"] = {
+                "equal": equal, "share": equal / len(sources),
+                "scores": {engine: score(out, references) for engine, out in outputs.items()}}
             print(f"{name}{' (int8)' if quantize == 'int8' else ''}: {equal} of {len(sources)} outputs equal "
                   f"({100 * equal / len(sources):.1f}%)", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
 
 
 if __name__ == "__main__":

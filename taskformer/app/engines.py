@@ -16,6 +16,7 @@ temporary folder that is removed once loaded. The newest :data:`KEEP` entries ar
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
@@ -43,6 +44,7 @@ KEEP = 8  # cache entries kept, newest first
 ENTRY = "entry.json"  # an entry's record: what it holds and each file's SHA-256, written last
 INSTALL = "pip install taskformer[export]"
 ONNX_PACKAGES = ("onnxruntime", "onnx", "onnxscript")  # the runtime, and what exports to it
+CUBLAS = "libcublas.so.12"  # what CTranslate2 4's wheels (built with CUDA 12) open on their first GPU call
 
 
 class EngineError(TaskformerError):
@@ -73,12 +75,25 @@ class Choice(NamedTuple):
         return f"{self.engine}{f' {self.compute_type}' if self.compute_type else ''} ({self.reason})"
 
 
+def cuda_usable(ctranslate2: Any) -> bool:
+    """Whether CTranslate2 can decode on a GPU here: it sees one, and the cuBLAS it opens on its first
+    GPU call loads (a process whose torch brings another CUDA's cuBLAS has none: CTranslate2 would
+    fail at the first sentence, after ``auto`` had chosen it)."""
+    if ctranslate2.get_cuda_device_count() < 1:
+        return False
+    try:
+        ctypes.CDLL(CUBLAS)
+    except OSError:
+        return False
+    return True
+
+
 def available(device: str) -> dict[str, frozenset[str]]:
     """The runtimes installed here that can run on ``device``, each with the compute types it offers there."""
     found: dict[str, frozenset[str]] = {}
     try:
         import ctranslate2
-        if device == "cpu" or ctranslate2.get_cuda_device_count() > 0:
+        if device == "cpu" or cuda_usable(ctranslate2):
             found["ctranslate2"] = frozenset(ctranslate2.get_supported_compute_types(device))
     except ImportError:
         pass
@@ -113,8 +128,10 @@ def obstacle(runtime: str, facts: Facts, decode: DecodeConfig, found: dict[str, 
     if runtime == "ctranslate2" and decode.no_repeat_ngram:
         return "decode.no_repeat_ngram is our search's rule (the prompt's n-grams count too)"
     if runtime not in found:
-        where = " with CUDA" if facts.device == "cuda" else ""
-        return f"{runtime}{where} is not installed ({INSTALL})"
+        if facts.device == "cuda":
+            needs = f"; CTranslate2 needs {CUBLAS}" if runtime == "ctranslate2" else ""
+            return f"{runtime} with CUDA is not installed, or cannot use this GPU ({INSTALL}{needs})"
+        return f"{runtime} is not installed ({INSTALL})"
     return None
 
 
@@ -166,6 +183,7 @@ def root() -> Path | None:
 
 _digests: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (parameter versions, digest)
 _loaded: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (key, runtime)
+_parameters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its parameters
 _lock = threading.Lock()
 
 
@@ -271,11 +289,15 @@ def runtime(choice: Choice, model: Transformer | Ensemble, tokenizer: Tokenizer,
     converted through the cache on first use and kept while the weights are unchanged; CTranslate2 gets
     as many workers as our decoder would run (``decode.workers``)."""
     net = cast(Transformer, model)
-    device = next(net.parameters()).device.type
-    workers = decode_workers(decode.workers, next(net.parameters()).device, 1 << 20)
-    # The same weights (their version counters), choice, tokenizer and workers: the loaded runtime, with
-    # no digest computed (a server asks for every batch).
-    key = (choice, workers, id(tokenizer), tuple(p._version for p in net.parameters()))
+    params = _parameters.get(net)
+    if params is None:  # walking the modules for them costs more than a small classifier's batch
+        params = _parameters[net] = tuple(net.parameters())
+    device = params[0].device.type
+    workers = decode_workers(decode.workers, params[0].device, 1 << 20)
+    # The same weights (their version counters, bumped by every in-place change: an update, a
+    # load_state_dict), choice, tokenizer and workers: the loaded runtime, with no digest computed (a
+    # server asks for every batch).
+    key = (choice, workers, id(tokenizer), tuple(p._version for p in params))
     with _lock:
         kept = _loaded.get(net)
         if kept is not None and kept[0] == key:
