@@ -68,7 +68,7 @@ def copy_run(model, vocab: int, device: str) -> Run:
 def trained_run(run_dir: Path, device: str) -> tuple[Run, list[str]]:
     """A finished encoder-decoder run, in fp32, and its test sources."""
     run = runner.load(run_dir)
-    run.config = replace(run.config, train=replace(run.config.train, bf16=False))
+    run.config = replace(run.config, train=replace(run.config.train, bf16="false"))
     run.model.to(device).eval()
     rows = [json.loads(line)["source"] for line in (run_dir / "outputs-test.jsonl").read_text().splitlines()]
     return run, [r for r in rows if isinstance(r, str) and r.strip()]

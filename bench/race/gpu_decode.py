@@ -29,10 +29,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -43,7 +43,7 @@ from taskformer.core.model_config import ModelConfig
 from taskformer.core.tokenize import symbols
 
 V = 8000
-SHAPE = dict(vocab_size=V, d_model=256, n_heads=8, enc_layers=3, dec_layers=3, d_ff=1024, dropout=0.1,
+SHAPE: dict[str, Any] = dict(vocab_size=V, d_model=256, n_heads=8, enc_layers=3, dec_layers=3, d_ff=1024, dropout=0.1,
              tie_embeddings=False, max_len=128)
 
 
@@ -212,4 +212,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -74,19 +74,24 @@ def sentences_of(run_dir: Path, limit: int) -> list[str]:
 
 def rss_kib(pid: int) -> int:
     status = Path(f"/proc/{pid}/status").read_text()
-    return int(re.search(r"^VmRSS:\s+(\d+) kB", status, flags=re.M).group(1))
+    found = re.search(r"^VmRSS:\s+(\d+) kB", status, flags=re.M)
+    if not found:
+        raise RuntimeError(f"/proc/{pid}/status gives no VmRSS")
+    return int(found.group(1))
 
 
 class Server:
     def __init__(self, run_dir: Path, *args: str):
         self.process = subprocess.Popen([sys.executable, "-m", "taskformer", "serve", str(run_dir), "--port", "0",
                                          "--max-queue", "100000", *args], stderr=subprocess.PIPE, text=True)
-        line = self.process.stderr.readline()
-        found = re.search(r"http://[\d.]+:\d+", line)
-        if not found:
-            sys.exit(f"the server did not start: {line}{self.process.stderr.read()}")
+        stderr = self.process.stderr
+        assert stderr is not None  # a pipe, as asked
+        line = stderr.readline()
+        found, named = re.search(r"http://[\d.]+:\d+", line), re.search(r"serving (\S+) on", line)
+        if not found or not named:
+            sys.exit(f"the server did not start: {line}{stderr.read()}")
         self.url = found.group(0)
-        self.name = re.search(r"serving (\S+) on", line).group(1)
+        self.name = named.group(1)
 
     def stop(self) -> None:
         self.process.terminate()

@@ -62,7 +62,7 @@ def main() -> None:
     figures: dict = {"run_dir": str(args.run_dir), "sources": str(where), "n": len(sources), "engine": runtime,
                      "searches": {}}
     lp = model.config.decode.length_penalty
-    searches = [("greedy", {"beam": 1}), (f"beam 5, length_penalty {lp:g}", {"beam": 5}),
+    searches: list[tuple[str, dict]] = [("greedy", {"beam": 1}), (f"beam 5, length_penalty {lp:g}", {"beam": 5}),
                 ("beam 5, length_penalty 0", {"beam": 5, "length_penalty": 0.0})] if searched else [("labels", {})]
     if runtime["engine"] == "torch":  # nothing to compare
         searches = []
