@@ -45,7 +45,7 @@ def test_a_step_budget_cools_down_over_its_last_quarter(tmp_path, cli):
 
 def test_a_time_limit_decays_over_the_last_share_of_its_training_time(tmp_path, cli):
     out = tmp_path / "run"
-    result = cli("run", "copy", "--out", str(out), *SMALL, "--time-limit", "0.1", "--set", "train.epochs=1000",
+    result = cli("run", "copy", "--out", str(out), *SMALL, "--time-limit", "0.25", "--set", "train.epochs=1000",
                  "--set", "train.cooldown=0.5", "--set", "train.patience=0")  # only the clock or the decay may end it
     assert result.exit_code == 0, result.output
     [start] = events(out, "cooldown")
