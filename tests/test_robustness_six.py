@@ -5,8 +5,8 @@ line naming the culprit, or an answer; never a traceback, never lost work."""
 
 import json
 import os
-import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -124,12 +124,69 @@ def test_a_folder_left_by_a_distillation_refused_after_its_decode_is_used_again(
     assert (out / "distill-train.jsonl").exists() and not (out / "result.json").exists()
     listed = run_cli("runs", str(tmp_path))
     assert str(out) not in listed.stdout  # not a run: neither finished nor listed as one
-    again = run_cli("distill", str(teacher), "--out", str(out), *STUDENT)
+    (tmp_path / "teacher").symlink_to(teacher, target_is_directory=True)  # given relative, through a link
+    again = subprocess.run([sys.executable, "-m", "taskformer", "distill", "teacher", "--out", "student", *STUDENT],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert again.returncode == 0, again.stderr
     record = json.loads((out / "result.json").read_text())
     assert record["info"]["distill"]["count"] == len((out / "distill-train.jsonl").read_text().splitlines())
+    page = (out / "report.html").read_text()  # every path the report shows is absolute, links kept as given
+    assert f"run directory: {out}" in page and f"{tmp_path / 'teacher'} (one network" in page, page
     mine = tmp_path / "mine"  # a folder holding files of the user's beside a distillation's name stays refused
     mine.mkdir()
     (mine / "distill.json").write_text("{}")
     one_error_line(run_cli("distill", str(teacher), "--out", str(mine), *STUDENT), str(mine), "not empty")
     assert (mine / "distill.json").read_text() == "{}"
+
+
+# -- a language model's line breaks: kept on a terminal, an answer a line when piped, exact with --json -----
+
+PROMPTS = ["a", "b", "ab", "ba", "aa", "bb", "aab", "bba", "abab", "baba"]
+
+
+@pytest.fixture(scope="module")
+def lines_lm(tmp_path_factory):
+    """A tiny language model of a text that is half line breaks: its continuations hold some."""
+    import random
+
+    data = tmp_path_factory.mktemp("lines")
+    draw = random.Random(0)
+    (data / "input.txt").write_text("".join(draw.choice(["ab\n", "a\n", "b\n"]) for _ in range(300)))
+    out = tmp_path_factory.mktemp("runs") / "lm"
+    result = run_cli("run", "shakespeare-char", "--data-dir", str(data), "--out", str(out), *LM,
+                     "--set", "train.max_tokens=256")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def on_a_terminal(*args: str) -> str:
+    """What ``taskformer ARGS`` shows on a terminal (a pseudo-terminal as its stdout)."""
+    import pty
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "taskformer", *args], stdout=follower, stderr=subprocess.PIPE)
+    os.close(follower)
+    said = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the child closed its end
+            break
+        if not chunk:
+            break
+        said += chunk
+    os.close(leader)
+    assert proc.wait(timeout=300) == 0, proc.stderr.read()
+    return said.decode().replace("\r\n", "\n")
+
+
+def test_a_language_models_line_breaks_are_kept_on_a_terminal_and_piped_stays_an_answer_a_line(lines_lm):
+    sampled = ["--set", "decode.temperature=3", "--set", "decode.max_new_tokens=30", "--set", "decode.seed=1"]
+    exact = run_cli("predict", str(lines_lm), *PROMPTS, *sampled, "--json")
+    assert exact.returncode == 0, exact.stderr
+    continuations = [json.loads(line)["continuation"] for line in exact.stdout.splitlines()]
+    assert len(continuations) == len(PROMPTS) and any("\n" in c for c in continuations), continuations
+    piped = run_cli("predict", str(lines_lm), *PROMPTS, *sampled)
+    assert piped.stdout.split("\n")[:-1] == [c.replace("\n", " ") for c in continuations]  # an answer a line
+    shown = on_a_terminal("predict", str(lines_lm), *PROMPTS, *sampled)
+    assert shown == "".join(f"{c}\n\n" for c in continuations)  # as written, a blank line after each
