@@ -43,8 +43,7 @@ def test_an_out_that_cannot_be_written_is_refused_before_any_work(tmp_path, wher
                                 capture_output=True, text=True, timeout=300)
     finally:
         locked.chmod(0o755)
-    line = one_error_line(result, f"cannot write {locked} (Permission denied)", "--out")
-    assert "loading data" not in result.stderr and "nothing was changed" in line
+    one_error_line(result, f"cannot write {locked} (Permission denied); --out must name a folder that can be written")
     assert list(locked.iterdir()) == []  # no probe, no folder left behind
 
 
@@ -52,7 +51,7 @@ def test_an_out_under_a_file_is_refused_naming_the_file(tmp_path):
     mine = tmp_path / "notes.txt"
     mine.write_text("mine")
     result = run_cli("run", "copy", "--out", str(mine / "run"), *TINY, "--dry-run")
-    one_error_line(result, f"{mine}: exists and is not a directory")
+    one_error_line(result, f"{mine / 'run'}: cannot create the run directory ({mine} is not a directory)")
     assert mine.read_text() == "mine"
 
 

@@ -241,14 +241,14 @@ def check_out(out: str | None, task: str, leftovers: frozenset[str] = frozenset(
     path = Path(out) if out else Path("runs") / task
     there = next(p for p in (path, *path.parents) if os.path.lexists(p))  # where the run's first write lands
     if not there.is_dir():
-        raise TaskformerError(f"{there}: exists and is not a directory" + (f", so {path} cannot be made" * (there != path)))
+        raise TaskformerError(f"{path}: cannot create the run directory ({there} is not a directory)" if there != path
+                              else f"{path}: exists and is not a directory")
     if out and there == path and not (run_mark(path) and failed_before_checkpoint(path, also=leftovers) is not None):
         refuse_taken(path)  # else a new run starts afresh there
     try:
         ckpt.probe_write(there)
     except OSError as e:
-        raise TaskformerError(f"cannot write {there} ({e.strerror}); choose an --out where files can be written "
-                              "(nothing was changed)") from None
+        raise TaskformerError(f"cannot write {there} ({e.strerror}); --out must name a folder that can be written") from None
 
 
 def remove_empty(folders: list[Path]) -> None:
