@@ -68,6 +68,19 @@ def atomic_write(path: Path, data: str | bytes) -> None:
         raise
 
 
+def probe_write(folder: Path) -> None:
+    """Write a few bytes into ``folder`` and remove them: an OSError now, before any work, where a
+    run's files could not be written there (read-only, denied, full). The probe is a new file
+    (created exclusively, so never a link), named as no one else's file is, and always removed."""
+    fd, probe = tempfile.mkstemp(dir=folder, prefix=".taskformer-probe.", suffix=".tmp")
+    try:
+        os.write(fd, b"taskformer\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        os.unlink(probe)
+
+
 def append_line(path: Path, line: str) -> None:
     """Append one line to a log (a run's events): too small and frequent a write to rename a copy of
     the whole file, so a link at ``path`` is refused (O_NOFOLLOW) instead of written through."""

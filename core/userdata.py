@@ -400,6 +400,9 @@ def is_number(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and value.is_integer()
 
 
+SHAPED = (list, dict)  # what a label never is
+
+
 class LabelNames:
     """The names of a label column's values: text labels as they are, a hub ``ClassLabel``'s names,
     numbers as their digits or as ``data.label_names`` (the i-th name for the i-th smallest number in
@@ -411,7 +414,7 @@ class LabelNames:
         values: set = set()
         for part in source.splits["train"]:
             for batch in batches(part.table.select_columns([column])):
-                values.update(v for v in batch[column] if v is not None and str(v).strip())
+                values.update(v for v in batch[column] if v is not None and str(v).strip() and not isinstance(v, SHAPED))
         classes = getattr(source.feature(column), "names", None)
         numeric = bool(values) and all(is_number(v) for v in values)
         order = sorted(values, key=(lambda v: v) if numeric else str)
@@ -432,12 +435,16 @@ class LabelNames:
 
     def keep(self, split: str, rows: list[tuple], where: list[str]) -> list[tuple]:
         """``(input, label name)`` rows; those whose label train lacks are left out and named."""
-        kept, unseen = [], []
+        kept, unseen, shaped = [], [], []
         for (text, value), place in zip(rows, where):
-            if value in self.of:
+            if isinstance(value, SHAPED):  # a JSON column of mixed kinds: a list or an object is no label
+                shaped.append(place)
+            elif value in self.of:
                 kept.append((text, self.of[value]))
             else:
                 unseen.append(f"{place} ({value})")
         if unseen:
             self.source.skip(split, f"a {self.column} train never has", unseen)
+        if shaped:
+            self.source.skip(split, f"a {self.column} that is a list or an object, not a text or a number", shaped)
         return kept

@@ -52,6 +52,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -65,8 +66,10 @@ from machine import cpu_name  # noqa: E402
 
 def sentences_of(run_dir: Path, limit: int) -> list[str]:
     path = run_dir / "outputs-test.jsonl"
-    rows = [json.loads(line)["source"] for line in path.read_text(encoding="utf-8").splitlines()]
-    rows = [r for r in rows if r.strip()][:limit]
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    if not any(r["source"].strip() for r in rows):  # a language model's: prompts from its texts' first lines
+        rows = [{"source": r["reference"].strip().partition("\n")[0]} for r in rows]
+    rows = [r["source"] for r in rows if r["source"].strip()][:limit]
     if not rows:
         sys.exit(f"{path}: no test sentences to send")
     return rows
@@ -92,6 +95,8 @@ class Server:
             sys.exit(f"the server did not start: {line}{stderr.read()}")
         self.url = found.group(0)
         self.name = named.group(1)
+        self.log: list[str] = []  # the server's log, read as it comes (a full pipe would block the server)
+        threading.Thread(target=lambda: self.log.extend(stderr), daemon=True).start()
 
     def stop(self) -> None:
         self.process.terminate()
@@ -105,7 +110,7 @@ BAD_BODIES = {  # what each bad request sends as a JSON request body
     "wrong types": b'{"inputs": [5], "beam": true}',
     "huge number": b'{"inputs": ["1"], "beam": ' + b"9" * 5000 + b"}",
 }
-BAD_KINDS = (*BAD_BODIES, "unknown model", "disconnecting", "slow sender")
+BAD_KINDS = (*BAD_BODIES, "unknown model", "disconnecting", "leaves a stream", "slow sender")
 
 
 async def raw_request(url: str, path: str, body: bytes, trickle: float = 0.0, leave: bool = False) -> int | None:
@@ -134,6 +139,8 @@ async def bad_request(kind: str, url: str, name: str, http: aiohttp.ClientSessio
     target = f"/v1/models/{name}/predict"
     if kind == "disconnecting":
         return await raw_request(url, target, b'{"inputs": ["1 2 3"]}', leave=True)
+    if kind == "leaves a stream":  # a language model's continuation streamed, the client gone after sending
+        return await raw_request(url, target + "/stream", b'{"inputs": ["1 2 3"]}', leave=True)
     if kind == "slow sender":
         return await raw_request(url, target, b'{"inputs": ["1 2 3"]}', trickle=0.02)
     if kind == "unknown model":
@@ -218,6 +225,7 @@ def hostile(run_dir: Path, sentences: list[str], clients: int, seconds: float, s
             up = server.process.poll() is None and answer.status == 200
     finally:
         server.stop()
+    log = "".join(server.log)
     p99 = {side: 1000 * statistics.quantiles(s, n=100)[98] for side, s in (("clean", clean_s), ("rough", rough_s))}
     bad = {kind: sum(rough["bad_requests"][kind] for _, rough in parts) for kind in BAD_KINDS}
     return {"clients": clients, "seconds": seconds, "rounds": rounds, "clean_p99_ms": p99["clean"],
@@ -226,7 +234,7 @@ def hostile(run_dir: Path, sentences: list[str], clients: int, seconds: float, s
             "bad_answered_5xx": sum(rough["bad_answered_5xx"] for _, rough in parts),
             "p99_ratio": p99["rough"] / p99["clean"], "part_p99_ms": [[c["p99_ms"], r["p99_ms"]] for c, r in parts],
             "rss_start_mib": rss[0] / 1024, "rss_end_mib": rss[-1] / 1024, "rss_mib": [k / 1024 for k in rss],
-            "server_up_at_end": up}
+            "server_up_at_end": up, "log_lines": len(log.splitlines()), "log_tracebacks": log.count("Traceback")}
 
 
 def raw_ctranslate2(run_dir: Path, sentences: list[str], batch: int) -> dict:
@@ -341,7 +349,8 @@ def main() -> None:
               f"{figures['rss_start_mib']:.0f} MiB after the warm-up, {figures['rss_end_mib']:.0f} MiB at the end "
               f"({100 * (figures['rss_end_mib'] / figures['rss_start_mib'] - 1):+.1f}%; after each part: "
               f"{', '.join(f'{m:.0f}' for m in figures['rss_mib'][1:])}); server up at the end: "
-              f"{figures['server_up_at_end']}", flush=True)
+              f"{figures['server_up_at_end']}; server log: {figures['log_lines']} lines, "
+              f"{figures['log_tracebacks']} tracebacks", flush=True)
         if args.json:
             args.json.write_text(json.dumps(figures, indent=2))
         return

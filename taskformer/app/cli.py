@@ -297,7 +297,9 @@ def predict_cmd(run_dir, text, beam, overrides, as_json, threads, quiet) -> None
     decode.samples=N, N lines).
 
     A tagger prints WORD<TAB>TAG per word, the words as given, and a blank line after each input.
-    A task of sentence pairs reads FIRST<TAB>SECOND per input.
+    A task of sentence pairs reads FIRST<TAB>SECOND per input. A language model's continuation
+    keeps its line breaks on a terminal, a blank line after each; piped, it stays one line (its
+    line breaks as spaces), and --json gives it exactly.
     """
     from taskformer.app import hooks, resources, runner
 
@@ -330,7 +332,7 @@ def predict_cmd(run_dir, text, beam, overrides, as_json, threads, quiet) -> None
             outputs, n = runner.predict(run, inputs, config)
             cut += n
             for line, out in zip(inputs, outputs):
-                said = shown(line, out, tagger, as_json, settings)
+                said = shown(line, out, tagger, as_json, settings, lines=terminal)
                 click.echo(visible(said, as_json) if terminal else said)  # flushes: each reaches a pipe at once
             if refused:
                 raise refused
@@ -359,10 +361,11 @@ def pair_inputs(lines: list[str], before: int, what: str) -> tuple[list[tuple[st
     return inputs, None
 
 
-def shown(line, out, tagger: bool, as_json: bool, settings: dict | None = None) -> str:
+def shown(line, out, tagger: bool, as_json: bool, settings: dict | None = None, lines: bool = False) -> str:
     """What predict prints for one input: one line, or a tagger's WORD<TAB>TAG lines and a blank line;
-    for a language model (which has generation ``settings``), its continuation; for a pair of texts
-    (``line`` a tuple), its label, and with ``as_json`` both texts beside it."""
+    for a language model (which has generation ``settings``), its continuation (with ``lines``, for
+    a terminal, its line breaks kept and a blank line after it); for a pair of texts (``line`` a
+    tuple), its label, and with ``as_json`` both texts beside it."""
     from taskformer.core.data import is_pair
     from taskformer.core.decoding import Label, word_tags
 
@@ -376,9 +379,10 @@ def shown(line, out, tagger: bool, as_json: bool, settings: dict | None = None) 
         return json.dumps(out._asdict() if isinstance(out, Label) else out, ensure_ascii=False)
     if tagger:
         return "".join(f"{word}\t{tag}\n" for word, tag in out)
-    if isinstance(out, list):  # decode.samples: one line per sample
-        return "\n".join(sample.replace("\n", " ") for sample in out)
-    return str(out).replace("\n", " ")
+    samples = out if isinstance(out, list) else [str(out)]  # decode.samples: one answer per sample
+    if lines and settings is not None:
+        return "\n\n".join(samples) + "\n"
+    return "\n".join(sample.replace("\n", " ") for sample in samples)  # piped: an answer a line
 
 
 def stdin_batches(size: int):

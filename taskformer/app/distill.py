@@ -109,12 +109,12 @@ def distill(request: DistillRequest, on_event=lambda e: None) -> Run:
                 raise TaskformerError(f"{run_dir} holds files that are not this distillation's (nothing in it was "
                                       "changed); start a new distillation with another --out")
         else:
-            rundir.check_out(request.out)
+            rundir.check_out(request.out, task.name, FILES)
             asked["teacher_weights_sha256"] = ckpt.sha256(teacher.dir / ckpt.WEIGHTS)
         data = teacher_data(teacher, data_dir, options)
         check_student_data(teacher, data_dir, options, data)
         if not request.resume:  # made only now: a teacher, settings or data refused leave no folder
-            run_dir = rundir.new_run_dir(task.name, request.out, lock)
+            run_dir = rundir.new_run_dir(task.name, request.out, lock, FILES)
             ckpt.write_json(run_dir / REQUEST, asked)
         decoded = decode(teacher, data, run_dir, chosen.temperature)
         student.distill = {"teacher": asked["teacher"], "teacher_search": search_of(teacher, chosen.temperature),

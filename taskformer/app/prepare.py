@@ -162,8 +162,8 @@ def prepare(request: TrainRequest, shard: tuple[int, int] = (0, 1)) -> Prepared:
     footprint = getattr(config.data, "footprint", None)  # data made from options: can it be made here?
     if footprint:
         check_memory(task, config, **footprint())
-    if shard[0] == 0:
-        rundir.check_out(request.out)  # refused now, not after the data and the probe
+    if shard[0] == 0 and request.claimed is None:
+        rundir.check_out(request.out, task.name)  # refused now, not after the data and the probe
     use_threads(config)
     with progress.stage("loading data and training the tokenizer"):
         data = datacache.load(task, config, request.data_dir, lambda: load_data(task, config, request.data_dir))

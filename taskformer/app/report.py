@@ -184,7 +184,8 @@ def render(run, console: Console | None = None) -> None:
 def _render(run, console: Console | None) -> None:
     before = _pngs(run.dir)
     plot_training(run)
-    title, where = f"{run.task.name}: {run.task.description}", f"run directory: {visible(run.dir)}"
+    # every path a report shows is absolute, as given (links not resolved), as a distilled student's teacher is
+    title, where = f"{run.task.name}: {run.task.description}", f"run directory: {visible(run.dir.absolute())}"
     parts = sections(shown(run))
     body: list[RenderableType] = [Text(title, style="bold"), Text(where)]
     for name, renderable in parts:

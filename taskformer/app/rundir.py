@@ -22,7 +22,7 @@ import shutil
 import stat
 import uuid
 import warnings
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -147,14 +147,16 @@ def make_dir(path: Path, exist_ok: bool) -> bool:
 STARTED = {MARKER, CONFIG, TOKENIZER, METRICS, ckpt.CHECKPOINTS}  # written before a checkpoint
 
 
-def failed_before_checkpoint(path: Path, kept: frozenset[str] = frozenset()) -> list[Path] | None:
+def failed_before_checkpoint(path: Path, kept: frozenset[str] = frozenset(),
+                             also: frozenset[str] = frozenset()) -> list[Path] | None:
     """What a run that stopped before its first checkpoint left in ``path`` (it cannot be resumed, so
     a new run may replace it), or None if ``path`` holds anything else. That is :data:`STARTED`, the
     best weights of its first evaluation beside its config.json, and temporary files of writes that
     were cut short. The files named in ``kept`` are the run's too, and stay, with the marker (a
-    distillation's teacher outputs, from which its student begins again)."""
+    distillation's teacher outputs, from which its student begins again); those in ``also`` are
+    counted as its own (a new distillation clears an earlier one's outputs)."""
     stays = kept | {MARKER} if kept else frozenset()
-    ours = STARTED - stays | ({ckpt.WEIGHTS} if (path / CONFIG).is_file() else set())
+    ours = STARTED - stays | also | ({ckpt.WEIGHTS} if (path / CONFIG).is_file() else set())
     temporary = tuple(f".{name}." for name in ours | stays)  # atomic_write's names: .NAME.<random>.tmp
     entries = [p for p in path.iterdir() if p.name not in stays]
     left = [p for p in entries if p.name in ours or (p.name.startswith(temporary) and p.name.endswith(".tmp"))]
@@ -183,10 +185,10 @@ def missing_folders(path: Path) -> list[Path]:
     return missing
 
 
-def remove_started(path: Path, kept: frozenset[str] = frozenset()) -> bool:
+def remove_started(path: Path, kept: frozenset[str] = frozenset(), also: frozenset[str] = frozenset()) -> bool:
     """Remove what a marked run that stopped before its first checkpoint left in ``path`` (see
     :func:`failed_before_checkpoint`); False, with nothing removed, where ``path`` holds anything else."""
-    left = failed_before_checkpoint(path, kept) if run_mark(path) else None
+    left = failed_before_checkpoint(path, kept, also) if run_mark(path) else None
     for entry in sorted(left or [], key=lambda p: p.name == MARKER):  # the marker last: until then the folder is ours
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
@@ -195,7 +197,7 @@ def remove_started(path: Path, kept: frozenset[str] = frozenset()) -> bool:
     return left is not None
 
 
-def new_run_dir(task: str, out: str | None, lock: ExitStack) -> Path:
+def new_run_dir(task: str, out: str | None, lock: ExitStack, leftovers: frozenset[str] = frozenset()) -> Path:
     """The run directory, created, locked for this process (see :func:`locked`) and
     marked as ours (:func:`mark_run`). ``--out`` may name a new or empty folder, or a
     marked run that stopped before its first checkpoint (it starts afresh); anything else is refused
@@ -203,19 +205,20 @@ def new_run_dir(task: str, out: str | None, lock: ExitStack) -> Path:
 
     A run that fails before its first checkpoint cannot be resumed, so what it wrote is removed
     when ``lock`` closes on the error, and so are the folders it created (an empty ``--out`` that
-    was there before stays, empty)."""
+    was there before stays, empty). ``leftovers``: files such a run may have left too, cleared (a distillation's)."""
     made = missing_folders(Path(out) if out else Path("runs") / task)
     path = Path(out) if out else default_run_dir(task)
     made = made if out else [path, *made]
     make_dir(path, exist_ok=True)
     lock.enter_context(locked(path))
-    remove_started(path)  # a run that stopped before its first checkpoint: start afresh
+    remove_started(path, also=leftovers)  # a run that stopped before its first checkpoint: start afresh
     refuse_taken(path)
     mark_run(path)
 
     def discard(failed, *_) -> bool:  # called as ``lock`` closes, before the lock is released
-        if failed is not None and remove_started(path):
-            remove_empty(made)
+        with suppress(OSError):  # a folder no longer writable: its files stay, for a new run with this --out to clear
+            if failed is not None and remove_started(path):
+                remove_empty(made)
         return False  # the error goes on to the user
 
     lock.push(discard)
@@ -232,16 +235,20 @@ def refuse_taken(path: Path) -> None:
                               "folder (nothing in it was changed)")
 
 
-def check_out(out: str | None) -> None:
-    """Refuse, changing nothing, an ``--out`` that :func:`new_run_dir` would refuse: checked before
-    any work (and by a dry run), not after the data and the probe."""
-    path = Path(out) if out else None
-    if path is None or not os.path.lexists(path):
-        return
-    if not path.is_dir():
-        raise TaskformerError(f"{path}: exists and is not a directory")
-    if not (run_mark(path) and failed_before_checkpoint(path) is not None):  # else a new run starts afresh there
-        refuse_taken(path)
+def check_out(out: str | None, task: str, leftovers: frozenset[str] = frozenset()) -> None:
+    """Refuse, changing nothing, an ``--out`` that :func:`new_run_dir` would refuse (``leftovers`` as it
+    takes them) or could not write (a probe file, removed at once): before any work, and by a dry run."""
+    path = Path(out) if out else Path("runs") / task
+    there = next(p for p in (path, *path.parents) if os.path.lexists(p))  # where the run's first write lands
+    if not there.is_dir():
+        raise TaskformerError(f"{path}: cannot create the run directory ({there} is not a directory)" if there != path
+                              else f"{path}: exists and is not a directory")
+    if out and there == path and not (run_mark(path) and failed_before_checkpoint(path, also=leftovers) is not None):
+        refuse_taken(path)  # else a new run starts afresh there
+    try:
+        ckpt.probe_write(there)
+    except OSError as e:
+        raise TaskformerError(f"cannot write {there} ({e.strerror}); --out must name a folder that can be written") from None
 
 
 def remove_empty(folders: list[Path]) -> None:

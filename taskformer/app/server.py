@@ -329,7 +329,7 @@ def add_predict_routes(app: FastAPI, served: dict[str, Served], limits: Limits) 
             runner.request_config(m.run, settings)
         except runner.OptionError as e:
             raise ApiError(422, str(e), e.field) from None
-        if settings.get("beam", 0) > MAX_BEAM:  # each hypothesis costs the search's memory: a server bounds it
+        if (settings.get("beam") or 0) > MAX_BEAM:  # each hypothesis costs memory: a server bounds it (null: the run's search)
             raise ApiError(422, f"beam: at most {MAX_BEAM} on this server, got {settings['beam']}", "beam")
         return tuple(sorted(settings.items())), body.return_attention
 

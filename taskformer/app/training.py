@@ -162,13 +162,14 @@ def begin(prepared: Prepared, out: str | None, shard: tuple[int, int], lock: Exi
     model = build_model(task, config, data.tokenizer.get_vocab_size(), data.labels, training=True).to(prepared.device)
     stamp = None
     if shard[0] == 0:
-        binding = {"run": run_mark(run_dir), "tokenizer_sha256": write_tokenizer(run_dir, data.tokenizer)}
+        with writes_named(run_dir, checkpoint_size(model)):  # the folder may have become read-only since its probe
+            binding = {"run": run_mark(run_dir), "tokenizer_sha256": write_tokenizer(run_dir, data.tokenizer)}
+            write_config(run_dir, ConfigRecord(task=task.name, labels=data.labels, config=config.to_dict(),
+                                               data_dir=prepared.data_dir, time_limit=prepared.time_limit,
+                                               binding=binding, recipe=prepared.recipe or None,
+                                               distill=prepared.distill or None,
+                                               precision=precision_record(prepared.device)))
         stamp = {"task": task.name, **binding, "model_sha256": model_digest(config.to_dict()["model"], data.labels)}
-        write_config(run_dir, ConfigRecord(task=task.name, labels=data.labels, config=config.to_dict(),
-                                           data_dir=prepared.data_dir, time_limit=prepared.time_limit,
-                                           binding=binding, recipe=prepared.recipe or None,
-                                           distill=prepared.distill or None,
-                                           precision=precision_record(prepared.device)))
     run = Run(run_dir, task, config, data.tokenizer, data.labels, model, read_history=partial(read_metrics, run_dir))
     return Begun(run, data, prepared.time_limit, prepared.clock, stamp, prepared.recipe, resume=False,
                  distill=prepared.distill).encoded()
@@ -234,8 +235,7 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
     latest = last_checkpoint(run.dir) if begun.resume else None
     if latest and begun.stamp:
         ckpt.check_stamp(latest / ckpt.WEIGHTS, begun.stamp, config_path(run.dir))
-    checkpoint_bytes = 3 * sum(p.numel() * p.element_size() for p in run.model.parameters())  # weights, Adam's 2 moments
-    with stop_on_signals(trainer, begun.again()), writes_named(run.dir, checkpoint_bytes):
+    with stop_on_signals(trainer, begun.again()), writes_named(run.dir, checkpoint_size(run.model)):
         if begun.resume and not trainer.resume():  # resuming rewrites metrics.jsonl: a write like the others
             raise TaskformerError(f"{run.dir}: no checkpoint to resume from (checkpoints/ is empty); the run "
                                   f"stopped before its first one, so start it again: {begun.again()}")
@@ -303,7 +303,7 @@ def finish(begun: Begun, state: dict) -> Run:
         **({"recipe": begun.recipe} if begun.recipe else {}),
         **({"distill": begun.distill} if begun.distill else {}),
     }
-    with writes_named(run_dir, 3 * sum(p.numel() * p.element_size() for p in model.parameters())):
+    with writes_named(run_dir, checkpoint_size(model)):
         for split, rows in run.outputs.items():
             write_outputs(run_dir, split, rows)
         samples = {split: [row_json(row) for row in rows] for split, rows in run.samples.items()}
@@ -311,6 +311,11 @@ def finish(begun: Begun, state: dict) -> Run:
                                            info=run.info, weights_sha256=ckpt.sha256(run_dir / ckpt.WEIGHTS)))
     trackers.track(task, run_dir, {"event": "result", "metrics": run.metrics, "info": run.info})
     return run
+
+
+def checkpoint_size(model: torch.nn.Module) -> int:
+    """About the bytes of one checkpoint of ``model``: its weights and Adam's two moments."""
+    return 3 * sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 @contextmanager
