@@ -181,7 +181,7 @@ def on_a_terminal(*args: str) -> str:
             break
         said += chunk
     os.close(leader)
-    assert proc.wait(timeout=300) == 0, proc.stderr.read()
+    assert proc.wait(timeout=300) == 0, proc.stderr and proc.stderr.read()
     return said.decode().replace("\r\n", "\n")
 
 
