@@ -97,8 +97,8 @@ def choose(recipes: Iterable[object], owner: str, pace: float, seconds_for: Call
     # plan that learns: a probe on a busy machine plans few updates, and the run (whose decay follows the
     # time) makes more once the machine frees up; a warm-up of one or two would start it at the peak rate.
     cut = max(round(WARMUP_SHARE * max(planned, clock.FEW_UPDATES)), 1)
-    if warmup > cut:
-        overrides = {**overrides, "train": {**overrides.get("train", {}), "warmup": cut}}
+    if warmup > cut:  # and under the clock, a share of the time: a busy start does not fix it in updates
+        overrides = {**overrides, "train": {**overrides.get("train", {}), "warmup": cut, "warmup_share": WARMUP_SHARE}}
     name = describe(overrides)
     why = (f"{name}: {pace:,.0f} tok/s ({source}) × {seconds / 60:.1f} min of training = {tokens(budget)} target "
            f"tokens, about {planned:,} updates (from {tokens(minimum)}: {reason})")

@@ -432,10 +432,10 @@ def load_training_state(path: Path, model, optimizer, scheduler) -> dict:
         raise TaskformerError(f"{path / 'state.json'}: {bad or 'elapsed'} must be a non-negative number, "
                               f"got {state.get(bad or 'elapsed')!r}; the checkpoint is damaged")
     decay, timing = compat.checkpoint_state(state)["decay"], state["clock"]
-    if not (decay == [] or (isinstance(decay, list) and len(decay) == 2 and _count(decay[0]) and decay[0] >= 1
-                            and _number(decay[1]))):
-        raise TaskformerError(f"{path / 'state.json'}: decay must be [] or [first step, seconds of training], got "
-                              f"{decay!r:.80}; the checkpoint is damaged")
+    if not (decay == [] or (isinstance(decay, list) and len(decay) in (2, 3) and _count(decay[0]) and decay[0] >= 1
+                            and all(_number(x) for x in decay[1:]))):
+        raise TaskformerError(f"{path / 'state.json'}: decay must be [] or [first step, seconds of training(, the "
+                              f"schedule's factor then)], got {decay!r:.80}; the checkpoint is damaged")
     estimates = timing.get("estimates", {}) if isinstance(timing, dict) else None
     if not (isinstance(estimates, dict) and all(isinstance(k, str) and _number(v) for k, v in estimates.items())
             and all(timing.get(k) is None or _number(timing[k]) for k in ("timed_at", "per_update"))):

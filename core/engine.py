@@ -87,7 +87,8 @@ class TrainState:
     tokens: int = 0  # target tokens trained on
     stopped: str = ""  # why training stopped early ("": it did not)
     evaluated_at: int = -1  # the step of the last evaluation
-    # where the final decay began: [the first update whose rate falls, seconds of training then]
+    # where the final decay began: [the first update whose rate falls, seconds of training then, and the
+    # schedule's factor then where it follows the clock (train.warmup_share)]
     decay: list[float] = field(default_factory=list)
     clock: dict = field(default_factory=dict)  # what the time limit's clock keeps back, and the pace it follows
     resumed: list[dict] = field(default_factory=list)  # each resume: the step and epoch it went on from, and why it stopped
@@ -143,6 +144,7 @@ class Trainer:
         self.total_steps = cfg.max_steps  # the planned number of updates, known once fit() sees the data
         self.state = TrainState()
         self.share = 1.0  # of the scheduled rate, the share the final decay leaves the next update
+        self.timed_base: float | None = None  # the schedule's factor on the clock, where it follows the time
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: self._rate_factor(s + 1))
         self.stop_reason = ""  # set from outside (signal handler) to stop after the current step
         self.clock: clock.Clock | None = None  # the time limit's clock, where one is given (fit)
@@ -197,6 +199,8 @@ class Trainer:
     # -- the learning rate -------------------------------------------------------------------
     def _rate_factor(self, step: int) -> float:
         """``lr_factor`` of the schedule (held at the decay's first update once it began), times the decay's share."""
+        if self.timed_base is not None:  # the schedule on the clock (train.warmup_share)
+            return self.timed_base * self.share
         if self.state.decay and step >= self.state.decay[0]:
             step = int(self.state.decay[0])
         return lr_factor(step, self.cfg.warmup, self.cfg.schedule, self.total_steps) * self.share
@@ -228,6 +232,16 @@ class Trainer:
             share = min(share, float(by_time))
         if share < 1 and not st.decay:
             st.decay, begins = [st.step + 1, st.elapsed], True
+        if timer and cfg.warmup_share and cfg.schedule == "inverse_sqrt":
+            if st.decay and len(st.decay) > 2:  # held where the final decay began, as the count's schedule is
+                base = torch.tensor(st.decay[2])
+            else:
+                base = torch.tensor(timer.schedule(st.elapsed, cfg.warmup_share), device=self.device)
+                if self.world > 1:
+                    torch.distributed.broadcast(base, src=0)
+                if st.decay:
+                    st.decay = [*st.decay[:2], float(base)]
+            self.timed_base = float(base)
         self.share = share
         self.scheduler.step()
         if begins:

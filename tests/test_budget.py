@@ -152,7 +152,7 @@ def test_a_setting_of_yours_is_named_even_where_the_row_picked_leaves_it_at_the_
     out = translate_plan(cli, "--time-limit", "60", "--set", "train.pace=3000", "--set", "model.members=4")
     [line] = [line for line in out.splitlines() if line.startswith("recipe: ")]
     # the row of one model; your four members make a quarter of its updates, so the warm-up is cut
-    assert re.match(r"recipe: train.warmup=\d+: 3,000 tok/s", line) and "(from 6 M: one model" in line
+    assert re.match(r"recipe: train.warmup=\d+, train.warmup_share=0.1: 3,000 tok/s", line) and "(from 6 M: one model" in line
     assert line.endswith("; overridden by your settings: model.members")
 
 
@@ -278,7 +278,7 @@ def test_a_short_budget_cuts_the_warm_up_to_a_share_of_the_updates_it_buys(cli, 
     _, recipe = paced_run(cli, short, out, 10)
     warmup = saved(out, "config.json")["config"]["train"]["warmup"]
     assert 1 <= warmup == recipe["overrides"]["train"]["warmup"] <= 0.1 * max(recipe["planned_updates"], 100) + 1 < 4000
-    assert recipe["name"] == f"model.d_ff=96, train.warmup={warmup}"
+    assert recipe["name"] == f"model.d_ff=96, train.warmup={warmup}, train.warmup_share=0.1"
 
 
 def test_a_plan_of_few_updates_keeps_the_warm_up_of_the_least_plan_that_learns():
