@@ -137,9 +137,11 @@ class Clock:
         return None if left is None else left - self.reserve()
 
     def observe(self, seconds: float) -> None:
-        """An update took ``seconds``: follow the pace (an average over about the last ten updates)."""
-        self.per_update = seconds if self.per_update is None else (
-            PACE_WEIGHT * seconds + (1 - PACE_WEIGHT) * self.per_update)
+        """An update took ``seconds``: follow the pace (an average over about the last ten updates). The
+        average starts from the pace the estimates were timed at, where known: the first update carries
+        one-time costs, and alone it would scale what is kept back by them."""
+        before = self.per_update or self.timed_at
+        self.per_update = seconds if before is None else PACE_WEIGHT * seconds + (1 - PACE_WEIGHT) * before
 
     def state(self) -> dict:
         """What a checkpoint keeps of the clock, so that a resumed run keeps back what this one did."""

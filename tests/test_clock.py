@@ -266,3 +266,18 @@ def test_with_a_warm_up_share_the_schedule_follows_the_seconds_not_the_updates(t
     assert slow[shared[0]] > slow[shared[-1]]  # it falls with the seconds
     counted, _ = rates_by_time(tmp_path / "counted", busy_start(), warmup=1, warmup_share=0.0, cooldown=0.3)
     assert any(counted[s] != pytest.approx(even[s]) for s in shared if s in counted)
+
+
+def test_a_slow_first_update_does_not_multiply_what_is_kept_back():
+    """The first update carries one-time costs (and a busy machine's): the pace followed starts from the
+    one the estimates were timed at, so one slow update moves what is kept back by a tenth of its excess,
+    not by all of it (which had stopped a busy run after its first update)."""
+    now = FakeTime(lambda step: 0.0)
+    limit = Clock(300.0, now=now)
+    limit.keep(40.0, per_update=1.0)
+    limit.observe(20.0)
+    assert limit.scale() == pytest.approx(0.1 * 20.0 + 0.9 * 1.0)
+    assert limit.for_training() > 0
+    for _ in range(60):  # a pace that stays slow is followed
+        limit.observe(20.0)
+    assert limit.scale() == pytest.approx(20.0, rel=0.01)
