@@ -28,10 +28,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-# The estimates are kept back with this share more: they are measured on a few examples of another
-# search than the final one, and the weights are loaded and the outputs and report written around the
-# final evaluation; measured runs outran a margin of a quarter (docs/results.md), so it is doubled.
-RESERVE_MARGIN = 1.0
+# The estimates are kept back with this share more: they are measured on a few examples, and the
+# report and outputs are written after the final evaluation.
+RESERVE_MARGIN = 0.25
 # A plan of fewer updates than this learns little (a translation model writes "A a a a"): such a
 # plan is said before training, and a limit that buys none is refused with the minimum for this many.
 FEW_UPDATES = 100

@@ -37,7 +37,7 @@ from taskformer.app.trackers import check_installed
 from taskformer.core import budget, progress, variants
 from taskformer.core import checkpoint as ckpt
 from taskformer.core import config as C
-from taskformer.core.clock import FEW_UPDATES, Clock
+from taskformer.core.clock import FEW_UPDATES, Clock, reserve_for
 from taskformer.core.config import RunConfig
 from taskformer.core.data import Encoded, TaskData, each_row
 from taskformer.core.engine import epoch_updates
@@ -264,11 +264,8 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
             members = layers.build(overrides).model.members / probed.model.members
             return tuple(seconds * members for seconds in final_seconds(run.data, timing))  # type: ignore[return-value]
 
-        # The plan counts the final evaluation's estimate once: it was timed on an untrained model, maybe while
-        # the machine was busy, and training keeps back its margin on what each validation re-measures. A
-        # start that a busy machine slowed is not refused for a margin it may never need.
         plan = budget.choose(task.recipes, table_owner(task), pace,
-                             lambda o: (clock.left() or 0.0) - sum(final(o)), source,
+                             lambda o: (clock.left() or 0.0) - reserve_for(sum(final(o))), source,
                              batching(layers, train_enc, probed, pace, timer))  # left(): a time limit's, never None
         # the decode was timed at the machine's pace then: the clock scales it as the updates speed up or slow down
         per_update = 1 / plan["updates_per_second"] if source == "measured" else None
