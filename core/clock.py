@@ -117,8 +117,11 @@ class Clock:
 
     def scale(self) -> float:
         """How many times longer the estimates take now than when they were timed: the ratio of the
-        seconds an update takes now to those it took then (1 until both are known)."""
-        return self.per_update / self.timed_at if self.per_update and self.timed_at else 1.0
+        seconds an update takes now to those it took then (1 until both are known), at most 1. A faster
+        machine shrinks what is kept back; a slower one does not grow it, since a busy stretch in the
+        middle of training would then stop the run for an evaluation it may well do at full speed (the
+        validations' own re-measures still grow it)."""
+        return min(self.per_update / self.timed_at, 1.0) if self.per_update and self.timed_at else 1.0
 
     @property
     def kept(self) -> dict[str, float]:

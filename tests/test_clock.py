@@ -268,16 +268,16 @@ def test_with_a_warm_up_share_the_schedule_follows_the_seconds_not_the_updates(t
     assert any(counted[s] != pytest.approx(even[s]) for s in shared if s in counted)
 
 
-def test_a_slow_first_update_does_not_multiply_what_is_kept_back():
+def test_a_slow_stretch_does_not_multiply_what_is_kept_back():
     """The first update carries one-time costs (and a busy machine's): the pace followed starts from the
-    one the estimates were timed at, so one slow update moves what is kept back by a tenth of its excess,
-    not by all of it (which had stopped a busy run after its first update)."""
+    one the estimates were timed at, and a slower pace keeps no more back (a busy stretch had stopped
+    runs after their first updates); a faster one that lasts shrinks it."""
     now = FakeTime(lambda step: 0.0)
     limit = Clock(300.0, now=now)
-    limit.keep(40.0, per_update=1.0)
+    limit.keep(40.0, per_update=2.0)
     limit.observe(20.0)
-    assert limit.scale() == pytest.approx(0.1 * 20.0 + 0.9 * 1.0)
-    assert limit.for_training() > 0
-    for _ in range(60):  # a pace that stays slow is followed
-        limit.observe(20.0)
-    assert limit.scale() == pytest.approx(20.0, rel=0.01)
+    assert limit.per_update == pytest.approx(0.1 * 20.0 + 0.9 * 2.0)
+    assert limit.for_training() == pytest.approx(300.0 - clock.reserve_for(40.0))  # a slower pace keeps no more back
+    for _ in range(100):  # a faster pace that lasts is followed, and shrinks what is kept back
+        limit.observe(0.5)
+    assert limit.scale() == pytest.approx(0.25, rel=0.01)
