@@ -77,10 +77,18 @@ class CTranslate2Search:
             self.ctranslate2.set_random_seed(config.seed)  # read by a worker thread the first time it samples
         if on_token is not None:
             options["callback"] = lambda step: bool(on_token(step.token_id))
-        # One budget a call: the longest row's. A row cut to its own budget afterwards is what a search
-        # with that budget gives greedy or sampled (a token never depends on the budget); a beam's
-        # finished hypotheses may differ where the budget cut them.
-        return [ids[:b] for ids, b in zip(self._run(rows, max(budgets), options), budgets)]
+        # Greedy or sampled, one call with the longest row's budget: a row cut to its own budget afterwards
+        # is what a search with that budget gives (a token never depends on the budget). A beam's finished
+        # hypotheses depend on where the budget cuts them, so a beam decodes one call per budget, and a
+        # row's output does not depend on which rows share its batch.
+        if beam == 1:
+            return [ids[:b] for ids, b in zip(self._run(rows, max(budgets), options), budgets)]
+        out: list[list[int]] = [[] for _ in rows]
+        for budget in sorted(set(budgets)):
+            at = [i for i, b in enumerate(budgets) if b == budget]
+            for i, ids in zip(at, self._run([rows[i] for i in at], budget, options)):
+                out[i] = ids
+        return out
 
     def _run(self, rows: list[list[str]], budget: int, options: dict) -> list[list[int]]:
         if self.kind.encoder:

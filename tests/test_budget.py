@@ -117,7 +117,8 @@ def test_a_time_limited_run_records_its_recipe_and_why(cli, sorting, tmp_path):
         "name": "model.d_ff=96", "overrides": {"model": {"d_ff": 96}}, "pace": 300, "pace_source": "train.pace",
         "minimum_tokens": 1_000_000}
     # the hour less the start and the time kept for the final evaluation, measured before training
-    assert recipe["reserve_seconds"] >= recipe["final_seconds"] >= 0 and recipe["train_seconds"] + recipe["reserve_seconds"] <= 3600
+    assert recipe["reserve_seconds"] >= recipe["final_seconds"] >= 0
+    assert recipe["train_seconds"] + recipe["reserve_seconds"] <= 3600
     assert recipe["budget_tokens"] == pytest.approx(300 * recipe["train_seconds"], abs=300)
     config = saved(out, "config.json")
     assert config["recipe"] == recipe and config["config"]["model"]["d_ff"] == 96
