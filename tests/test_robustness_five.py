@@ -375,13 +375,15 @@ def test_ctrl_c_of_a_run_says_how_to_resume_and_the_resumed_run_records_it(tmp_p
 
 
 @SLOW
-def test_ctrl_c_of_serve_is_a_calm_stop(lm_run):
+@pytest.mark.parametrize("inherited", ["default", "ignored"])  # a shell's background job inherits SIGINT ignored
+def test_ctrl_c_of_serve_is_a_calm_stop(lm_run, inherited):
     import signal
     import subprocess
     import sys
 
+    handler = signal.SIG_IGN if inherited == "ignored" else signal.SIG_DFL
     server = subprocess.Popen([sys.executable, "-m", "taskformer", "serve", f"lm={lm_run}", "--port", "0"],
-                              stderr=subprocess.PIPE, text=True)
+                              stderr=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, handler))
     try:
         assert "serving lm on" in server.stderr.readline()
         server.send_signal(signal.SIGINT)

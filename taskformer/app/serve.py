@@ -10,6 +10,7 @@ import ipaddress
 import logging
 import math
 import re
+import signal
 import socket
 import sys
 from typing import TYPE_CHECKING
@@ -180,6 +181,9 @@ def command(run_dirs, host, port, max_batch, max_wait_ms, max_inputs, max_chars,
     banner = (f"serving {', '.join(runs)} on http://{shown}:{sock.getsockname()[1]}/ with {torch.get_num_threads()} "
               "decoding thread(s) (Ctrl-C or SIGTERM stops)")
     config = uvicorn.Config(app, log_level="warning", access_log=False, log_config=LOGGING)
+    # uvicorn stops on SIGINT whatever the process inherited, then raises it again to the handler it
+    # found: one inherited as ignored (a background job's) would end the server silently with status 0.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         Uvicorn(config, banner, app.state.served).run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn raises the Ctrl-C again once the requests in flight are answered
