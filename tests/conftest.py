@@ -179,3 +179,24 @@ def run_reversing(cli, task: str, folder, out, steps: int, *more):
     assert result.exit_code == 0, result.output
     assert "Traceback" not in result.output and "internal error" not in result.output
     return result
+
+
+def on_a_terminal(*args: str) -> str:
+    """What ``taskformer ARGS`` shows on a terminal (a pseudo-terminal as its stdout)."""
+    import pty
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "taskformer", *args], stdout=follower, stderr=subprocess.PIPE)
+    os.close(follower)
+    said = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the child closed its end
+            break
+        if not chunk:
+            break
+        said += chunk
+    os.close(leader)
+    assert proc.wait(timeout=300) == 0, proc.stderr and proc.stderr.read()
+    return said.decode().replace("\r\n", "\n")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import on_a_terminal, run_cli
 from taskformer.app.datacache import KEEP, MARK, VERSION
 from taskformer.core.data import Encoded
 from taskformer.core.engine import Trainer
@@ -159,29 +159,10 @@ def test_a_run_record_with_control_characters_is_reported_with_them_visible(lm_r
 
 @SLOW
 def test_predict_on_a_terminal_shows_a_models_control_characters_as_escapes(lm_run):
-    import pty
-    import subprocess
-    import sys
-
     for json_flag in ([], ["--json"]):
-        leader, follower = pty.openpty()
-        proc = subprocess.Popen([sys.executable, "-m", "taskformer", "predict", str(lm_run), "said", *json_flag,
-                                 "--set", "decode.temperature=2.0"], stdout=follower, stderr=subprocess.PIPE)
-        os.close(follower)
-        said = b""
-        while True:
-            try:
-                chunk = os.read(leader, 4096)
-            except OSError:  # the child closed its end
-                break
-            if not chunk:
-                break
-            said += chunk
-        os.close(leader)
-        assert proc.wait(timeout=120) == 0, proc.stderr.read()
-        text = said.decode()
+        text = on_a_terminal("predict", str(lm_run), "said", *json_flag, "--set", "decode.temperature=2.0")
         assert "\\x1b" in text or "\\u001b" in text, text  # the model wrote ESC: shown, not sent
-        assert not CONTROL.search(text.replace("\r\n", "\n")), text
+        assert not CONTROL.search(text), text
         if json_flag:
             json.loads(text)
 

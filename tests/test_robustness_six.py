@@ -4,7 +4,6 @@ outside input (``--set``, the data readers, predict's input, the server's JSON) 
 line naming the culprit, or an answer; never a traceback, never lost work."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ import pytest
 from test_robustness import unprivileged, wait_for_checkpoint
 from test_robustness_five import LM, TEXT, one_error_line, teacher, text_dir  # noqa: F401 (teacher: a fixture)
 
-from conftest import TINY, run_cli
+from conftest import TINY, on_a_terminal, run_cli
 
 
 def read_only(folder: Path) -> None:
@@ -162,27 +161,6 @@ def lines_lm(tmp_path_factory):
                      "--set", "train.max_tokens=256")
     assert result.returncode == 0, result.stderr
     return out
-
-
-def on_a_terminal(*args: str) -> str:
-    """What ``taskformer ARGS`` shows on a terminal (a pseudo-terminal as its stdout)."""
-    import pty
-
-    leader, follower = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "taskformer", *args], stdout=follower, stderr=subprocess.PIPE)
-    os.close(follower)
-    said = b""
-    while True:
-        try:
-            chunk = os.read(leader, 4096)
-        except OSError:  # the child closed its end
-            break
-        if not chunk:
-            break
-        said += chunk
-    os.close(leader)
-    assert proc.wait(timeout=300) == 0, proc.stderr and proc.stderr.read()
-    return said.decode().replace("\r\n", "\n")
 
 
 @pytest.mark.slow  # trains or serves through the command line
