@@ -156,17 +156,13 @@ class Clock:
         self.per_update = saved.get("per_update") or self.per_update
 
     # -- the decay and the plan -------------------------------------------------------------------
-    def schedule(self, trained: float, warmup_share: float) -> float:
-        """The inverse-square-root schedule (the paper's eq. 3) on training seconds instead of updates:
-        a linear warm-up over the first ``warmup_share`` of the training time of the whole budget, then
-        the rate falls with the square root of the seconds trained. A busy stretch slows the updates but
-        not this schedule, so the rate at a given share of the time is the same whatever the pace was."""
+    def training_time(self, trained: float) -> float:
+        """The training seconds of the whole budget after ``trained`` of them: those and those left. A
+        warm-up that is a share of it (``train.warmup_share``, on :func:`core.engine.inverse_sqrt`) is as long
+        in seconds whatever the pace, so a busy stretch slows the updates but not the schedule."""
         left = self.for_training()
         assert left is not None, "a clock without a limit has no schedule in seconds"
-        warmup = warmup_share * (trained + max(left, 0.0))
-        if warmup <= 0:
-            return 1.0
-        return trained / warmup if trained < warmup else math.sqrt(warmup / trained)
+        return trained + max(left, 0.0)
 
     def decay(self, trained: float, fraction: float, begun: float | None = None) -> float:
         """The share of the scheduled learning rate the next update keeps after ``trained`` seconds of

@@ -33,16 +33,23 @@ def lr_factor(step: int, warmup: int, schedule: str = "inverse_sqrt", total: int
     """The learning rate of update ``step`` (from 1) as a fraction of ``train.lr``.
 
     Linear warm-up to 1, then either the paper's decay with the inverse square root of the step
-    (eq. 3), which suits open-ended training, or a linear decay that reaches zero after update
-    ``total``: with a known number of updates it lets a short run settle instead of ending at a
-    still-high rate.
+    (eq. 3, :func:`inverse_sqrt`), which suits open-ended training, or a linear decay that reaches
+    zero after update ``total``: with a known number of updates it lets a short run settle instead
+    of ending at a still-high rate.
     """
     step = max(step, 1)
-    if step < warmup:
-        return step / warmup
-    if schedule == "linear" and total > warmup:
+    if schedule == "linear" and total > warmup and step >= warmup:
         return max(total - step + 1, 0) / (total - warmup + 1)
-    return math.sqrt(warmup / step) if warmup else 1.0
+    return inverse_sqrt(step, warmup)
+
+
+def inverse_sqrt(position: float, warmup: float) -> float:
+    """The paper's schedule (eq. 3) as a fraction of its peak at ``position``, counted in updates or in
+    seconds of training alike: a linear warm-up over ``warmup``, then the inverse square root of the
+    position; 1 throughout without a warm-up."""
+    if warmup <= 0:
+        return 1.0
+    return position / warmup if position < warmup else math.sqrt(warmup / position)
 
 
 def epoch_updates(cfg: TrainConfig, lengths: Indices, epoch: int = 0, rank: int = 0,
@@ -224,24 +231,27 @@ class Trainer:
         if begins:
             st.decay = [st.step + 1, st.elapsed]
         share = clock.step_share(st.step, self.total_steps, cfg.cooldown)
-        if timer and (st.decay if after_warmup else cfg.cooldown):
-            by_time = torch.tensor(timer.decay(st.elapsed, cfg.cooldown, st.decay[1] if after_warmup else None),
-                                   device=self.device)
-            if self.world > 1:  # every rank must decay alike
-                torch.distributed.broadcast(by_time, src=0)
-            share = min(share, float(by_time))
+        decays_by_time = timer is not None and bool(st.decay if after_warmup else cfg.cooldown)
+        # the schedule on the clock (train.warmup_share), held where the final decay began as the count's is
+        on_clock = timer is not None and bool(cfg.warmup_share) and cfg.schedule == "inverse_sqrt"
+        held = on_clock and len(st.decay) > 2
+        by_time = base = 1.0
+        if timer and (decays_by_time or on_clock and not held):
+            trained = st.elapsed
+            figures = torch.tensor(  # rank 0's clock decides for every rank: one broadcast for both
+                [timer.decay(trained, cfg.cooldown, st.decay[1] if after_warmup else None) if decays_by_time else 1.0,
+                 inverse_sqrt(trained, cfg.warmup_share * timer.training_time(trained)) if on_clock else 1.0],
+                device=self.device)
+            if self.world > 1:
+                torch.distributed.broadcast(figures, src=0)
+            by_time, base = figures.tolist()
+        share = min(share, by_time)
         if share < 1 and not st.decay:
             st.decay, begins = [st.step + 1, st.elapsed], True
-        if timer and cfg.warmup_share and cfg.schedule == "inverse_sqrt":
-            if st.decay and len(st.decay) > 2:  # held where the final decay began, as the count's schedule is
-                base = torch.tensor(st.decay[2])
-            else:
-                base = torch.tensor(timer.schedule(st.elapsed, cfg.warmup_share), device=self.device)
-                if self.world > 1:
-                    torch.distributed.broadcast(base, src=0)
-                if st.decay:
-                    st.decay = [*st.decay[:2], float(base)]
-            self.timed_base = float(base)
+        if on_clock:
+            self.timed_base = st.decay[2] if held else base
+            if st.decay and not held:
+                st.decay = [*st.decay[:2], base]
         self.share = share
         self.scheduler.step()
         if begins:
