@@ -130,8 +130,11 @@ def tokens(n: float) -> str:
     return (shown.rstrip("0").rstrip(".") if decimals else shown) + f" {unit}"
 
 
-def measure_pace(model: Transformer | Ensemble, cfg: TrainConfig, train: Encoded, device: torch.device) -> float:
-    """Target tokens per second of training ``model`` on the first batches of ``train``.
+def measure_pace(model: Transformer | Ensemble, cfg: TrainConfig, train: Encoded,
+                 device: torch.device) -> tuple[float, float]:
+    """Target tokens per second of training ``model`` on the first batches of ``train``, and the share of
+    its cores the process had meanwhile (on CPU, :func:`clock.cpu_share`: under ``clock.BUSY_SHARE``,
+    other processes held the cores, and the pace is a busy machine's; 1 on a GPU).
 
     ``model`` must be a throwaway copy: the probe makes real updates (the run's own training
     step: loss, backward, clipping, AdamW, autocast) with their dropout drawn from a forked random
@@ -149,7 +152,7 @@ def measure_pace(model: Transformer | Ensemble, cfg: TrainConfig, train: Encoded
             raise TaskformerError("no training batches to measure the pace on")
         counts: list[int] = []
         seconds: list[float] = []
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         for number, group in enumerate(itertools.cycle(updates)):  # a tiny train split is gone over again
             micro = [(src.to(device), tgt.to(device)) for src, tgt in (collate(train, b) for b in group)]
             begun = time.perf_counter()
@@ -157,11 +160,14 @@ def measure_pace(model: Transformer | Ensemble, cfg: TrainConfig, train: Encoded
             if device.type == "cuda":
                 torch.cuda.synchronize()
             if number == 0:
-                started = time.perf_counter()
+                started, cpu = time.perf_counter(), time.process_time()
                 continue
             counts.append(count)
             seconds.append(time.perf_counter() - begun)
             spent = time.perf_counter() - started
             if len(counts) >= PROBE_UPDATES[1] or (len(counts) >= PROBE_UPDATES[0] and spent >= PROBE_SECONDS):
                 break
-    return clock.median_pace(counts, seconds)
+        # on a GPU the processor mostly waits for it: its share says nothing of other processes
+        share = 1.0 if device.type != "cpu" else clock.cpu_share(time.process_time() - cpu,
+                                                                 time.perf_counter() - started, torch.get_num_threads())
+    return clock.median_pace(counts, seconds), share

@@ -17,6 +17,10 @@ Two rules make a run use its minutes whatever the machine does around it:
   validation) while the machine trains at some pace; if it later trains faster or slower (a busy
   start, then an idle machine), the estimate is scaled by the same factor: decoding and training
   share the cores (:meth:`Clock.observe`).
+- **A busy start is not the budget.** Figures timed while other processes held the cores (the share
+  of its cores this process had, :func:`cpu_share`, is under ``BUSY_SHARE``) are kept at what they
+  would take with all of them: a run is refused only if even those leave no time to train, and what
+  is kept back follows the pace of the updates and the validations' re-measures from there.
 
 The time source is injectable (``now``): tests drive slow and fast stretches without waiting.
 """
@@ -39,6 +43,15 @@ FEW_UPDATES = 100
 PACE_WEIGHT = 0.1
 # A run that used less than this share of its limit says why.
 WELL_USED = 0.9
+# A process that had less than this share of its cores' time while it computed on all of them shared
+# the machine: an idle one has nearly all of it (torch's threads work, or wait spinning).
+BUSY_SHARE = 0.7
+
+
+def cpu_share(cpu: float, wall: float, threads: int) -> float:
+    """The share of ``threads`` cores a process had over ``wall`` seconds in which it used ``cpu``
+    seconds of processor time (all its threads), at most 1."""
+    return min(cpu / max(wall * threads, 1e-9), 1.0)
 
 
 def median_pace(tokens: Sequence[int], seconds: Sequence[float]) -> float:
@@ -84,6 +97,7 @@ class Clock:
     started: float | None = None
     now: Callable[[], float] = time.monotonic
     spent: float = 0.0
+    start_share: float | None = None  # the share of its cores the process had while the pace was probed
     estimates: dict[str, float] = field(default_factory=dict)
     timed_at: float | None = None
     per_update: float | None = None
@@ -109,11 +123,19 @@ class Clock:
         return None if self.limit is None else self.limit - self.elapsed()
 
     # -- what is kept back -----------------------------------------------------------------------
-    def keep(self, final: float, last_validation: float = 0.0, per_update: float | None = None) -> None:
+    def keep(self, final: float, last_validation: float = 0.0, per_update: float | None = None,
+             share: float = 1.0) -> None:
         """Keep back a final evaluation and a last validation estimated at these seconds, timed while an
-        update took ``per_update`` seconds (None: the pace now, or no scaling where none is known)."""
-        self.estimates = {"last validation": last_validation, "final evaluation": final}
-        self.timed_at = per_update or self.per_update
+        update took ``per_update`` seconds (None: the pace now, or no scaling where none is known) and
+        the process had ``share`` of its cores: all are kept at what they take with all of them (a busy
+        start's figures would otherwise refuse the run, or stop it after its first updates)."""
+        self.estimates = {"last validation": last_validation * share, "final evaluation": final * share}
+        timed = per_update or self.per_update
+        self.timed_at = timed * share if timed else None
+
+    def busy(self) -> bool:
+        """Whether the machine was busy while the pace was probed (see ``BUSY_SHARE``)."""
+        return self.start_share is not None and self.start_share < BUSY_SHARE
 
     def scale(self) -> float:
         """How many times longer the estimates take now than when they were timed: the ratio of the
@@ -191,6 +213,8 @@ class Clock:
         why: training ``stopped`` so, and the final evaluation took what it took of what was kept."""
         record: dict = {"start_pace": round(self.start_pace) if self.start_pace else None,
                         "run_pace": round(tokens / max(trained, 1e-9))}
+        if self.start_share is not None:
+            record["start_share"] = round(self.start_share, 2)
         if "final evaluation" in self.estimates:
             record["final_estimate"] = round(self.kept.get("final evaluation", 0.0), 1)
             record["final_seconds"] = round(final, 1)
@@ -199,7 +223,7 @@ class Clock:
             record["used"] = round(used / self.limit, 3)
             if used < WELL_USED * self.limit:
                 busy = ""
-                if self.start_pace and self.start_pace < 0.7 * record["run_pace"]:
+                if self.busy() or (self.start_pace and self.start_pace < 0.7 * record["run_pace"]):
                     busy = (f"; the machine was busier when the pace was probed ({self.start_pace:,.0f} tok/s) "
                             f"than over the run ({record['run_pace']:,} tok/s)")
                 record["short_of_limit"] = (f"used {used:,.0f} s of {self.limit:,.0f}: training stopped because "

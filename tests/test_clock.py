@@ -1,11 +1,17 @@
 """The time limit's clock: a fake time source drives slow and fast stretches through the engine (the
 cool-down follows the time left, and a resumed run decays as an uninterrupted one), the estimates
 (a median pace, the reserve that follows the validations), and what a run says about its limit (the
-minimum for a limit too short is in tests/test_budget.py)."""
+minimum for a limit too short is in tests/test_budget.py), a busy start (its figures kept at what they
+take with all the cores: neither refused nor stopped by them), and how the final evaluation is timed."""
 import json
 import math
 import os
+import re
 import shutil
+import threading
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -13,6 +19,7 @@ import torch
 from taskformer.core import clock
 from taskformer.core.clock import Clock
 from taskformer.core.data import Encoded
+from taskformer.core.decode_config import DecodeConfig
 from taskformer.core.engine import Trainer
 from taskformer.core.model import BOS, EOS, Transformer
 from taskformer.core.model_config import ModelConfig
@@ -281,3 +288,111 @@ def test_a_slow_stretch_does_not_multiply_what_is_kept_back():
     for _ in range(100):  # a faster pace that lasts is followed, and shrinks what is kept back
         limit.observe(0.5)
     assert limit.scale() == pytest.approx(0.25, rel=0.01)
+
+
+def test_a_busy_start_keeps_back_what_the_final_evaluation_takes_with_all_the_cores(tmp_path):
+    """The probe ran while other processes held three quarters of the cores: the final evaluation it
+    timed (eight times what it takes idle) and the pace of its updates are kept at what they take with
+    all of them. The run trains through its busy start instead of stopping after its first update, and
+    once the machine frees up it keeps back what the evaluation takes then and uses its limit."""
+    time = FakeTime(lambda step: 2.0 if time.t < LIMIT / 3 else 0.25)  # busy, then idle
+    t, limit, _ = trainer(tmp_path / "run", time)
+    limit.keep(8 * FINAL, per_update=2.0, share=0.25)
+    assert limit.kept["final evaluation"] == 2 * FINAL  # not 8: nor does a busy update grow it back
+    state = t.fit(limit)
+    assert limit.kept["final evaluation"] == pytest.approx(FINAL)  # the idle pace is twice the busy one's share
+    assert LIMIT - clock.reserve_for(FINAL) - 0.25 <= state["elapsed"] <= LIMIT - clock.reserve_for(FINAL) + 0.25
+    assert state["stopped"].startswith("time limit")
+    busy = Clock(LIMIT, started=0.0, now=lambda: 0.0)
+    busy.keep(8 * FINAL, per_update=2.0)  # the same figures taken as an idle machine's leave no time to train
+    assert busy.for_training() <= 0
+
+
+def busy_probe(monkeypatch, per_example: float, share: float = 0.2) -> None:
+    """The probe measures a busy machine: this process had ``share`` of its cores' time, and the final
+    evaluation took ``per_example`` seconds an example (the validation a quarter of that)."""
+    from taskformer.app import prepare
+    from taskformer.core import budget
+    monkeypatch.setattr(budget, "measure_pace", lambda *args: (1_000.0, share))
+    monkeypatch.setattr(prepare, "decode_seconds",
+                        lambda run, data: prepare.DecodeTiming(per_example, per_example / 4, 0.0))
+
+
+COPY = ("--set", "data.train_size=200", "--set", "data.val_size=20", "--set", "data.test_size=20")
+
+
+def test_a_busy_start_is_not_refused_and_says_so(cli, monkeypatch):
+    """Timed on the busy machine the final evaluation (40 examples at 2 s) would take 80 s of the 60;
+    with all the cores, a fifth of that: the run is planned, and says that the machine was busy."""
+    busy_probe(monkeypatch, 2.0)
+    result = cli("run", "copy", "--dry-run", "--time-limit", "1", *COPY)
+    assert result.exit_code == 0, result.output + result.stderr
+    assert "final evaluation: about 16 s" in result.stdout
+    [busy] = [line for line in result.stdout.splitlines() if "the machine was busy" in line]
+    assert "had 20% of its cores' time" in busy and "80 s timed here are kept at 16 s" in busy
+
+
+def test_a_limit_that_even_an_idle_machine_cannot_use_is_refused_with_the_minimum(cli, monkeypatch):
+    """The final evaluation takes 800 s timed busy, 160 s with all the cores: a minute is too short
+    either way, and the minimum said is the idle machine's (the time kept back for 160 s, and more)."""
+    busy_probe(monkeypatch, 20.0)
+    result = cli("run", "copy", "--dry-run", "--time-limit", "1", *COPY)
+    assert result.exit_code == 2
+    [line] = result.stderr.strip().splitlines()[-1:]
+    minimum = re.search(r"needs about 160 s here; give at least ([0-9.]+) minutes", line)
+    assert minimum, line
+    idle_reserve = clock.reserve_for(160 + 20 * 5 * 0.2)  # the final evaluation and the last validation
+    assert idle_reserve / 60 < float(minimum[1]) < clock.reserve_for(800) / 60
+
+
+class WordTokenizer:
+    """Tokens are words: a stand-in with the two calls the timing sample makes."""
+
+    class Encoding(NamedTuple):
+        ids: list[int]
+
+    def encode(self, text: str):
+        return self.Encoding(list(range(len(text.split()))))
+
+    def encode_batch(self, texts):
+        return [self.encode(text) for text in texts]
+
+
+@dataclass
+class Config:
+    decode: DecodeConfig
+
+
+def timed_run(batch_size: int = 8, workers: int = 2):
+    decode = SimpleNamespace(batch_size=batch_size, workers=workers)
+    return SimpleNamespace(config=SimpleNamespace(decode=decode), device=torch.device("cpu"),
+                           tokenizer=WordTokenizer(), task=SimpleNamespace(variant="encoder-decoder"))
+
+
+def test_the_decode_is_timed_on_lengths_spread_as_val_and_side_by_side_as_it_decodes(monkeypatch):
+    """The final evaluation's estimate is timed on whole groups of one source length at the middle of
+    equal slices of val sorted by length (not one every few distinct lengths, which weighs a long tail
+    of a few rows as much as the many short ones), decoded side by side as the decoder's workers do,
+    each group written to its longest reference and its end."""
+    from taskformer.app import prepare
+    short, middle = [("a b", "x y z")] * 60, [("a b c d", "x")] * 30
+    tail = [(" ".join(["w"] * n), "x") for n in range(10, 20)]  # ten long rows, each of a length of its own
+    data = SimpleNamespace(splits={"val": short + middle + tail})
+    run = timed_run()
+    sample = prepare.timing_sample(run, data)
+    assert [sorted({len(row[0].split()) for row in group}) for group in sample] == [[2], [4]]
+    assert [len(group) for group in sample] == [8, 8]  # cut to a decoding batch
+    together = threading.Barrier(2, timeout=10)  # each group waits for the other: side by side, or it fails
+    decoded = []
+
+    def evaluate(run, group, config, name):
+        together.wait()
+        decoded.append((len(group[0][0].split()), config.decode.max_len_b))
+    monkeypatch.setattr(prepare, "evaluate_split", evaluate)
+    config = Config(DecodeConfig(workers=2))
+    assert prepare.seconds_per_example(run, sample, config) >= 0
+    assert sorted(decoded) == [(2, 4), (4, 2)]  # three words and the end; one word and the end
+    # and the final evaluation of val and test is those seconds an example for each, and the conversion once
+    timing = prepare.DecodeTiming(final=0.5, validation=0.25, fixed=3.0)
+    both = SimpleNamespace(splits={"val": [("a", "b")] * 10, "test": [("c", "d")] * 20})
+    assert prepare.final_seconds(both, timing) == (3.0 + 0.5 * 30, 0.25 * 10)

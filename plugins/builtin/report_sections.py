@@ -36,7 +36,8 @@ def taskformer_report_sections(run):
             ("decode engine", info.get("engine")), ("threads", info.get("threads")),
             ("distilled from", distilled_from(info.get("distill"))),
             ("recipe", info["recipe"].get("why") if isinstance(info.get("recipe"), dict) else None),
-            *(("budget warning", info["recipe"].get(key)) for key in ("short", "few") if isinstance(info.get("recipe"), dict)),
+            *(("budget warning", info["recipe"].get(key)) for key in ("busy", "short", "few")
+              if isinstance(info.get("recipe"), dict)),
             ("training and validation", f"{info.get('train_seconds', 0):,.1f} s"),
             ("wall time (all)", f"{info.get('wall_seconds', 0):,.1f} s"
              + (f" of the {info['time_limit_seconds'] / 60:g} min time limit" if info.get("time_limit_seconds") else "")),
@@ -76,8 +77,9 @@ def clock_rows(record) -> list[tuple[str, str | None]]:
     short of the limit where it is: a busy machine shows here."""
     if not isinstance(record, dict):
         return []
-    start, run, used = record.get("start_pace"), record.get("run_pace"), record.get("used")
-    return [("pace", f"{fmt(start)} target tokens/s before training, {fmt(run)} over the run" if start else None),
+    start, run, used, share = (record.get(k) for k in ("start_pace", "run_pace", "used", "start_share"))
+    busy = f" (this process had {share:.0%} of its cores' time then)" if isinstance(share, (int, float)) and share < 1 else ""
+    return [("pace", f"{fmt(start)} target tokens/s before training{busy}, {fmt(run)} over the run" if start else None),
             ("time limit used", f"{used:.0%}" if isinstance(used, (int, float)) else None),
             ("why not all of it", record.get("short_of_limit"))]
 

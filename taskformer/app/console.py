@@ -74,7 +74,7 @@ class ProgressDisplay:
                       f"{e['tokens_per_s']:,.0f} tok/s")
         elif kind == "recipe":
             self._say(f"recipe: {e['why']}")
-            for warning in (e.get("short"), e.get("few")):
+            for warning in (e.get("busy"), e.get("short"), e.get("few")):
                 if warning:
                     self._say(f"warning: {warning}")
         elif kind == "resumed":

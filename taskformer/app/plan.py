@@ -73,7 +73,7 @@ def describe(plan: dict) -> str:
         *([f"recipe: {recipe['why']}",
            f"final evaluation: about {recipe['final_seconds']:,.0f} s (measured), kept out of the training time"]
           if recipe else []),
-        *(f"warning: {recipe[key]}" for key in ("short", "few") if recipe and recipe.get(key)),
+        *(f"warning: {recipe[key]}" for key in ("busy", "short", "few") if recipe and recipe.get(key)),
         "dry run: config, data, memory and --out checked; nothing trained, no run directory written",
     ]
     return "\n".join(lines)

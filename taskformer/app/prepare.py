@@ -34,10 +34,10 @@ from taskformer.app import datacache, rundir
 from taskformer.app.hooks import build_model, engine_choice, evaluate_split, load_data
 from taskformer.app.resources import check_memory, pick_device, use_threads
 from taskformer.app.trackers import check_installed
-from taskformer.core import budget, progress, variants
+from taskformer.core import budget, decoding, progress, variants
 from taskformer.core import checkpoint as ckpt
 from taskformer.core import config as C
-from taskformer.core.clock import FEW_UPDATES, Clock, reserve_for
+from taskformer.core.clock import BUSY_SHARE, FEW_UPDATES, Clock, reserve_for
 from taskformer.core.config import RunConfig
 from taskformer.core.data import Encoded, TaskData, each_row
 from taskformer.core.engine import epoch_updates
@@ -253,39 +253,49 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
     if shard[0] == 0:
         probed = layers.build(leave_out=set(table_keys(task)))
         train_enc = datacache.encoded(run.data, "train", probed.model.max_len, task.variant)
-        pace, source, timing = probe(run, probed, train_enc, shard[1])
+        pace, source, timing, share = probe(run, probed, train_enc, shard[1])
         timer = row_timer(run, layers, probed, shard[1])
         clock = run.clock
 
-        def final(overrides: dict) -> tuple[float, float]:  # an ensemble's members each decode: they scale the probe's
+        def final(overrides: dict) -> tuple[float, float, float]:
+            """The row's final evaluation and last validation as timed, and the share of its cores the
+            process had then (an ensemble's members each decode: they scale the probe's)."""
             own = timer(overrides)
             if own is not None:
-                return final_seconds(run.data, own.timing)
+                return (*final_seconds(run.data, own.timing), own.share)
             members = layers.build(overrides).model.members / probed.model.members
-            return tuple(seconds * members for seconds in final_seconds(run.data, timing))  # type: ignore[return-value]
+            return (*(seconds * members for seconds in final_seconds(run.data, timing)), share)
 
-        plan = budget.choose(task.recipes, table_owner(task), pace,
-                             lambda o: (clock.left() or 0.0) - reserve_for(sum(final(o))), source,
+        def idle(overrides: dict) -> float:  # what the row keeps back, as the timings would take with all the cores
+            *seconds, had = final(overrides)
+            return reserve_for(sum(seconds) * had)
+
+        plan = budget.choose(task.recipes, table_owner(task), pace, lambda o: (clock.left() or 0.0) - idle(o), source,
                              batching(layers, train_enc, probed, pace, timer))  # left(): a time limit's, never None
         # the decode was timed at the machine's pace then: the clock scales it as the updates speed up or slow down
-        per_update = 1 / plan["updates_per_second"] if source == "measured" else None
-        clock.keep(*final(plan["overrides"]), per_update=per_update)
-        training = FEW_UPDATES / plan["updates_per_second"]  # the least that learns
+        final_then, validation_then, had = final(plan["overrides"])
+        clock.keep(final_then, validation_then, 1 / plan["updates_per_second"] if source == "measured" else None, had)
+        training = FEW_UPDATES / plan["updates_per_second"] * had  # the least that learns, with all the cores
         if plan["train_seconds"] <= 0:
             raise TaskformerError(f"--time-limit {run.time_limit:g} leaves no time to train: the start took "
                                   f"{clock.elapsed():.0f} s and the final evaluation needs about "
                                   f"{clock.estimates['final evaluation']:.0f} s here; give at least "
                                   f"{clock.minimum(training):g} minutes (for {FEW_UPDATES} updates at "
-                                  f"{pace:,.0f} tok/s)")
+                                  f"{pace / had:,.0f} tok/s)")
+        if had < BUSY_SHARE:
+            plan["busy"] = (f"the machine was busy while the pace was measured (this process had {had:.0%} of its "
+                            f"cores' time): the plan counts a busy machine's pace, and the final evaluation's "
+                            f"{final_then:,.0f} s timed here are kept at {final_then * had:,.0f} s, what they take "
+                            "with all the cores; both are measured again as the run goes")
         if plan["planned_updates"] < FEW_UPDATES:
             plan["few"] = (f"about {plan['planned_updates']:,} updates are too few to learn the task; at "
-                           f"{pace:,.0f} tok/s, --time-limit {clock.minimum(training):g} would buy {FEW_UPDATES} "
+                           f"{pace / had:,.0f} tok/s, --time-limit {clock.minimum(training):g} would buy {FEW_UPDATES} "
                            "(a machine that frees up later trains more: the decay follows the time, not this count)")
         plan.update(final_seconds=round(clock.estimates["final evaluation"], 1),
                     validation_seconds=round(clock.estimates["last validation"], 1),
-                    reserve_seconds=round(clock.reserve(), 1), per_update=per_update,
+                    reserve_seconds=round(clock.reserve(), 1), per_update=clock.timed_at, cpu_share=round(had, 3),
                     search_ratio=round(timing.final / max(timing.validation, 1e-9), 3),
-                    conversion_seconds=round(timing.fixed, 1))
+                    conversion_seconds=round(timing.fixed * had, 1))
         if overridden := yours_over(task, layers, plan["overrides"]):
             plan["overridden"] = overridden
             plan["why"] += f"; overridden by your settings: {', '.join(overridden)}"
@@ -294,31 +304,34 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
         torch.distributed.broadcast_object_list(record, src=0)
     assert record[0] is not None
     keep_planned(run.clock, record[0])  # every rank's clock, as rank 0 measured
-    run.clock.start_pace = record[0]["pace"]
     return record[0]
 
 
 def keep_planned(clock: Clock, plan: dict) -> None:
-    """Keep back what a time-limited run's plan estimated for the end of its training."""
+    """Keep back what a time-limited run's plan estimated for the end of its training (already as it
+    takes with all the cores), and the pace and share of the cores it measured."""
     clock.keep(plan["final_seconds"], plan.get("validation_seconds", 0.0), plan.get("per_update"))
+    clock.start_pace, clock.start_share = plan.get("pace"), plan.get("cpu_share")
 
 
 def probe(run: Prepared, probed: RunConfig, train_enc: Encoded, ranks: int,
-          what: str = "the task's network") -> tuple[float, str, DecodeTiming]:
+          what: str = "the task's network") -> tuple[float, str, DecodeTiming, float]:
     """On a throwaway model of ``probed``, built and trained under a forked random generator (so the
     run's weights and batches are those it would have had without it): the pace (``train.pace`` if
-    set, else measured; all ranks together), where it came from, and :func:`decode_seconds`."""
+    set, else measured; all ranks together), where it came from, :func:`decode_seconds`, and the
+    share of its cores the process had while the pace was measured (1 where it was not)."""
     with progress.stage(f"measuring the training pace and the decoding time of {what}"):
         with torch.random.fork_rng(devices=[]):
             model = build_model(run.task, probed, run.data.tokenizer.get_vocab_size(), run.data.labels,
                                 training=True).to(run.device)
-        pace, source = probed.train.pace, "train.pace"
+        pace, source, share = probed.train.pace, "train.pace", 1.0
         if not pace:
-            pace, source = budget.measure_pace(model, probed.train, train_enc, run.device) * ranks, "measured"
+            pace, share = budget.measure_pace(model, probed.train, train_enc, run.device)
+            pace, source = pace * ranks, "measured"
         # a probe's run has no directory (nothing of it is written)
         probe_run = Run(None, run.task, probed, run.data.tokenizer, run.data.labels, model)  # type: ignore[arg-type]
         timing = decode_seconds(probe_run, run.data)
-    return pace, source, timing
+    return pace, source, timing, share
 
 
 def yours_over(task: Task, layers: Layers, overrides: dict) -> list[str]:
@@ -333,6 +346,7 @@ class RowTiming(NamedTuple):
     pace: float  # target tokens/s of the row's own network
     timing: DecodeTiming  # of its final evaluation and validations
     train: Encoded  # the train split cut to its positions
+    share: float  # of its cores the process had while they were timed
 
 
 def row_timer(run: Prepared, layers: Layers, probed: RunConfig, ranks: int):
@@ -349,8 +363,8 @@ def row_timer(run: Prepared, layers: Layers, probed: RunConfig, ranks: int):
                 timed[repr(overrides)] = None
             else:
                 encoded = datacache.encoded(run.data, "train", cfg.model.max_len, run.task.variant)
-                pace, _, timing = probe(run, cfg, encoded, ranks, f"recipe {budget.describe(overrides)}")
-                timed[repr(overrides)] = RowTiming(pace, timing, encoded)
+                pace, _, timing, share = probe(run, cfg, encoded, ranks, f"recipe {budget.describe(overrides)}")
+                timed[repr(overrides)] = RowTiming(pace, timing, encoded, share)
         return timed[repr(overrides)]
     return of
 
@@ -405,30 +419,40 @@ def validation_config(config: RunConfig) -> RunConfig:
 
 def timing_sample(run: Run, data: TaskData) -> list[list[tuple]]:
     """Val rows to time decoding on, as the decoder batches them: it decodes the sources of each
-    length as batches of their own, so the sample is whole groups of one source length (up to a
-    batch), every so many lengths from short to long, about one decoding batch of rows in all."""
+    length as batches of their own (up to ``decode.batch_size``), so the sample is whole groups of one
+    source length, one for each of its workers (2 to 8): those of the rows at the middle of as many
+    equal slices of val sorted by length. Their lengths are spread as val's are; a group every few
+    distinct lengths would weigh the long tail's few, slow rows as much as the many short ones."""
     val, batch = data.splits["val"], run.config.decode.batch_size
     lengths = [len(e.ids) for e in run.tokenizer.encode_batch([str(row[0]) for row in val])]
     groups: dict[int, list[tuple]] = {}
     for length, row in zip(lengths, val):
         groups.setdefault(length, []).append(row)
-    every = max(math.ceil(len(val) / batch), 1)
-    return [groups[n][:batch] for n in sorted(groups)[every // 2::every]] or [list(val[:batch])]
+    ordered, slices = sorted(lengths), min(max(decoding.decode_workers(run.config.decode.workers, run.device, 8), 2), 8)
+    middles = dict.fromkeys(ordered[(2 * i + 1) * len(ordered) // (2 * slices)] for i in range(slices))
+    return [groups[n][:batch] for n in middles] or [list(val[:batch])]
 
 
 def seconds_per_example(run: Run, sample: list[list[tuple]], config: RunConfig) -> float:
     """Seconds per example of scoring and decoding the groups of ``sample`` with ``config``'s search
-    and engine, each group's outputs written to its longest reference (an untrained model writes to
-    the length limit, several times what a trained one writes)."""
+    and engine, side by side as the decoder's workers decode a split's batches (one group alone would
+    leave the other workers' cores idle), each group's outputs written to its longest reference (an
+    untrained model writes to the length limit, several times what a trained one writes)."""
     kind = variants.of(run.task.variant)
-    begun = time.perf_counter()
-    for group in sample:
+
+    def evaluate(group: list[tuple]) -> None:
         decode = config.decode
         if kind.decoder:
             longest = max(len(run.tokenizer.encode(str(row[1])).ids) for row in group) + 1  # and its end
             decode = (replace(decode, max_len_a=0.0, max_len_b=longest) if kind.shifted
                       else replace(decode, max_new_tokens=longest))
-        evaluate_split(run, group, replace(config, decode=decode), "timing the final evaluation")
+        with torch.no_grad():  # a worker's grad mode is its own
+            evaluate_split(run, group, replace(config, decode=decode), "timing the final evaluation")
+
+    begun = time.perf_counter()
+    for _ in decoding.parallel_map(evaluate, sample, decoding.decode_workers(config.decode.workers, run.device,
+                                                                             len(sample))):
+        pass
     return (time.perf_counter() - begun) / max(sum(map(len, sample)), 1)
 
 

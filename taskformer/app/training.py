@@ -205,7 +205,6 @@ def resumed(request: TrainRequest, shard: tuple[int, int], lock: ExitStack) -> B
     clock.limit = saved.time_limit * 60 if saved.time_limit else None
     if isinstance(saved.recipe, dict) and saved.recipe.get("final_seconds"):
         keep_planned(clock, saved.recipe)  # until the checkpoint says what the run kept
-        clock.start_pace = saved.recipe.get("pace")
     return Begun(run, data, saved.time_limit, clock, stamp, saved.recipe, resume=True,
                  distill=saved.distill).encoded()
 
