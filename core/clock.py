@@ -54,6 +54,13 @@ def cpu_share(cpu: float, wall: float, threads: int) -> float:
     return min(cpu / max(wall * threads, 1e-9), 1.0)
 
 
+def busy_share(share: float) -> float:
+    """What figures timed while a process had ``share`` of its cores are scaled by to be an idle
+    machine's: ``share`` on a busy one (under ``BUSY_SHARE``), else 1 (an idle machine's processor time
+    is not all of its cores' either: a thread waits for memory or for Python's)."""
+    return share if share < BUSY_SHARE else 1.0
+
+
 def median_pace(tokens: Sequence[int], seconds: Sequence[float]) -> float:
     """Target tokens/s as the median of each sample's pace: one busy update cannot decide it."""
     return statistics.median(n / max(s, 1e-9) for n, s in zip(tokens, seconds, strict=True))

@@ -255,7 +255,8 @@ class Trainer:
         self.share = share
         self.scheduler.step()
         if begins:
-            over = {"seconds": round(timer.for_training() or 0.0, 1)} if timer else {"updates": self.total_steps - st.step}
+            over = {"seconds": round(max(timer.for_training() or 0.0, 0.0), 1)} if timer else \
+                {"updates": self.total_steps - st.step}
             self.log(event="cooldown", after=st.step + 1, lr=self.scheduler.get_last_lr()[0], **over)
 
     # -- the loop ----------------------------------------------------------------------------

@@ -203,10 +203,11 @@ def test_a_run_that_used_little_of_its_limit_says_why_and_that_the_machine_was_b
     now = FakeTime(lambda step: 0.0)
     limit = Clock(300.0, now=now)
     limit.keep(50.0)
-    limit.start_pace = 3_000.0  # probed while the machine was busy
+    limit.start_pace, limit.start_share = 3_000.0, 0.4  # probed while the machine was busy
     now.t = 200.0
     record = limit.account(tokens=1_500_000, trained=120.0, stopped="patience", final=5.0)
     assert record["start_pace"] == 3_000 and record["run_pace"] == 12_500 and record["used"] == pytest.approx(0.667)
+    assert record["start_share"] == 0.4 and limit.busy()
     assert (record["final_estimate"], record["final_seconds"]) == (50.0, 5.0)
     why = record["short_of_limit"]
     kept = f"took 5 s of the {clock.reserve_for(50.0):.0f} s kept"

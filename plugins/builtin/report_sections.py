@@ -10,6 +10,7 @@ from dataclasses import asdict
 from rich.text import Text
 
 from taskformer import hookimpl
+from taskformer.core.clock import BUSY_SHARE
 from taskformer.core.data import is_blank, is_pair
 from taskformer.core.options import applies
 from taskformer.plugins.sections import fmt, metric_list, simple_table
@@ -78,7 +79,8 @@ def clock_rows(record) -> list[tuple[str, str | None]]:
     if not isinstance(record, dict):
         return []
     start, run, used, share = (record.get(k) for k in ("start_pace", "run_pace", "used", "start_share"))
-    busy = f" (this process had {share:.0%} of its cores' time then)" if isinstance(share, (int, float)) and share < 1 else ""
+    was_busy = isinstance(share, (int, float)) and share < BUSY_SHARE
+    busy = f" (the machine was busy: this process had {share:.0%} of its cores' time)" if was_busy else ""
     return [("pace", f"{fmt(start)} target tokens/s before training{busy}, {fmt(run)} over the run" if start else None),
             ("time limit used", f"{used:.0%}" if isinstance(used, (int, float)) else None),
             ("why not all of it", record.get("short_of_limit"))]

@@ -37,7 +37,7 @@ from taskformer.app.trackers import check_installed
 from taskformer.core import budget, decoding, progress, variants
 from taskformer.core import checkpoint as ckpt
 from taskformer.core import config as C
-from taskformer.core.clock import BUSY_SHARE, FEW_UPDATES, Clock, reserve_for
+from taskformer.core.clock import FEW_UPDATES, Clock, busy_share, reserve_for
 from taskformer.core.config import RunConfig
 from taskformer.core.data import Encoded, TaskData, each_row
 from taskformer.core.engine import epoch_updates
@@ -258,13 +258,13 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
         clock = run.clock
 
         def final(overrides: dict) -> tuple[float, float, float]:
-            """The row's final evaluation and last validation as timed, and the share of its cores the
-            process had then (an ensemble's members each decode: they scale the probe's)."""
+            """The row's final evaluation and last validation as timed, and what they are scaled by to be
+            an idle machine's (:func:`busy_share`; an ensemble's members each decode: they scale the probe's)."""
             own = timer(overrides)
             if own is not None:
-                return (*final_seconds(run.data, own.timing), own.share)
+                return (*final_seconds(run.data, own.timing), busy_share(own.share))
             members = layers.build(overrides).model.members / probed.model.members
-            return (*(seconds * members for seconds in final_seconds(run.data, timing)), share)
+            return (*(seconds * members for seconds in final_seconds(run.data, timing)), busy_share(share))
 
         def idle(overrides: dict) -> float:  # what the row keeps back, as the timings would take with all the cores
             *seconds, had = final(overrides)
@@ -282,7 +282,7 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
                                   f"{clock.estimates['final evaluation']:.0f} s here; give at least "
                                   f"{clock.minimum(training):g} minutes (for {FEW_UPDATES} updates at "
                                   f"{pace / had:,.0f} tok/s)")
-        if had < BUSY_SHARE:
+        if had < 1:
             plan["busy"] = (f"the machine was busy while the pace was measured (this process had {had:.0%} of its "
                             f"cores' time): the plan counts a busy machine's pace, and the final evaluation's "
                             f"{final_then:,.0f} s timed here are kept at {final_then * had:,.0f} s, what they take "
@@ -293,7 +293,7 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
                            "(a machine that frees up later trains more: the decay follows the time, not this count)")
         plan.update(final_seconds=round(clock.estimates["final evaluation"], 1),
                     validation_seconds=round(clock.estimates["last validation"], 1),
-                    reserve_seconds=round(clock.reserve(), 1), per_update=clock.timed_at, cpu_share=round(had, 3),
+                    reserve_seconds=round(clock.reserve(), 1), per_update=clock.timed_at, cpu_share=round(share, 3),
                     search_ratio=round(timing.final / max(timing.validation, 1e-9), 3),
                     conversion_seconds=round(timing.fixed * had, 1))
         if overridden := yours_over(task, layers, plan["overrides"]):
