@@ -264,7 +264,8 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
             if own is not None:
                 return (*final_seconds(run.data, own.timing), busy_share(own.share))
             members = layers.build(overrides).model.members / probed.model.members
-            return (*(seconds * members for seconds in final_seconds(run.data, timing)), busy_share(share))
+            final_at, validation_at = final_seconds(run.data, timing)
+            return final_at * members, validation_at * members, busy_share(share)
 
         def idle(overrides: dict) -> float:  # what the row keeps back, as the timings would take with all the cores
             *seconds, had = final(overrides)
