@@ -9,9 +9,11 @@ Under ``--time-limit`` the minutes are the wall time of the whole command, held 
 :class:`~taskformer.core.clock.Clock`. Before training, a probe on a throwaway copy of the model
 measures the training pace (target tokens/s, the median of its updates') and how long the final
 evaluation (val and test, with the run's own search, on the engine that will decode it) and a
-validation will take, on whole groups of val sources as the decoder batches them, each output written
-to its reference's length (a trained model's: an untrained one writes to the length limit). The clock
-keeps that back, scaled as the pace of the updates changes; the time left is the training budget,
+validation will take, on whole groups of val sources as the decoder batches them and side by side as
+its workers decode them, each output written to its reference's length (a trained model's: an
+untrained one writes to the length limit). The clock keeps that back, scaled as the pace of the
+updates changes; figures timed while other processes held the cores are kept at what they take with
+all of them (:func:`~taskformer.core.clock.busy_share`), so a busy start is not refused on them; the time left is the training budget,
 pace x budget picks the task's recipe, and the warm-up is cut to a share of the updates the budget
 buys (a 1,000-update warm-up in a 400-update run never reaches its peak rate). A limit that leaves no
 time to train is refused with the minimum that would, and a plan of too few updates to learn is said
