@@ -216,8 +216,9 @@ class Clock:
     def account(self, tokens: int, trained: float, stopped: str, final: float) -> dict:
         """How the run used its limit, for result.json and the report: the pace before training and
         over the run (``tokens`` in ``trained`` seconds), the final evaluation's estimate at the end and
-        the ``final`` seconds it took, the share of the limit used and, where it is under ``WELL_USED``,
-        why: training ``stopped`` so, and the final evaluation took what it took of what was kept."""
+        the ``final`` seconds it took, the share of the limit used and, where it is under ``WELL_USED``
+        or over the limit, why: training ``stopped`` so, and the final evaluation took what it took of
+        what was kept."""
         record: dict = {"start_pace": round(self.start_pace) if self.start_pace else None,
                         "run_pace": round(tokens / max(trained, 1e-9))}
         if self.start_share is not None:
@@ -228,12 +229,12 @@ class Clock:
         if self.limit:
             used = self.elapsed()
             record["used"] = round(used / self.limit, 3)
-            if used < WELL_USED * self.limit:
+            if not WELL_USED * self.limit <= used <= self.limit:
                 busy = ""
                 if self.busy() or (self.start_pace and self.start_pace < 0.7 * record["run_pace"]):
                     busy = (f"; the machine was busier when the pace was probed ({self.start_pace:,.0f} tok/s) "
                             f"than over the run ({record['run_pace']:,} tok/s)")
-                record["short_of_limit"] = (f"used {used:,.0f} s of {self.limit:,.0f}: training stopped because "
-                                            f"{stopped}, and the final evaluation took {final:,.0f} s of the "
-                                            f"{self.reserve():,.0f} s kept for it{busy}")
+                record["short_of_limit" if used < self.limit else "over_limit"] = (
+                    f"used {used:,.0f} s of {self.limit:,.0f}: training stopped because {stopped}, and the final "
+                    f"evaluation took {final:,.0f} s of the {self.reserve():,.0f} s kept for it{busy}")
         return record

@@ -214,6 +214,9 @@ def test_a_run_that_used_little_of_its_limit_says_why_and_that_the_machine_was_b
     assert "patience" in why and kept in why and "busier when the pace was probed" in why
     now.t = 290.0
     assert "short_of_limit" not in limit.account(1_500_000, 120.0, "time limit", 40.0)
+    now.t = 360.0  # the final evaluation took longer than was kept for it
+    over = limit.account(1_500_000, 120.0, "time limit", 110.0)
+    assert "short_of_limit" not in over and "took 110 s of the" in over["over_limit"]
 
 
 @pytest.mark.slow

@@ -83,7 +83,7 @@ def clock_rows(record) -> list[tuple[str, str | None]]:
     busy = f" (the machine was busy: this process had {share:.0%} of its cores' time)" if was_busy else ""
     return [("pace", f"{fmt(start)} target tokens/s before training{busy}, {fmt(run)} over the run" if start else None),
             ("time limit used", f"{used:.0%}" if isinstance(used, (int, float)) else None),
-            ("why not all of it", record.get("short_of_limit"))]
+            ("why not all of it", record.get("short_of_limit")), ("why over it", record.get("over_limit"))]
 
 
 def distilled_from(record) -> str | None:

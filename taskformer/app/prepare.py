@@ -13,11 +13,11 @@ validation will take, on whole groups of val sources as the decoder batches them
 its workers decode them, each output written to its reference's length (a trained model's: an
 untrained one writes to the length limit). The clock keeps that back, scaled as the pace of the
 updates changes; figures timed while other processes held the cores are kept at what they take with
-all of them (:func:`~taskformer.core.clock.busy_share`), so a busy start is not refused on them; the time left is the training budget,
-pace x budget picks the task's recipe, and the warm-up is cut to a share of the updates the budget
-buys (a 1,000-update warm-up in a 400-update run never reaches its peak rate). A limit that leaves no
-time to train is refused with the minimum that would, and a plan of too few updates to learn is said
-before training.
+all of them (:func:`~taskformer.core.clock.busy_share`), so a busy start is not refused on them; the
+time left is the training budget, pace x budget picks the task's recipe, and the warm-up is cut to
+a share of the updates the budget buys (a 1,000-update warm-up in a 400-update run never reaches its
+peak rate). A limit that leaves no time to train is refused with the minimum that would, and a plan
+of too few updates to learn is said before training.
 """
 from __future__ import annotations
 
