@@ -97,12 +97,14 @@ class CTranslate2Search:
         hypothesis ending at step ``s`` has ``s`` tokens: asked for all ``beam`` of them, the longest
         one's length is the step the row finished at. The rows that reached their own last step are
         decoded again, one call per budget. Without a length penalty CTranslate2 stops a row when its
-        best beam ends instead, a step the hypotheses do not tell: one call per budget from the start."""
+        best beam ends instead, a step the hypotheses do not tell: one call per budget from the start
+        (one call where all rows have one budget, a lone sentence's case)."""
         out: list[list[int] | None] = [None] * len(rows)
-        if options["length_penalty"] != 0:
-            best, longest = self._run(rows, max(budgets), dict(options, num_hypotheses=options["beam_size"]))
+        if options["length_penalty"] != 0 or len(set(budgets)) == 1:
+            top = max(budgets)
+            best, longest = self._run(rows, top, dict(options, num_hypotheses=options["beam_size"]))
             for i, (ids, steps, budget) in enumerate(zip(best, longest, budgets)):
-                if steps < budget - 1:
+                if steps < budget - 1 or budget == top:  # the longest budget's rows had their own
                     out[i] = ids
         for budget in sorted({b for b, o in zip(budgets, out) if o is None}):
             at = [i for i, (b, o) in enumerate(zip(budgets, out)) if o is None and b == budget]
