@@ -92,6 +92,11 @@ def test_compute_types_follow_decode_quantize_and_the_runs_precision():
     assert no_bf16.compute_type == "float32" and "no bf16 here" in no_bf16.reason
     onnx = engines.choose("auto", COPY._replace(variant="encoder-only"), DecodeConfig(quantize="int8"), True, CPU)
     assert onnx.compute_type == "int8"
+    # ONNX Runtime runs the exported fp32 network, and says so where our decoder would use bf16
+    onnx = engines.choose("auto", COPY._replace(variant="encoder-only"), DecodeConfig(), True, CPU)
+    assert onnx.compute_type == "float32" and "where our decoder would use bf16" in onnx.reason
+    onnx = engines.choose("auto", COPY._replace(variant="encoder-only"), DecodeConfig(), False, CPU)
+    assert onnx.compute_type == "float32" and "bf16" not in onnx.reason
 
 
 # -- a tiny trained run through each command --------------------------------------------------------------
