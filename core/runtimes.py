@@ -100,17 +100,18 @@ class CTranslate2Search:
         best beam ends instead, a step the hypotheses do not tell: one call per budget from the start
         (one call where all rows have one budget, a lone sentence's case)."""
         out: list[list[int] | None] = [None] * len(rows)
-        if options["length_penalty"] != 0 or len(set(budgets)) == 1:
-            top = max(budgets)
-            best, longest = self._run(rows, top, dict(options, num_hypotheses=options["beam_size"]))
+        # With a length penalty the number of hypotheses asked for changes neither when a row ends nor
+        # which is best; without one CTranslate2 ends a row once that many have finished, so all ask as many.
+        wide = dict(options, num_hypotheses=options["beam_size"])
+        penalty, top = options["length_penalty"] != 0, max(budgets)
+        if penalty or len(set(budgets)) == 1:
+            best, longest = self._run(rows, top, wide if len(set(budgets)) > 1 or not penalty else options)
             for i, (ids, steps, budget) in enumerate(zip(best, longest, budgets)):
                 if steps < budget - 1 or budget == top:  # the longest budget's rows had their own
                     out[i] = ids
         for budget in sorted({b for b, o in zip(budgets, out) if o is None}):
             at = [i for i, (b, o) in enumerate(zip(budgets, out)) if o is None and b == budget]
-            # as many hypotheses as the first call asked for: their ranking breaks ties the same way
-            for i, ids in zip(at, self._run([rows[i] for i in at], budget,
-                                            dict(options, num_hypotheses=options["beam_size"]))[0]):
+            for i, ids in zip(at, self._run([rows[i] for i in at], budget, options if penalty else wide)[0]):
                 out[i] = ids
         return cast(list[list[int]], out)
 
