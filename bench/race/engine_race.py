@@ -21,8 +21,9 @@
    quarter of the sentences.
 2. ``--classifier RUN`` (a finished encoder-only run of one network, agnews say): the batch-1 latency
    (median of one ``predict`` call per sentence, the engines alternating in blocks of 20) with
-   ``decode.engine=onnxruntime`` and ``torch``, and the share of the run's test sentences whose
-   labels agree (all of them unless ``--classifier-limit``).
+   ``decode.engine=onnxruntime`` and ``torch`` (the run's own precision), and the share of the run's
+   test sentences whose labels agree with torch's in fp32, as ONNX Runtime runs (all of them unless
+   ``--classifier-limit``), with torch's in the run's own precision counted apart.
 
 ``--device cuda`` runs the search race on the GPU (CTranslate2 built with CUDA; bench/race/gpu_decode.py
 calls it). The machine should be quiet: the figures are timings.
