@@ -226,8 +226,9 @@ def encode_as_text(tokenizer: Tokenizer, texts: list, is_pretokenized: bool = Fa
     tokenizer still makes of a word (a fixed vocabulary lists ``[EOS]`` as a word) becomes ``[UNK]``.
     """
     tokenizer.encode_special_tokens = True
-    return [([i if i >= UNK else UNK for i in e.ids], e)  # ids below UNK are PAD, BOS and EOS
-            for e in tokenizer.encode_batch(texts, is_pretokenized=is_pretokenized)]
+    encodings = (tokenizer.encode_batch(texts, is_pretokenized=is_pretokenized) if len(texts) != 1 else  # a
+                 [tokenizer.encode(texts[0], is_pretokenized=is_pretokenized)])  # lone text skips the thread pool
+    return [([i if i >= UNK else UNK for i in e.ids], e) for e in encodings]  # ids below UNK are PAD, BOS and EOS
 
 
 def is_pair(source) -> bool:

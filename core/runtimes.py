@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -45,9 +46,13 @@ class CTranslate2Search:
         self.vocabulary, self.ids = vocabulary, {t: i for i, t in enumerate(vocabulary)}
         threads = torch.get_num_threads()
         make = ctranslate2.Translator if kind.encoder else ctranslate2.Generator
-        self.model = make(str(path), device=device, compute_type=compute_type, inter_threads=max(workers, 1),
-                          intra_threads=max(threads // max(workers, 1), 1))
+        self.workers = max(workers, 1)
+        self.model = make(str(path), device=device, compute_type=compute_type, inter_threads=self.workers,
+                          intra_threads=max(threads // self.workers, 1))
         torch.set_num_threads(threads)  # the runtime sets the OpenMP threads it shares with torch to 1
+        # What every call passes, built once: a batch-1 call is a few milliseconds, and Python's share counts.
+        self.fixed = dict(disable_unk=True, suppress_sequences=[[SPECIALS[i]] for i in NEVER_WRITTEN if i != UNK])
+        self.budgets: dict[tuple[int, float, int], int] = {}  # (source length, max_len_a, max_len_b) -> budget
 
     def fits(self, src: torch.Tensor, config: DecodeConfig) -> bool:
         """Whether the outputs stay within the model's positions: a decoder-only model's prompt and
@@ -63,14 +68,14 @@ class CTranslate2Search:
         ``config``'s search. ``on_token(id)`` (one greedy or sampled row) is called with each token as it
         is chosen and stops the search by returning True."""
         rows = [[self.vocabulary[i] for i in row if i != PAD] for row in src.tolist()]
-        if self.kind.encoder:  # the export frames sources itself (add_source_eos): ours end in EOS already
-            rows = [row[:-1] for row in rows]
-        budgets = max_lengths(src, config.max_len_a, config.max_len_b, self.max_len).tolist() if self.kind.encoder \
-            else [config.max_new_tokens] * len(rows)
+        if self.kind.encoder:
+            budgets = [self.budget(len(row), config) for row in rows]
+            rows = [row[:-1] for row in rows]  # the export frames sources itself (add_source_eos): ours end in EOS
+        else:
+            budgets = [config.max_new_tokens] * len(rows)
         sampled = config.temperature > 0
         beam = config.beam if config.strategy == "beam" and not sampled else 1
-        options = dict(beam_size=beam, length_penalty=config.length_penalty, disable_unk=True,
-                       suppress_sequences=[[SPECIALS[i]] for i in NEVER_WRITTEN if i != UNK])
+        options = dict(self.fixed, beam_size=beam, length_penalty=config.length_penalty)
         if sampled:  # top_k 0 is every token, as ours; one above the vocabulary is too (CTranslate2 refuses it)
             options.update(sampling_temperature=config.temperature, sampling_topk=min(config.top_k, len(self.ids)),
                            sampling_topp=config.top_p)
@@ -78,25 +83,59 @@ class CTranslate2Search:
         if on_token is not None:
             options["callback"] = lambda step: bool(on_token(step.token_id))
         # Greedy or sampled, one call with the longest row's budget: a row cut to its own budget afterwards
-        # is what a search with that budget gives (a token never depends on the budget). A beam's finished
-        # hypotheses depend on where the budget cuts them, so a beam decodes one call per budget, and a
-        # row's output does not depend on which rows share its batch.
+        # is what a search with that budget gives (a token never depends on the budget).
         if beam == 1:
-            return [ids[:b] for ids, b in zip(self._run(rows, max(budgets), options), budgets)]
-        out: list[list[int]] = [[] for _ in rows]
-        for budget in sorted(set(budgets)):
-            at = [i for i, b in enumerate(budgets) if b == budget]
-            for i, ids in zip(at, self._run([rows[i] for i in at], budget, options)):
-                out[i] = ids
-        return out
+            return [ids[:b] for ids, b in zip(self._run(rows, max(budgets), options)[0], budgets)]
+        return self._beam(rows, budgets, options)
 
-    def _run(self, rows: list[list[str]], budget: int, options: dict) -> list[list[int]]:
+    def _beam(self, rows: list[list[str]], budgets: list[int], options: dict) -> list[list[int]]:
+        """A beam search's outputs, each what a call with that row's own budget alone would give.
+
+        A beam's finished hypotheses depend on where the budget cuts them, so one call with the longest
+        budget is exact only for the rows that finished before their own budget's last step. CTranslate2
+        (with a length penalty) finishes a row at the step its ``beam`` th hypothesis ends, and each
+        hypothesis ending at step ``s`` has ``s`` tokens: asked for all ``beam`` of them, the longest
+        one's length is the step the row finished at. The rows that reached their own last step are
+        decoded again, one call per budget. Without a length penalty CTranslate2 stops a row when its
+        best beam ends instead, a step the hypotheses do not tell: one call per budget from the start
+        (one call where all rows have one budget, a lone sentence's case)."""
+        out: list[list[int] | None] = [None] * len(rows)
+        # With a length penalty the number of hypotheses asked for changes neither when a row ends nor
+        # which is best; without one CTranslate2 ends a row once that many have finished, so all ask as many.
+        wide = dict(options, num_hypotheses=options["beam_size"])
+        penalty, top = options["length_penalty"] != 0, max(budgets)
+        if penalty or len(set(budgets)) == 1:
+            best, longest = self._run(rows, top, wide if len(set(budgets)) > 1 or not penalty else options)
+            for i, (ids, steps, budget) in enumerate(zip(best, longest, budgets)):
+                if steps < budget - 1 or budget == top:  # the longest budget's rows had their own
+                    out[i] = ids
+        for budget in sorted({b for b, o in zip(budgets, out) if o is None}):
+            at = [i for i, (b, o) in enumerate(zip(budgets, out)) if o is None and b == budget]
+            for i, ids in zip(at, self._run([rows[i] for i in at], budget, options if penalty else wide)[0]):
+                out[i] = ids
+        return cast(list[list[int]], out)
+
+    def budget(self, length: int, config: DecodeConfig) -> int:
+        """The output budget of a source of ``length`` tokens (EOS included), as our search computes it."""
+        key = (length, config.max_len_a, config.max_len_b)
+        if key not in self.budgets:
+            self.budgets[key] = int(max_lengths(torch.ones(1, length, dtype=torch.long), config.max_len_a,
+                                                config.max_len_b, self.max_len)[0])
+        return self.budgets[key]
+
+    def _run(self, rows: list[list[str]], budget: int, options: dict) -> tuple[list[list[int]], list[int]]:
+        """Each row's best output ids, and the length of its longest hypothesis returned. A batch of several
+        rows is split across the runtime's workers (each sorts and decodes its share)."""
+        split = -(-len(rows) // self.workers) if self.workers > 1 and len(rows) > 1 else 0
         if self.kind.encoder:
             results = self.model.translate_batch(rows, max_decoding_length=budget, min_decoding_length=0,
-                                                 max_input_length=self.max_len, **options)
-            return [[self.ids[t] for t in r.hypotheses[0]] for r in results]
-        results = self.model.generate_batch(rows, max_length=budget, include_prompt_in_result=False, **options)
-        return [list(r.sequences_ids[0]) for r in results]
+                                                 max_input_length=self.max_len, max_batch_size=split, **options)
+            ids = self.ids
+            return ([[ids[t] for t in r.hypotheses[0]] for r in results],
+                    [max(map(len, r.hypotheses)) for r in results])
+        results = self.model.generate_batch(rows, max_length=budget, include_prompt_in_result=False,
+                                            max_batch_size=split, **options)
+        return [list(r.sequences_ids[0]) for r in results], [max(map(len, r.sequences_ids)) for r in results]
 
 
 class OnnxNetwork:

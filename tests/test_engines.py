@@ -92,6 +92,11 @@ def test_compute_types_follow_decode_quantize_and_the_runs_precision():
     assert no_bf16.compute_type == "float32" and "no bf16 here" in no_bf16.reason
     onnx = engines.choose("auto", COPY._replace(variant="encoder-only"), DecodeConfig(quantize="int8"), True, CPU)
     assert onnx.compute_type == "int8"
+    # ONNX Runtime runs the exported fp32 network, and says so where our decoder would use bf16
+    onnx = engines.choose("auto", COPY._replace(variant="encoder-only"), DecodeConfig(), True, CPU)
+    assert onnx.compute_type == "float32" and "where our decoder would use bf16" in onnx.reason
+    onnx = engines.choose("auto", COPY._replace(variant="encoder-only"), DecodeConfig(), False, CPU)
+    assert onnx.compute_type == "float32" and "bf16" not in onnx.reason
 
 
 # -- a tiny trained run through each command --------------------------------------------------------------
@@ -183,6 +188,30 @@ def test_ctranslate2_decodes_sources_of_several_lengths_in_one_batch(copy_run, m
     settings = {"beam": 1, "batch_size": 16, "max_len_a": 0.5, "max_len_b": 1}  # budgets that cut most rows
     assert model.predict(texts, **settings) == model.predict(texts, engine="torch", **settings)
     assert calls == [16, 16, 8]
+
+
+@needs_ct2
+@pytest.mark.parametrize("penalty", [1.0, 0.0])
+def test_a_ctranslate2_beam_gives_each_row_what_it_gives_alone(copy_run, monkeypatch, penalty):
+    """A beam's hypotheses depend on where the budget ends them: a batch of several budgets decodes in one
+    call, then again only the rows that reached their own budget's last step (without a length penalty,
+    one call per budget), and every row's output is the one it gets alone."""
+    from taskformer.core.runtimes import CTranslate2Search
+
+    calls: list[int] = []
+    run = CTranslate2Search._run
+    monkeypatch.setattr(CTranslate2Search, "_run", lambda self, rows, *a: calls.append(len(rows)) or run(self, rows, *a))
+    model = taskformer.load(copy_run)
+    texts = held_out(12, 24, (1, 14))  # 14 lengths, some longer than trained on: some outputs run to the budget
+    settings = {"beam": 4, "batch_size": 32, "max_len_a": 1.0, "max_len_b": 1, "length_penalty": penalty}
+    together = model.predict(texts, **settings)
+    in_batch, calls[:] = list(calls), []
+    assert together == [model.predict([text], **settings)[0] for text in texts]
+    assert len(calls) == len(texts)  # alone: one call each
+    if penalty:
+        assert in_batch[0] == len(texts) and sum(in_batch[1:]) < len(texts)  # the longest budget's rows: exact at once
+    else:
+        assert sum(in_batch) == len(texts) and len(in_batch) > 1
 
 
 @needs_ct2

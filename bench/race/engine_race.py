@@ -21,8 +21,9 @@
    quarter of the sentences.
 2. ``--classifier RUN`` (a finished encoder-only run of one network, agnews say): the batch-1 latency
    (median of one ``predict`` call per sentence, the engines alternating in blocks of 20) with
-   ``decode.engine=onnxruntime`` and ``torch``, and the share of the run's test sentences whose
-   labels agree (all of them unless ``--classifier-limit``).
+   ``decode.engine=onnxruntime`` and ``torch`` (the run's own precision), and the share of the run's
+   test sentences whose labels agree with torch's in fp32, as ONNX Runtime runs (all of them unless
+   ``--classifier-limit``), with torch's in the run's own precision counted apart.
 
 ``--device cuda`` runs the search race on the GPU (CTranslate2 built with CUDA; bench/race/gpu_decode.py
 calls it). The machine should be quiet: the figures are timings.
@@ -47,6 +48,7 @@ from taskformer.core import export
 from taskformer.core.data import encode_sources
 from taskformer.core.decoding import NEVER_WRITTEN, decode_workers, max_lengths
 from taskformer.core.model import PAD, UNK
+from taskformer.core.precision import choose as bf16_choice
 from taskformer.core.tokenize import SPECIALS, symbols
 from taskformer.plugins.manager import plugins
 from taskformer.plugins.run import Run
@@ -181,27 +183,36 @@ def race(run: Run, texts: list[str], rounds: int, n: dict[int, int], device: str
 def classifier(run_dir: Path, sentences: int, limit: int = 0) -> dict:
     """Batch-1 latency of a classifier run with ONNX Runtime and with torch, and label agreement on its
     test outputs. Each engine is the run's setting (``--set decode.engine=...``, as ``taskformer
-    predict`` and the server take it), not a per-call option, which would rebuild the config every call."""
-    runs = {engine: runner.load(run_dir) for engine in ("onnxruntime", "torch")}
+    predict`` and the server take it), not a per-call option, which would rebuild the config every call.
+
+    Like is compared with like: ONNX Runtime runs the exported network in fp32, so the labels are
+    compared with torch in fp32 (``train.bf16=false``); torch in the run's own precision (bf16 where
+    ``train.bf16=auto`` finds it native) is timed, as a user gets it, and its labels counted too."""
+    runs = {engine: runner.load(run_dir) for engine in ("onnxruntime", "torch", "torch fp32")}
     auto = hooks.engine_choice(runs["torch"].task, runs["torch"].model, runs["torch"].config)
     out: dict = {"run_dir": str(run_dir), "engine": auto.as_dict()}
     if auto.engine != "onnxruntime":  # an ensemble (agnews' default: model.members=20), say
         print(f"classifier {run_dir}: auto decodes with {auto}: no race", file=sys.stderr)
         return out
     for engine, run in runs.items():
-        runner.set_decoding(run, [f"decode.engine={engine}"], "--set")
+        runner.set_decoding(run, [f"decode.engine={engine.split()[0]}"], "--set")
+    fp32 = runs["torch fp32"]
+    fp32.config = replace(fp32.config, train=replace(fp32.config.train, bf16="false"))
+    bf16, _ = bf16_choice(runs["torch"].config.train.bf16, runs["torch"].device)
     rows = [json.loads(line) for line in (run_dir / "outputs-test.jsonl").read_text().splitlines()][: limit or None]
     texts = [tuple(r["source"]) if isinstance(r["source"], list) else r["source"] for r in rows]
-    out |= {"test_sentences": len(texts), "latency_ms": {}}
+    out |= {"test_sentences": len(texts), "latency_ms": {}, "torch_precision": "bf16" if bf16 else "fp32"}
     labels = {e: [p.label for p in runner.predict(run, texts, run.config)[0]] for e, run in runs.items()}
-    out["labels_equal"] = sum(a == b for a, b in zip(*labels.values()))
+    out["labels_equal"] = sum(a == b for a, b in zip(labels["onnxruntime"], labels["torch fp32"]))
     out["labels_agree"] = out["labels_equal"] / len(texts)
+    out["labels_equal_run_precision"] = sum(a == b for a, b in zip(labels["onnxruntime"], labels["torch"]))
     probe = [t for t in texts if t][:sentences]
-    times: dict[str, list[float]] = {"onnxruntime": [], "torch": []}
+    timed = {e: runs[e] for e in ("onnxruntime", "torch")}
+    times: dict[str, list[float]] = {e: [] for e in timed}
     # Alternating in blocks of 20 sentences: machine noise hits both alike, and neither runtime's threads,
     # still spinning after its call, take the cores from the other's next one.
     for block in range(0, len(probe), 20):
-        for engine, run in runs.items():
+        for engine, run in timed.items():
             for text in probe[block : block + 20]:
                 started = time.perf_counter()
                 runner.predict(run, [text], run.config)
@@ -222,8 +233,9 @@ def print_race(result: dict) -> None:
     if "latency_ms" in result.get("classifier", {}):
         c = result["classifier"]
         print(f"classifier batch-1 latency: ONNX Runtime {c['latency_ms']['onnxruntime']:.2f} ms, torch "
-              f"{c['latency_ms']['torch']:.2f} ms ({c['speedup']:.2f}x); labels equal on {c['labels_equal']} of "
-              f"{c['test_sentences']} test sentences ({100 * c['labels_agree']:.2f}%)")
+              f"{c['latency_ms']['torch']:.2f} ms ({c['torch_precision']}; {c['speedup']:.2f}x); labels equal to torch "
+              f"fp32's on {c['labels_equal']} of {c['test_sentences']} test sentences ({100 * c['labels_agree']:.2f}%), "
+              f"to torch {c['torch_precision']}'s on {c['labels_equal_run_precision']}")
 
 
 def main() -> None:

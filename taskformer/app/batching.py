@@ -1,10 +1,13 @@
 """Dynamic batching for ``taskformer serve``: concurrent requests to one model share a decode.
 
 Each served model has one :class:`Batcher`. Requests queue their sentences; a collector task on the
-event loop waits until ``max_batch`` sentences are queued or the oldest has waited ``max_wait``
-seconds, then hands the batch to the model's single decode thread, so the event loop never blocks
-on a decode. ``runner.predict`` sorts the batch by length and returns the outputs in input order;
-each request gets its own slice back. Only requests with the same decode options share a batch.
+event loop hands what is queued (up to ``max_batch`` sentences) to the model's single decode thread
+as soon as that thread is free, so the event loop never blocks on a decode. A lone request is
+decoded at once, and what arrives while a batch decodes makes the next batch (continuous batching):
+one client pays no wait, many clients fill their batches. ``max_wait`` above 0 holds a batch of
+fewer than ``max_batch`` sentences up to that long for company as well. ``runner.predict`` sorts the
+batch by length and returns the outputs in input order; each request gets its own slice back. Only
+requests with the same decode options share a batch.
 
 A request cancelled while it waits (its client went away) leaves the queue at once; one already
 being decoded finishes and its outputs are dropped.

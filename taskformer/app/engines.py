@@ -143,6 +143,8 @@ def compute_type(runtime: str, decode: DecodeConfig, bf16: bool, offered: frozen
     if bf16 and runtime == "ctranslate2":
         return ("bfloat16", "") if "bfloat16" in offered else (
             "float32", "; fp32: this CTranslate2 build has no bf16 here, where our decoder would use bf16")
+    if bf16:  # its labels equal our fp32 network's; bf16's may differ where two labels score almost alike
+        return "float32", "; fp32: ONNX Runtime runs the exported fp32 network, where our decoder would use bf16"
     return "float32", ""
 
 

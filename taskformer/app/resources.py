@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from taskformer.core import config as C
+from taskformer.core import variants
 from taskformer.core.config import RunConfig
 from taskformer.core.errors import TaskformerError
 from taskformer.core.model import Transformer
@@ -159,8 +160,8 @@ def check_search_memory(config: RunConfig) -> None:
     (at most model.max_len), in fp32, once for each ensemble member. An upper bound: a batch may hold
     fewer inputs, outputs end sooner."""
     d, m = config.decode, config.model
-    if d.strategy != "beam" or (available := available_memory()) is None:
-        return
+    if d.strategy != "beam" or not variants.of(m.variant).decoder or (available := available_memory()) is None:
+        return  # a classifier or tagger searches nothing (and a server asks on every batch)
     need = m.members * d.beam * d.batch_size * m.max_len * max(m.dec_layers, 1) * m.d_model * 2 * 4
     if need > available:
         members = f"{m.members} members (model.members) x " if m.members > 1 else ""

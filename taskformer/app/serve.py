@@ -97,20 +97,25 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def decode_threads() -> int:
+def decode_threads(runs: dict) -> int:
     """torch's threads for the decodes: one core fewer than this process may use (at least one, at most
-    torch's own choice or the run's ``train.threads``), the core left being the event loop's.
+    torch's own choice or the run's ``train.threads``), the core left being the event loop's; every core
+    where each run decodes with CTranslate2 (``decode.engine``).
 
     Under load the event loop (HTTP, JSON, the batcher) is busy whenever a decode runs. OpenMP's workers
     keep spinning for a while after each parallel region, and a decode step is a chain of small
     kernels, so a worker on the event loop's core mostly spins there while the loop waits for it
-    (docs/benchmarks.md has the measurement).
+    (docs/benchmarks.md has the measurement). CTranslate2 instead runs one worker of one thread per
+    core (it splits a batch between them), outside the GIL: the event loop takes its share of a core
+    between their steps.
     """
     import torch
 
+    from taskformer.app import hooks
     from taskformer.app.resources import usable_cores
 
-    return max(1, min(torch.get_num_threads(), usable_cores() - 1))
+    workers = all(hooks.engine_choice(run.task, run.model, run.config).engine == "ctranslate2" for run in runs.values())
+    return max(1, min(torch.get_num_threads(), usable_cores() - (0 if workers else 1)))
 
 
 @click.command("serve")
@@ -120,8 +125,9 @@ def decode_threads() -> int:
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port (0: any free one).")
 @click.option("--max-batch", type=click.IntRange(1, 4096), default=32, show_default=True,
               help="Sentences decoded together across concurrent requests.")
-@click.option("--max-wait-ms", type=click.FloatRange(0, 60_000), default=5.0, show_default=True,
-              help="How long a request waits for others to share its batch.")
+@click.option("--max-wait-ms", type=click.FloatRange(0, 60_000), default=0.0, show_default=True,
+              help="How long a batch waits for others to share it once the decoder is free (0: what arrived "
+              "while the last batch decoded goes at once).")
 @click.option("--max-inputs", type=click.IntRange(1, 10_000), default=64, show_default=True, help="Inputs per request.")
 @click.option("--max-chars", type=click.IntRange(1, 1_000_000), default=2000, show_default=True,
               help="Characters per input.")  # a request body holds at most 1 MiB anyway
@@ -171,7 +177,7 @@ def command(run_dirs, host, port, max_batch, max_wait_ms, max_inputs, max_chars,
                     max_queue=max_queue)
     app = create_app(runs, limits, api_key or None)
     sock = bind(host, port)  # a refused address changes nothing in this process
-    torch.set_num_threads(threads or decode_threads())  # after loading: a run's train.threads sets it too
+    torch.set_num_threads(threads or decode_threads(runs))  # after loading: a run's train.threads sets it too
     # What is alive now (the runs, torch, the app) lives as long as the server. Frozen, it is left out of
     # the collector's full passes, each of which would otherwise hold the event loop for a fraction of a
     # second under load (the p99 latency).

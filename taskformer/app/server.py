@@ -39,7 +39,7 @@ DOCS_ASSETS = "/docs/assets"  # Swagger UI and ReDoc, served from the fastapi-of
 @dataclass(frozen=True)
 class Limits:
     max_batch: int = 32  # sentences decoded together
-    max_wait_ms: float = 5.0  # how long the first queued sentence waits for others
+    max_wait_ms: float = 0.0  # how long a batch waits for company once the decoder is free (0: none)
     max_inputs: int = 64  # per request
     max_chars: int = 2000  # per input
     max_body: int = 1 << 20  # bytes
@@ -49,7 +49,7 @@ class Limits:
 class Uvicorn(uvicorn.Server):
     """uvicorn's server, which says ``banner`` on stderr once its port accepts connections, and on
     SIGTERM or Ctrl-C stops accepting and finishes the requests in flight; queued sentences are then
-    decoded at once instead of waiting ``max_wait_ms`` for company. A second signal ends the process
+    decoded at once, whatever ``max_wait_ms`` asks. A second signal ends the process
     at once, as that signal asks (uvicorn itself would wait for every open connection on SIGTERM, and
     for the decode thread in any case)."""
 
