@@ -46,6 +46,13 @@ def run_cli(*args: str, input: str | None = None, env: dict | None = None, timeo
                           text=True, env={**os.environ, "COLUMNS": "200", **(env or {})}, timeout=timeout)
 
 
+def run_here(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
+    """``run_cli``'s answer from click's runner in this process, for a test about what a command says rather
+    than about the process: no fresh interpreter that imports torch again (seconds a call on two cores)."""
+    result = CliRunner().invoke(main, list(args), input=input, catch_exceptions=False, env={"COLUMNS": "200"})
+    return subprocess.CompletedProcess(["taskformer", *args], result.exit_code, result.stdout, result.stderr)
+
+
 @pytest.fixture
 def cpu_hog():
     """A busy loop beside one test: what a shared CI machine does to a run (one core of two, here).
@@ -114,12 +121,21 @@ def default_copy_run(tmp_path_factory):
     return out, result
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def finished(tmp_path_factory):
-    """A finished tiny copy run (per test module)."""
+    """A finished tiny copy run, made once and shared by every test module that needs one: tests read it
+    or copy it (shutil.copytree) before they change anything; one that changed it in place fails the session."""
     out = tmp_path_factory.mktemp("finished") / "run"
     assert run_cli("run", "copy", "--out", str(out), *TINY).returncode == 0
-    return out
+    before = stamps(out)
+    yield out
+    assert stamps(out) == before, "a test changed the shared finished run in place"
+
+
+def stamps(folder: Path) -> dict:
+    """Each file and folder under ``folder``: its size, mode and modification time."""
+    return {p.relative_to(folder): (p.stat().st_size, p.stat().st_mode, p.stat().st_mtime_ns)
+            for p in [folder, *folder.rglob("*")]}
 
 
 class Reversing:

@@ -7,7 +7,7 @@ import pytest
 from tokenizers import Tokenizer
 
 import taskformer
-from conftest import run_cli
+from conftest import run_cli, run_here
 
 pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
 
@@ -77,6 +77,6 @@ def test_loading_refuses_a_planted_pickle_with_the_cli_message(workdir, tmp_path
     (bad / "evil.pkl").write_bytes(b"cos\nsystem\n(S'echo pwned'\ntR.")
     with pytest.raises(taskformer.TaskformerError) as raised:
         taskformer.load(bad)
-    cli = run_cli("predict", str(bad), "1 2 3")
+    cli = run_here("predict", str(bad), "1 2 3")
     assert cli.returncode == 2 and cli.stderr.strip() == f"Error: {raised.value}"
 

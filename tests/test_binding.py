@@ -12,7 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import taskformer
-from conftest import DATA, TINY, run_cli
+from conftest import DATA, TINY, run_here
 from taskformer.app import runner
 
 pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
@@ -35,7 +35,7 @@ def edit_json(path, change):
 def other(tmp_path_factory):
     """A second finished copy run of the same shape and tokenizer as ``finished``, another seed."""
     out = tmp_path_factory.mktemp("other") / "run"
-    assert run_cli("run", "copy", "--out", str(out), "--seed", "7", *TINY).returncode == 0
+    assert run_here("run", "copy", "--out", str(out), "--seed", "7", *TINY).returncode == 0
     return out
 
 

@@ -16,10 +16,10 @@ FOUR = [*TINY, "--set", "train.epochs=4", "--set", "train.max_steps=4", "--set",
 
 @pytest.fixture(scope="module")
 def four_steps(tmp_path_factory):
-    from conftest import run_cli
+    from conftest import run_here
 
     out = tmp_path_factory.mktemp("four") / "run"
-    assert run_cli("run", "copy", "--out", str(out), *FOUR).returncode == 0
+    assert run_here("run", "copy", "--out", str(out), *FOUR).returncode == 0
     return out
 
 

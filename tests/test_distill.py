@@ -12,7 +12,7 @@ import pytest
 from test_hostile import one_error
 
 import taskformer
-from conftest import run_cli
+from conftest import run_here
 
 pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
 
@@ -29,9 +29,9 @@ TINY_STUDENT = ["--quiet", "--set", "train.epochs=0", "--set", "train.max_steps=
 def teacher(tmp_path_factory) -> Path:
     """A finished copy run of a few updates: it writes partial copies of varied lengths, not the copies."""
     out = tmp_path_factory.mktemp("teacher") / "run"
-    result = run_cli("run", "copy", "--out", str(out), "--quiet", *DATA, "--set", "train.epochs=0",
-                     "--set", "train.max_steps=12", "--set", "train.eval_every=12", "--set", "train.warmup=5",
-                     "--set", "train.lr=3e-3")
+    result = run_here("run", "copy", "--out", str(out), "--quiet", *DATA, "--set", "train.epochs=0",
+                      "--set", "train.max_steps=12", "--set", "train.eval_every=12", "--set", "train.warmup=5",
+                      "--set", "train.lr=3e-3")
     assert result.returncode == 0, result.stderr
     return out
 
@@ -128,11 +128,11 @@ def classifier(tmp_path_factory) -> Path:
     """A two-member agnews ensemble of a few updates: unsure of every text, and wrong about many."""
     out = tmp_path_factory.mktemp("agnews") / "run"
     fixture = Path(__file__).parent / "data" / "ag_news"
-    result = run_cli("run", "agnews", "--data-dir", str(fixture), "--out", str(out), "--quiet",
-                     "--set", "model.d_model=32", "--set", "model.n_heads=2", "--set", "model.enc_layers=1",
-                     "--set", "model.d_ff=64", "--set", "model.members=2", "--set", "data.vocab_size=300",
-                     "--set", "train.epochs=0", "--set", "train.max_steps=20", "--set", "train.lr=3e-3",
-                     "--set", "train.bf16=false")
+    result = run_here("run", "agnews", "--data-dir", str(fixture), "--out", str(out), "--quiet",
+                      "--set", "model.d_model=32", "--set", "model.n_heads=2", "--set", "model.enc_layers=1",
+                      "--set", "model.d_ff=64", "--set", "model.members=2", "--set", "data.vocab_size=300",
+                      "--set", "train.epochs=0", "--set", "train.max_steps=20", "--set", "train.lr=3e-3",
+                      "--set", "train.bf16=false")
     assert result.returncode == 0, result.stderr
     return out
 

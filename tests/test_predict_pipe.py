@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import run_cli
+from conftest import run_here
 
 pytestmark = pytest.mark.slow  # trains, serves or starts processes: the full run's, not the quick tier's
 
@@ -13,8 +13,8 @@ pytestmark = pytest.mark.slow  # trains, serves or starts processes: the full ru
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("pipe") / "run"
-    result = run_cli("run", "copy", "--out", str(out), "--quiet", "--set", "data.train_size=200", "--set",
-                     "data.val_size=4", "--set", "data.test_size=4", "--set", "train.max_steps=2")
+    result = run_here("run", "copy", "--out", str(out), "--quiet", "--set", "data.train_size=200", "--set",
+                      "data.val_size=4", "--set", "data.test_size=4", "--set", "train.max_steps=2")
     assert result.returncode == 0, result.stderr
     return out
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY, run_cli
+from conftest import TINY, run_cli, run_here
 
 pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
 
@@ -17,8 +17,8 @@ pytestmark = pytest.mark.slow  # trains or serves through the command line: the 
 def finished_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     out = root / "copy" / "first"
-    result = run_cli("run", "copy", "--out", str(out), "--set", "data.train_size=2000", "--set", "train.epochs=2",
-                     "--set", "train.log_every=5", "--quiet")
+    result = run_here("run", "copy", "--out", str(out), "--set", "data.train_size=2000", "--set", "train.epochs=2",
+                      "--set", "train.log_every=5", "--quiet")
     assert result.returncode == 0, result.stderr
     return root, out
 
@@ -62,7 +62,7 @@ def test_report_html_plots_render_as_visible_images_in_chromium(finished_run, tm
 
 def test_runs_lists_finished_runs_with_their_main_metric(finished_run):
     root, out = finished_run
-    result = run_cli("runs", str(root))
+    result = run_here("runs", str(root))
     assert result.returncode == 0
     assert "copy" in result.stdout and "exact_match" in result.stdout and out.name in result.stdout
 
@@ -70,7 +70,7 @@ def test_runs_lists_finished_runs_with_their_main_metric(finished_run):
 def test_report_command_rerenders_console_and_html(finished_run):
     _, out = finished_run
     (out / "report.html").unlink()
-    result = run_cli("report", str(out))
+    result = run_here("report", str(out))
     assert result.returncode == 0, result.stderr
     assert "taskformer report" in result.stdout and "exact_match" in result.stdout
     assert "data:image/png;base64," in (out / "report.html").read_text()
@@ -122,7 +122,7 @@ def own_run(tmp_path_factory, tmp_path):
     """A finished tiny run with a training plot, copied for one test to change."""
     made = tmp_path_factory.getbasetemp() / "report-own-run"
     if not made.exists():
-        result = run_cli("run", "copy", "--out", str(made), *TINY, "--set", "train.log_every=1")
+        result = run_here("run", "copy", "--out", str(made), *TINY, "--set", "train.log_every=1")
         assert result.returncode == 0, result.stderr
     return Path(shutil.copytree(made, tmp_path / "run", symlinks=True))
 
@@ -141,7 +141,7 @@ def test_report_writes_no_file_through_a_link_and_embeds_only_the_plots_it_wrote
         victims[name].write_bytes(b"mine")
         (own_run / name).unlink(missing_ok=True)
         (own_run / name).symlink_to(victims[name])
-    result = run_cli("report", str(own_run))
+    result = run_here("report", str(own_run))
     assert result.returncode == 0, result.stderr
     assert all(v.read_bytes() == b"mine" for v in victims.values())  # each link was replaced, not written through
     assert not any((own_run / name).is_symlink() for name in victims)
@@ -160,7 +160,7 @@ def test_text_from_data_is_shown_with_its_control_characters_visible_and_never_r
     rows = [{**json.loads(line), "source": HOSTILE, "output": "1", "reference": HOSTILE}
             for line in path.read_text().splitlines()]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    result = run_cli("report", str(own_run))
+    result = run_here("report", str(own_run))
     assert result.returncode == 0, result.stderr
     for shown in (result.stdout, (own_run / "report.txt").read_text(), (own_run / "report.html").read_text()):
         assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e]", shown)  # no control character left
@@ -190,7 +190,7 @@ def test_report_html_columns_line_up_with_chinese_text(own_run, tmp_path):
     rows = [{**json.loads(line), "source": lines[i % 4], "reference": lines[(i + 1) % 4]}
             for i, line in enumerate(path.read_text().splitlines())]
     path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
-    assert run_cli("report", str(own_run)).returncode == 0
+    assert run_here("report", str(own_run)).returncode == 0
     edges = in_chromium(own_run / "report.html", COLUMN_EDGES, tmp_path)
     assert len(edges) > 2 and all(len(row) == 3 for row in edges)
     assert [len({row[c] for row in edges}) for c in range(3)] == [1, 1, 1], edges
@@ -198,7 +198,7 @@ def test_report_html_columns_line_up_with_chinese_text(own_run, tmp_path):
 
 def test_a_run_too_short_for_a_curve_gets_no_empty_plot(tmp_path):
     out = tmp_path / "r"
-    result = run_cli("run", "copy", "--out", str(out), *TINY, "--set", "train.max_steps=1", "--set", "train.log_every=1")
+    result = run_here("run", "copy", "--out", str(out), *TINY, "--set", "train.max_steps=1", "--set", "train.log_every=1")
     assert result.returncode == 0, result.stderr
     assert not (out / "training.png").exists()  # one update: one point of loss, one of learning rate
     assert 'alt="training"' not in (out / "report.html").read_text()

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 
-from conftest import run_cli
+from conftest import run_cli, run_here
 
 pytestmark = pytest.mark.slow  # trains or serves through the command line: the full run's, not the quick tier's
 
@@ -97,8 +97,8 @@ def test_diverging_loss_stops_with_a_message(cli, tmp_path):
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("small") / "run"
-    result = run_cli("run", "copy", "--out", str(out), "--set", "data.train_size=500", "--set", "train.epochs=1",
-                     "--quiet")
+    result = run_here("run", "copy", "--out", str(out), "--set", "data.train_size=500", "--set", "train.epochs=1",
+                      "--quiet")
     assert result.returncode == 0, result.stderr
     return out
 
@@ -246,7 +246,7 @@ def task_runs(tmp_path_factory):
     for task, extra in TASK_RUNS.items():
         out = tmp_path_factory.mktemp("tasks") / task
         args = [str(DATA / a) if a in ("multi30k", "ag_news", "couplets", "en-cn") else a for a in extra]
-        result = run_cli("run", task, "--out", str(out), *args, *TINY_MODEL)
+        result = run_here("run", task, "--out", str(out), *args, *TINY_MODEL)
         assert result.returncode == 0, (task, result.stderr)
         runs[task] = out
     return runs

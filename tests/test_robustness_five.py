@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import on_a_terminal, run_cli
+from conftest import on_a_terminal, run_cli, run_here
 from taskformer.app.datacache import KEEP, MARK, VERSION
 from taskformer.core.data import Encoded
 from taskformer.core.engine import Trainer
@@ -54,8 +54,8 @@ def one_error_line(result, *words):
 def test_a_text_shorter_than_one_block_is_refused_before_training(tmp_path, dry):
     data = text_dir(tmp_path, "a")
     out = tmp_path / "run"
-    result = run_cli("run", "shakespeare-char", "--data-dir", str(data), "--out", str(out), *LM,
-                     *(["--dry-run"] if dry else []), timeout=120)
+    result = run_here("run", "shakespeare-char", "--data-dir", str(data), "--out", str(out), *LM,
+                      *(["--dry-run"] if dry else []))
     one_error_line(result, "train split", "at least 2 tokens")
     assert not out.exists()
 
@@ -65,8 +65,8 @@ def test_a_text_shorter_than_one_block_is_refused_before_training(tmp_path, dry)
 def test_a_val_text_with_nothing_to_score_is_refused_before_training(tmp_path, dry):
     data = text_dir(tmp_path, TEXT)
     out = tmp_path / "run"
-    result = run_cli("run", "shakespeare-char", "--data-dir", str(data), "--out", str(out), *LM,
-                     "--set", "data.val_fraction=0.0001", *(["--dry-run"] if dry else []), timeout=120)
+    result = run_here("run", "shakespeare-char", "--data-dir", str(data), "--out", str(out), *LM,
+                      "--set", "data.val_fraction=0.0001", *(["--dry-run"] if dry else []))
     one_error_line(result, "val split", "nothing to score")
     assert not out.exists()
 
@@ -74,9 +74,8 @@ def test_a_val_text_with_nothing_to_score_is_refused_before_training(tmp_path, d
 @SLOW
 def test_more_processes_than_batches_is_refused_by_the_dry_run(tmp_path):
     data = text_dir(tmp_path, TEXT)  # one batch of blocks an epoch: a second process would have none
-    result = run_cli("run", "shakespeare-char", "--data-dir", str(data), *LM, "--set", "train.max_tokens=4096",
-                     "--nproc", "2", "--dry-run",
-                     timeout=120)
+    result = run_here("run", "shakespeare-char", "--data-dir", str(data), *LM, "--set", "train.max_tokens=4096",
+                      "--nproc", "2", "--dry-run")
     one_error_line(result, "1 batch of", "2 training processes", "--nproc 1")
 
 
@@ -133,8 +132,8 @@ def lm_run(tmp_path_factory):
     data = tmp_path_factory.mktemp("hostile-text")
     (data / "input.txt").write_text((f"{HOSTILE} said {HOSTILE}\n") * 60)
     out = tmp_path_factory.mktemp("runs") / "lm"
-    result = run_cli("run", "shakespeare-char", "--data-dir", str(data), "--out", str(out), *LM,
-                     "--set", "train.max_tokens=256", "--set", "decode.max_new_tokens=40")
+    result = run_here("run", "shakespeare-char", "--data-dir", str(data), "--out", str(out), *LM,
+                      "--set", "train.max_tokens=256", "--set", "decode.max_new_tokens=40")
     assert result.returncode == 0, result.stderr
     return out
 
@@ -150,7 +149,7 @@ def test_a_run_record_with_control_characters_is_reported_with_them_visible(lm_r
     result_file.write_text(json.dumps(record))
     config_file = run / "config.json"
     config_file.write_text(config_file.read_text().replace('"data_dir": ', f'"data_dir": {json.dumps(HOSTILE)}, "x": '))
-    result = run_cli("report", str(run))
+    result = run_here("report", str(run))
     assert result.returncode == 0, result.stderr
     for shown in (result.stdout, (run / "report.txt").read_text(), (run / "report.html").read_text()):
         assert not CONTROL.search(shown)
@@ -169,7 +168,7 @@ def test_predict_on_a_terminal_shows_a_models_control_characters_as_escapes(lm_r
 
 @SLOW
 def test_an_error_naming_a_file_shows_its_control_characters_as_escapes(tmp_path):
-    result = run_cli("run", "copy", "--config", str(tmp_path / f"{HOSTILE}.toml"), "--quiet")
+    result = run_here("run", "copy", "--config", str(tmp_path / f"{HOSTILE}.toml"), "--quiet")
     line = one_error_line(result)
     assert not CONTROL.search(result.stderr) and "\\x1b]0;PWN\\x07" in line
 
@@ -207,7 +206,7 @@ STUDENT = ["--quiet", "--set", "train.epochs=0", "--set", "train.max_steps=1"]
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory):
     out = tmp_path_factory.mktemp("teacher") / "run"
-    result = run_cli("run", "copy", "--out", str(out), *COPY, "--set", "train.epochs=0", "--set", "train.max_steps=4")
+    result = run_here("run", "copy", "--out", str(out), *COPY, "--set", "train.epochs=0", "--set", "train.max_steps=4")
     assert result.returncode == 0, result.stderr
     return out
 
@@ -215,8 +214,8 @@ def teacher(tmp_path_factory):
 @SLOW
 def test_a_sampling_teacher_is_recorded_as_sampling_not_greedy(teacher, tmp_path):
     out = tmp_path / "student"
-    result = run_cli("distill", str(teacher), "--out", str(out), *STUDENT, "--teacher-set", "decode.temperature=0.9",
-                     "--teacher-set", "decode.seed=7")
+    result = run_here("distill", str(teacher), "--out", str(out), *STUDENT, "--teacher-set", "decode.temperature=0.9",
+                      "--teacher-set", "decode.seed=7")
     assert result.returncode == 0, result.stderr
     search = json.loads((out / "result.json").read_text())["info"]["distill"]["teacher_search"]
     assert search["strategy"] == "sample" and search["temperature"] == 0.9 and search["seed"] == 7, search
@@ -243,7 +242,7 @@ def test_sampling_at_the_ends_of_its_ranges_gives_an_answer_not_nan(lm_run):
 
 @SLOW
 def test_max_new_tokens_has_an_upper_bound_on_the_command_line(lm_run):
-    result = run_cli("predict", str(lm_run), "said", "--set", "decode.max_new_tokens=1000000000")
+    result = run_here("predict", str(lm_run), "said", "--set", "decode.max_new_tokens=1000000000")
     one_error_line(result, "max_new_tokens", "100000")
 
 
@@ -303,8 +302,8 @@ def test_a_token_budget_is_never_rounded_up_past_what_it_holds():
 
 @SLOW
 def test_the_dry_run_counts_one_update_in_the_singular(tmp_path):
-    result = run_cli("run", "shakespeare-char", "--data-dir", str(text_dir(tmp_path, TEXT)), *LM,
-                     "--set", "train.max_steps=1", "--set", "train.max_tokens=4096", "--dry-run")
+    result = run_here("run", "shakespeare-char", "--data-dir", str(text_dir(tmp_path, TEXT)), *LM,
+                      "--set", "train.max_steps=1", "--set", "train.max_tokens=4096", "--dry-run")
     assert result.returncode == 0, result.stderr
     assert "at most 1 update (train.max_steps)" in result.stdout and "planned 1 update," in result.stdout
     assert "epochs of 1 update)" in result.stdout, result.stdout
@@ -326,7 +325,7 @@ def test_more_processes_than_cores_is_refused_at_once(tmp_path, dry):
 @SLOW
 def test_a_distillation_is_refused_before_the_teachers_decode(teacher, tmp_path, setting, words):
     out = tmp_path / "student"
-    result = run_cli("distill", str(teacher), "--out", str(out), *STUDENT, *setting)
+    result = run_here("distill", str(teacher), "--out", str(out), *STUDENT, *setting)
     one_error_line(result, *words)
     assert not out.exists() and "decoding the train split" not in result.stderr
 
@@ -347,7 +346,7 @@ def test_ctrl_c_of_a_run_says_how_to_resume_and_the_resumed_run_records_it(tmp_p
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130 and "Error:" not in err and "Traceback" not in err, err
     assert "training interrupted by SIGINT" in err and f"Resume with: taskformer run --resume {out}" in err
-    resumed = run_cli("run", "--resume", str(out))
+    resumed = run_here("run", "--resume", str(out))
     assert resumed.returncode == 0, resumed.stderr
     [record] = json.loads((out / "result.json").read_text())["info"]["resumed"]
     assert record["after"] == "interrupted by SIGINT" and record["step"] >= 4

@@ -12,7 +12,7 @@ import pytest
 from test_robustness import unprivileged, wait_for_checkpoint
 from test_robustness_five import LM, TEXT, one_error_line, teacher, text_dir  # noqa: F401 (teacher: a fixture)
 
-from conftest import TINY, on_a_terminal, run_cli
+from conftest import TINY, on_a_terminal, run_here
 
 
 def read_only(folder: Path) -> None:
@@ -52,7 +52,7 @@ def test_an_out_that_cannot_be_written_is_refused_before_any_work(tmp_path, wher
 def test_an_out_under_a_file_is_refused_naming_the_file(tmp_path):
     mine = tmp_path / "notes.txt"
     mine.write_text("mine")
-    result = run_cli("run", "copy", "--out", str(mine / "run"), *TINY, "--dry-run")
+    result = run_here("run", "copy", "--out", str(mine / "run"), *TINY, "--dry-run")
     one_error_line(result, f"{mine / 'run'}: cannot create the run directory ({mine} is not a directory)")
     assert mine.read_text() == "mine"
 
@@ -94,7 +94,7 @@ def test_a_run_directory_made_read_only_before_its_first_checkpoint_is_one_error
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines()[-1] == (f"Error: cannot write {out} (Permission denied); once it can be "
                                                       f"written, then start the run again with --out {out}")
-    again = run_cli("run", "copy", "--out", str(out), *TINY)  # what the failed start left is cleared
+    again = run_here("run", "copy", "--out", str(out), *TINY)  # what the failed start left is cleared
     assert again.returncode == 0, again.stderr
     assert (out / "result.json").exists()
 
@@ -109,7 +109,7 @@ def test_a_run_directory_made_read_only_during_training_keeps_its_last_checkpoin
                       f"taskformer run --resume {out}"] and "Traceback" not in result.stderr, result.stderr
     kept = sorted((out / "checkpoints").glob("step-*"))
     assert kept and not (out / "result.json").exists()
-    resumed = run_cli("run", "--resume", str(out), "--quiet")
+    resumed = run_here("run", "--resume", str(out), "--quiet")
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads((out / "result.json").read_text())["info"]["steps"] == 6
 
@@ -122,11 +122,11 @@ STUDENT = ["--quiet", "--set", "train.epochs=0", "--set", "train.max_steps=1"]
 @pytest.mark.slow  # trains or serves through the command line
 def test_a_folder_left_by_a_distillation_refused_after_its_decode_is_used_again(teacher, tmp_path):  # noqa: F811
     out = tmp_path / "student"
-    refused = run_cli("distill", str(teacher), "--out", str(out), "--quiet", "--set", "train.epochs=0",
-                      "--time-limit", "0.001")  # the student's start is refused only once the teacher has decoded
+    refused = run_here("distill", str(teacher), "--out", str(out), "--quiet", "--set", "train.epochs=0",
+                       "--time-limit", "0.001")  # the student's start is refused only once the teacher has decoded
     one_error_line(refused, "--time-limit 0.001")
     assert (out / "distill-train.jsonl").exists() and not (out / "result.json").exists()
-    listed = run_cli("runs", str(tmp_path))
+    listed = run_here("runs", str(tmp_path))
     assert str(out) not in listed.stdout  # not a run: neither finished nor listed as one
     (tmp_path / "teacher").symlink_to(teacher, target_is_directory=True)  # given relative, through a link
     again = subprocess.run([sys.executable, "-m", "taskformer", "distill", "teacher", "--out", "student", *STUDENT],
@@ -139,7 +139,7 @@ def test_a_folder_left_by_a_distillation_refused_after_its_decode_is_used_again(
     mine = tmp_path / "mine"  # a folder holding files of the user's beside a distillation's name stays refused
     mine.mkdir()
     (mine / "distill.json").write_text("{}")
-    one_error_line(run_cli("distill", str(teacher), "--out", str(mine), *STUDENT), str(mine), "not empty")
+    one_error_line(run_here("distill", str(teacher), "--out", str(mine), *STUDENT), str(mine), "not empty")
     assert (mine / "distill.json").read_text() == "{}"
 
 
@@ -157,8 +157,8 @@ def lines_lm(tmp_path_factory):
     draw = random.Random(0)
     (data / "input.txt").write_text("".join(draw.choice(["ab\n", "a\n", "b\n"]) for _ in range(300)))
     out = tmp_path_factory.mktemp("runs") / "lm"
-    result = run_cli("run", "shakespeare-char", "--data-dir", str(data), "--out", str(out), *LM,
-                     "--set", "train.max_tokens=256")
+    result = run_here("run", "shakespeare-char", "--data-dir", str(data), "--out", str(out), *LM,
+                      "--set", "train.max_tokens=256")
     assert result.returncode == 0, result.stderr
     return out
 
@@ -166,11 +166,11 @@ def lines_lm(tmp_path_factory):
 @pytest.mark.slow  # trains or serves through the command line
 def test_a_language_models_line_breaks_are_kept_on_a_terminal_and_piped_stays_an_answer_a_line(lines_lm):
     sampled = ["--set", "decode.temperature=3", "--set", "decode.max_new_tokens=30", "--set", "decode.seed=1"]
-    exact = run_cli("predict", str(lines_lm), *PROMPTS, *sampled, "--json")
+    exact = run_here("predict", str(lines_lm), *PROMPTS, *sampled, "--json")
     assert exact.returncode == 0, exact.stderr
     continuations = [json.loads(line)["continuation"] for line in exact.stdout.splitlines()]
     assert len(continuations) == len(PROMPTS) and any("\n" in c for c in continuations), continuations
-    piped = run_cli("predict", str(lines_lm), *PROMPTS, *sampled)
+    piped = run_here("predict", str(lines_lm), *PROMPTS, *sampled)
     assert piped.stdout.split("\n")[:-1] == [c.replace("\n", " ") for c in continuations]  # an answer a line
     shown = on_a_terminal("predict", str(lines_lm), *PROMPTS, *sampled)
     assert shown == "".join(f"{c}\n\n" for c in continuations)  # as written, a blank line after each
