@@ -170,3 +170,45 @@ def test_run_resume_of_a_distillation_whose_student_never_began_names_distill_re
     result = cli("run", "--resume", str(folder))
     assert result.exit_code == 2 and f"taskformer distill --resume {folder}" in result.stderr, result.output
     assert sorted(p.name for p in folder.iterdir()) == ["distill-train.jsonl", DISTILLATION]
+
+
+# -- a data file datasets cannot read: one line naming the file, and the line where there is one --------------
+
+@pytest.mark.parametrize("name, body, said", [
+    ("train.jsonl", "", "train.jsonl: holds no rows of data"),  # was: cannot read as jsonl (StopIteration)
+    ("train.jsonl", "\n\n", "train.jsonl: holds no rows of data"),  # was: Instruction "train" corresponds to no data!
+    ("train.jsonl", "{}\n", "train.jsonl: holds no rows of data"),
+    ("train.csv", "text,label\n", "train.csv: holds no rows of data (a header at most)"),
+    ("train.csv", "", "train.csv: holds no rows of data (a header at most)"),  # was: No columns to parse from file
+    ("train.jsonl", '{"text": "a", "label": "b"}\n[1]\n', "train.jsonl:2: a JSON list, not an object"),  # was: row 0
+    ("train.jsonl", '{"text": "a", "label": "b"}\n{"text": "a"\n', "train.jsonl:2: not JSON (Expecting ',' delimiter)"),
+    ("train.jsonl", "7\n", "train.jsonl:1: a JSON int, not an object"),
+])
+def test_a_data_file_the_reader_refuses_is_named_with_what_is_wrong(tmp_path, capfd, name, body, said):
+    from conftest import task_data
+
+    path = tmp_path / name
+    path.write_text(body)
+    with pytest.raises(TaskformerError) as refused:
+        task_data("classify", path)
+    assert str(refused.value).startswith(f"{tmp_path / said}"), str(refused.value)
+    assert "Failed to load JSON" not in capfd.readouterr().err  # datasets' own logged error: not a second line
+
+
+@pytest.mark.slow  # spawns a process: before the fix the read ended it
+@pytest.mark.parametrize("name, body", [("train.jsonl", "null\n"), ("train.jsonl", '\nnull\n{"text": "a"}'),
+                                        ("train.json", "[null]")])
+def test_a_json_file_whose_first_row_is_null_is_refused_not_a_crash(tmp_path, name, body):
+    """pyarrow's JSON reader ends the process (SIGSEGV) on a first row of null."""
+    import subprocess
+    import sys
+
+    path = tmp_path / name
+    path.write_text(body)
+    code = ("import sys; from conftest import task_data\n"
+            "try: task_data('classify', sys.argv[1])\nexcept Exception as e: print(e)")
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).parent)
+    assert done.returncode == 0 and done.stdout.strip().startswith(f"{path}: its first row is null"), done
