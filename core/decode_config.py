@@ -15,6 +15,7 @@ from taskformer.core.variants import VARIANTS
 QUANTIZE = ("none", "int8")  # the weights decoding runs on: as trained, or int8 linear layers (core/inference.py)
 STRATEGIES = ("beam", "greedy")
 MAX_NEW_TOKENS = 100_000  # a continuation's bound: each token is a step of the model, and a request must end
+MAX_WORKERS = 1024  # each worker is a thread (CTranslate2's too): billions would end the process, not the decode
 ENGINES = ("auto", "torch", "ctranslate2", "onnxruntime")  # what decodes: taskformer/app/engines.py chooses
 SEARCHED = tuple(v for v in VARIANTS if variants.of(v).decoder)  # outputs are searched: the search options apply
 SHIFTED = tuple(v for v in VARIANTS if variants.of(v).shifted)  # an output's length follows its source's
@@ -52,7 +53,7 @@ class DecodeConfig:
                                   at_least=0, variants=SEARCHED)
     batch_size: int = option(128, "Inputs per decoding batch.", at_least=1)
     workers: int = option(0, "Batches decoded at once (CPU threads); 0: one per torch thread on CPU, one on GPUs.",
-                          at_least=0)
+                          at_least=0, at_most=MAX_WORKERS)
     eval_strategy: str = option("greedy", "Cheaper search for the per-evaluation validation score.",
                                 choices=STRATEGIES, variants=SEARCHED)
     compile: bool = option(False, "Compile the one-token decoding step (TorchInductor, static key/value cache; "

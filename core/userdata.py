@@ -16,6 +16,7 @@ column, or else from a seeded shuffle of the rows (:data:`SPLIT_RULE`); running 
 from __future__ import annotations
 
 import gzip
+import json
 import random
 import re
 import sys
@@ -198,6 +199,37 @@ def first_bad_utf8(path: Path) -> str | None:
     return None
 
 
+def first_bad_json(path: Path) -> str | None:
+    """``file:line`` of the first line of a JSON Lines file that is not a JSON object, read only after a
+    reader failed (pyarrow counts its rows from 0 within a block of the file)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                return f"{path}:{number}: not JSON ({e.msg}); each line must be one JSON object"
+            except RecursionError:
+                return f"{path}:{number}: nested too deeply; each line must be one JSON object"
+            if not isinstance(row, dict):
+                return f"{path}:{number}: a JSON {type(row).__name__}, not an object; each line must be one JSON object"
+    return None
+
+
+def starts_with_null(path: Path) -> bool:
+    """Whether a file's first row is ``null``: its first JSON value, or that of the list it begins with."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        head = f.read(1 << 16).lstrip(b"\xef\xbb\xbf \t\r\n")
+    return head.removeprefix(b"[").lstrip(b" \t\r\n").startswith(b"null")
+
+
+# What pandas, pyarrow and datasets say of a file without a row: a file of nothing, blank lines or a header only
+NO_ROWS = ("StopIteration", "corresponds to no data", "No columns to parse")
+
+
 def read_table(path: Path, columns: str) -> Part:
     """A CSV, TSV, JSON (lines) or Parquet file through ``datasets``; HF's translation layout
     (``{"translation": {"fr": ..., "en": ...}}``) becomes the columns ``fr`` and ``en``."""
@@ -211,13 +243,19 @@ def read_table(path: Path, columns: str) -> Part:
             options["quoting"] = 3  # csv.QUOTE_NONE
         if columns:
             options.update(header=None, column_names=[c.strip() for c in columns.split(",")])
+    if builder == "json" and starts_with_null(path):  # pyarrow's JSON reader ends the process on it (SIGSEGV)
+        raise DataError(f"{path}: its first row is null; {'each line' if ext == '.jsonl' else 'it'} must be a JSON "
+                        f"object{'' if ext == '.jsonl' else ' or a list of objects'}")
     try:
         table = datasets.load_dataset(builder, data_files={"train": str(path)}, split="train", **options)
     except Exception as e:  # pandas, pyarrow and datasets all have their own errors
         reason = first_bad_utf8(path) if builder != "parquet" else None
-        cause = str(e.__cause__ or e).strip().splitlines()
-        raise DataError(reason or f"{path}: cannot read as {ext[1:]} ({cause[0] if cause else type(e).__name__})") \
-            from None
+        if reason is None and ext == ".jsonl":
+            reason = first_bad_json(path)
+        cause = str(e.__cause__ or e).strip().splitlines() or [type(e.__cause__ or e).__name__]
+        if reason is None and any(words in cause[0] for words in NO_ROWS):
+            reason = f"{path}: holds no rows of data{' (a header at most)' if builder == 'csv' else ''}"
+        raise DataError(reason or f"{path}: cannot read as {ext[1:]} ({cause[0]})") from None
     if "translation" in table.column_names and hasattr(table.features["translation"], "keys"):
         table = table.flatten().rename_columns({c: c.removeprefix("translation.") for c in table.flatten().column_names})
     return Part(table, path.name, "line" if ext == ".jsonl" else "row", numbered(len(table)))

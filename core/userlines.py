@@ -53,11 +53,12 @@ def numbered(n: int) -> np.ndarray:
 
 
 def quiet_datasets():
-    """The ``datasets`` module with its progress bars and logging off: the console shows our stages."""
+    """The ``datasets`` module with its progress bars and logging off: the console shows our stages, and
+    a file it cannot read is our one ``Error:`` line, not its own logged error too."""
     import datasets
 
     datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     return datasets
 
 

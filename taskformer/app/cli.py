@@ -233,13 +233,13 @@ def distill_cmd(teacher, data_dir, out, time_limit, seed, overrides, teacher_set
     distill.mix=false). The student is a normal run, which predict, eval, serve and
     export take; its result names the teacher and the distillation data.
     """
-    from taskformer.app import distill, report
+    from taskformer.app import distill, report, rundir
     from taskformer.app.console import ProgressDisplay
 
     if not teacher and not resume:
         raise click.UsageError("give a TEACHER run directory, or --resume RUN_DIR")
     if resume:
-        alone_with_resume("a distillation", "distill.json", {"TEACHER": teacher, "--data": data_dir, "--out": out,
+        alone_with_resume("a distillation", rundir.DISTILLATION, {"TEACHER": teacher, "--data": data_dir, "--out": out,
                                                              "--time-limit": time_limit, "--seed": seed,
                                                              "--set": overrides, "--teacher-set": teacher_set})
     request = distill.DistillRequest(teacher, data_dir, out, time_limit, seed, overrides, teacher_set, resume)

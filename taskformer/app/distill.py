@@ -53,7 +53,7 @@ from taskformer.core.options import check
 from taskformer.plugins.hookspecs import Output
 from taskformer.plugins.run import Run
 
-REQUEST = "distill.json"  # the command as given, which a resume continues
+REQUEST = rundir.DISTILLATION  # the command as given, which a resume continues
 DECODING = "distill-decoding.jsonl"  # the teacher's outputs as they come: {"row": train row, "output": ...}
 TARGETS = "distill-train.jsonl"  # all of them in train order: {"source", "output", "reference"[, "fields"]}
 # where an output is a text, or a classifier's {label: probability}

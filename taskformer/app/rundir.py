@@ -38,6 +38,7 @@ from taskformer.plugins.hookspecs import Output
 from taskformer.plugins.run import Prediction
 
 CONFIG = "config.json"  # what the run is: ConfigRecord, written before the first update
+DISTILLATION = "distill.json"  # a distillation's command (taskformer/app/distill.py), written before its teacher decodes
 RESULT = "result.json"  # what it scored: ResultRecord, written last, so a finished run has it
 TOKENIZER = "tokenizer.json"
 METRICS = "metrics.jsonl"  # one JSON object per logged event, appended as training goes

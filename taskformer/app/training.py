@@ -27,6 +27,8 @@ from taskformer.app.prepare import (
 )
 from taskformer.app.resources import pick_device, use_threads
 from taskformer.app.rundir import (
+    CONFIG,
+    DISTILLATION,
     ConfigRecord,
     ResultRecord,
     RunDirBusy,
@@ -187,6 +189,9 @@ def resumed(request: TrainRequest, shard: tuple[int, int], lock: ExitStack) -> B
     if finished(run_dir):
         raise TaskformerError(f"{run_dir} has finished (result.json exists): nothing to resume; "
                               "start a new run to train longer")
+    if not config_path(run_dir).exists() and (run_dir / DISTILLATION).is_file():
+        raise TaskformerError(f"{run_dir} holds a distillation whose student has not begun (no {CONFIG} yet): "
+                              f"continue it with: taskformer distill --resume {run_dir}")
     saved = read_config(run_dir)
     pin_precision(saved)
     task = plugins().task(saved.task)
