@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from taskformer.core.data import each_line, read_lines
 from taskformer.core.errors import DataError
+from taskformer.core.files import each_line, read_lines
 from taskformer.core.progress import stage
 
 BATCH = 10_000  # rows of an Arrow record batch, and of a batch read back from a table
