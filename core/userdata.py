@@ -187,12 +187,17 @@ def blanks(table, column: str) -> tuple[np.ndarray, np.ndarray]:
     values = table.with_format("arrow")[column]
     missing = np.asarray(values.is_null(), dtype=bool)
     if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
-        empty = pc.equal(pc.utf8_trim_whitespace(values), "")
+        def blank(chunk):  # trimmed a record batch at a time: a trimmed copy of a whole column is its size again
+            return pc.equal(pc.utf8_trim_whitespace(chunk), "")
     elif pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
-        empty = pc.equal(pc.list_value_length(values), 0)
+        def blank(chunk):
+            return pc.equal(pc.list_value_length(chunk), 0)
     else:
         return missing, np.zeros_like(missing)
-    return missing, np.asarray(empty.fill_null(False), dtype=bool) & ~missing
+    chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
+    empty = np.concatenate([np.zeros(0, dtype=bool)] + [np.asarray(blank(c).fill_null(False), dtype=bool)
+                                                        for c in chunks])
+    return missing, empty & ~missing
 
 
 def suffixes(path: Path) -> tuple[str, str]:
