@@ -19,8 +19,9 @@ import reference_transformer as ref  # noqa: E402
 
 from taskformer.core import decoding  # noqa: E402
 from taskformer.core.arrays import Ragged  # noqa: E402
-from taskformer.core.data import Encoded, encode_sources, read_parallel  # noqa: E402
+from taskformer.core.data import Encoded, encode_sources  # noqa: E402
 from taskformer.core.engine import Trainer  # noqa: E402
+from taskformer.core.files import read_parallel  # noqa: E402
 from taskformer.core.model import BOS, EOS, PAD, Transformer  # noqa: E402
 from taskformer.core.model_config import ModelConfig  # noqa: E402
 from taskformer.core.tokenize import subword  # noqa: E402

@@ -5,21 +5,17 @@ and a trained tokenizer; everything after that -- ids, padding, batching -- happ
 """
 from __future__ import annotations
 
-import gzip
 import random
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
 from taskformer.core import variants
-from taskformer.core.arrays import Ragged, Spilled, frame, id_dtype
+from taskformer.core.arrays import Ragged, Spilled, frame, id_dtype, starts
 from taskformer.core.errors import DataError
-from taskformer.core.progress import stage
 from taskformer.core.tokenize import BOS, EOS, PAD, UNK
 
 if TYPE_CHECKING:
@@ -56,89 +52,6 @@ class TaskData:
     splits: dict[str, Sequence]
     labels: list[str] | None = None
     notes: dict[str, Any] = field(default_factory=dict)
-
-
-def find_file(data_dir: str | Path, name: str) -> Path:
-    """``DIR/name`` or ``DIR/name.gz``, whichever exists; a clear error when neither or both do."""
-    base = Path(data_dir) / name
-    found = [path for path in (base, base.with_name(base.name + ".gz")) if path.exists()]
-    if len(found) == 2:
-        raise DataError(f"{base}: both {base.name} and {base.name}.gz exist; remove one so it is clear which to use")
-    if not found:
-        raise DataError(f"{base}: file not found (also looked for {base.name}.gz)")
-    if not found[0].is_file():
-        raise DataError(f"{found[0]}: not a regular file (a directory?); expected the data file itself")
-    return found[0]
-
-
-def read_lines(path: str | Path) -> list[str]:
-    """All lines of a UTF-8 text file, plain or gzip, without line endings or a leading byte-order mark.
-
-    Lines end in LF or CRLF, or, in a file without LF, in CR alone (classic Mac OS), which would
-    otherwise make the whole file one example. Undecodable bytes are reported with the file name and
-    line number, and a file with no text (only blank lines) is refused, not a traceback or a model
-    trained on nothing.
-    """
-    out = list(each_line(path))
-    if not any(line.strip() for line in out):
-        raise DataError(f"{path}: holds only blank lines, no text")
-    return out
-
-
-def each_line(path: str | Path, shown: bool = True) -> Iterator[str]:
-    """The lines of a file as :func:`read_lines` reads them, one at a time (never the whole file at
-    once); an empty file is refused. ``shown``: a stage of the console's (not for files read side by side)."""
-    path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    any_line = False
-    try:
-        counted = stage(f"reading {path.name}", None, every=20_000) if shown else nullcontext(lambda n=1: None)
-        with opener(path, "rb") as f, counted as advance:
-            head = f.read(1 << 20)
-            f.seek(0)
-            lines: Iterable[bytes] = f  # a line at a time: never the whole file's bytes at once
-            if b"\n" not in head and b"\r" in head:  # CR alone: classic Mac line ends (such files are small)
-                pieces = f.read().split(b"\r")
-                lines = pieces[:-1] if pieces[-1] == b"" else pieces
-            for i, line in enumerate(lines, 1):
-                if i == 1:
-                    line = line.removeprefix(b"\xef\xbb\xbf")  # a BOM is not part of the first line's text
-                try:
-                    text = line.removesuffix(b"\n").decode("utf-8").rstrip("\r")
-                except UnicodeDecodeError as e:
-                    raise DataError(f"{path}:{i}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
-                any_line = True
-                yield text
-                advance()
-    except (OSError, EOFError) as e:
-        raise DataError(f"{path}: cannot read ({e})") from None
-    if not any_line:
-        raise DataError(f"{path}: file is empty")
-
-
-def read_parallel(src_path: Path, tgt_path: Path) -> list[tuple[str, str]]:
-    """Line-aligned source/target files; unequal line counts are an error naming both files."""
-    src, tgt = read_lines(src_path), read_lines(tgt_path)
-    if len(src) != len(tgt):
-        raise DataError(f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: the pair files must align")
-    return list(zip(src, tgt))
-
-
-def read_tsv(path: str | Path, columns: int = 2) -> list[tuple[str, ...]]:
-    """Rows of ``columns`` TAB-separated texts, one per line, plain or gzip: by default
-    ``source<TAB>target`` pairs; ``columns=3`` reads ``premise<TAB>hypothesis<TAB>label``, say. A
-    line with another number of columns, or an empty one, is an error naming the file and line."""
-    names = ("source", "target") if columns == 2 else [f"column {n}" for n in range(1, columns + 1)]
-    between = "one TAB between source and target" if columns == 2 else f"{columns - 1} TABs between {columns} columns"
-    rows = []
-    for i, line in enumerate(read_lines(path), 1):
-        cells = line.split("\t")
-        if len(cells) != columns:
-            raise DataError(f"{path}:{i}: expected {between}, found {len(cells) - 1}")
-        if empty := next((name for name, cell in zip(names, cells) if not cell.strip()), None):
-            raise DataError(f"{path}:{i}: empty {empty}")
-        rows.append(tuple(cells))
-    return rows
 
 
 @dataclass
@@ -407,8 +320,13 @@ def encode(data: TaskData, split: str, max_len: int, variant: str) -> Encoded:
     if not kind.encoder:
         return encode_text(tok, rows, max_len, training=split == "train")
     index = {name: i for i, name in enumerate(data.labels or [])}
+    return joined(encoded_chunks(tok, rows, kind, index, max_len), kind.per_word, len(index))
+
+
+def encoded_chunks(tok: Tokenizer, rows: Sequence, kind: variants.Variant, index: dict[str, int],
+                   max_len: int) -> Iterator[Encoded]:
+    """The rows of a split encoded :data:`CHUNK` at a time (see :func:`encode`)."""
     dtype = id_dtype(tok.get_vocab_size())
-    parts = []
     for chunk in chunks(rows):
         sources = [row[0] for row in chunk]
         if kind.per_word:
@@ -418,7 +336,7 @@ def encode(data: TaskData, split: str, max_len: int, variant: str) -> Encoded:
                 for pos, tag in zip(starts, target.split()):
                     if pos >= 0:
                         row[pos] = index[tag]
-            parts.append(Encoded(Ragged.of(src, dtype), Ragged.of(tags), cut, target_pad=IGNORE))
+            yield Encoded(Ragged.of(src, dtype), Ragged.of(tags), cut, target_pad=IGNORE)
         elif kind.labelled:
             if sources and is_pair(sources[0]):
                 pairs, cut = encode_pairs(tok, sources, max_len)
@@ -433,27 +351,46 @@ def encode(data: TaskData, split: str, max_len: int, variant: str) -> Encoded:
                 classes = [max(range(len(p)), key=p.__getitem__) for p in soft]
             else:
                 classes = [index[t] for t in targets]
-            parts.append(Encoded(ids, np.asarray(classes, dtype=np.int64), cut,
-                                 soft=None if soft is None else np.asarray(soft, dtype=np.float32)))
+            yield Encoded(ids, np.asarray(classes, dtype=np.int64), cut,
+                          soft=None if soft is None else np.asarray(soft, dtype=np.float32))
         else:
             ids, cut = frame(encode_ids(tok, sources), max_len - 1, tail=[EOS])
             tgt, _ = frame(encode_ids(tok, [row[1] for row in chunk]), max_len - 2, head=[BOS], tail=[EOS])
-            parts.append(Encoded(ids, tgt, cut))
-    return joined(parts, kind.per_word, len(index))
+            yield Encoded(ids, tgt, cut)
 
 
-def joined(parts: list[Encoded], tagging: bool, classes: int) -> Encoded:
-    """The encoded chunks of a split as one :class:`Encoded`."""
-    if not parts:
-        return Encoded(Ragged.of([]), Ragged.of([]), target_pad=IGNORE if tagging else PAD)
-    tgt = (Ragged.concat([cast(Ragged, p.tgt) for p in parts]) if parts[0].sequences
-           else np.concatenate([cast(np.ndarray, p.tgt) for p in parts]))
-    soft = None
-    if any(p.soft is not None for p in parts):  # a chunk of hard labels: each a distribution on its class
-        soft = np.concatenate([p.soft if p.soft is not None else np.eye(classes, dtype=np.float32)[p.tgt]
-                               for p in parts])
-    return Encoded(Ragged.concat([p.src for p in parts]), tgt, sum(p.truncated for p in parts),
-                   parts[0].target_pad, soft=soft)
+def joined(parts: Iterable[Encoded], tagging: bool, classes: int) -> Encoded:
+    """The encoded chunks of a split, taken as they come, as one :class:`Encoded`. Each chunk's ids
+    go to a temporary file (:class:`~taskformer.core.arrays.Spilled`) and the whole is read back
+    once: chunks kept in a list and joined hold every chunk beside the whole, in a heap that the
+    chunks' passing tokenizations leave fragmented."""
+    ids: dict[str, Spilled] = {}
+    lengths: dict[str, list[np.ndarray]] = {"src": [], "tgt": []}
+    labels: list[np.ndarray] = []
+    soft: list[tuple[np.ndarray | None, np.ndarray]] = []
+    truncated, pad_with = 0, IGNORE if tagging else PAD
+    for part in parts:
+        pad_with, truncated = part.target_pad, truncated + part.truncated
+        for name, rows in (("src", part.src), ("tgt", part.tgt)):
+            if isinstance(rows, Ragged):
+                values = rows.values()
+                spilled = ids.setdefault(name, Spilled(values.dtype))
+                if not np.can_cast(values.dtype, spilled.dtype):
+                    raise ValueError(f"a chunk of {values.dtype} ids after chunks of {spilled.dtype}")
+                spilled.append(values)
+                lengths[name].append(rows.lengths())
+            else:
+                labels.append(rows)
+                soft.append((part.soft, rows))
+    if "src" not in ids:
+        return Encoded(Ragged.of([]), Ragged.of([]), target_pad=pad_with)
+    src = Ragged(ids["src"].array(), starts(np.concatenate(lengths["src"])))
+    if "tgt" in ids:
+        return Encoded(src, Ragged(ids["tgt"].array(), starts(np.concatenate(lengths["tgt"]))), truncated, pad_with)
+    distributions = None
+    if any(p is not None for p, _ in soft):  # a chunk of hard labels: each a distribution on its class
+        distributions = np.concatenate([p if p is not None else np.eye(classes, dtype=np.float32)[t] for p, t in soft])
+    return Encoded(src, np.concatenate(labels), truncated, pad_with, soft=distributions)
 
 
 def token_batches(lengths: Indices, max_tokens: int, seed: int | None = None) -> list[Batch]:

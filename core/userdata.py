@@ -20,6 +20,7 @@ import json
 import random
 import re
 import sys
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ import numpy as np
 
 from taskformer.core.errors import DataError
 from taskformer.core.options import option
-from taskformer.core.userlines import Part, batches, numbered, quiet_datasets, read_aligned, read_conll, text_part
+from taskformer.core.userlines import BATCH, Part, batches, numbered, quiet_datasets, read_aligned, read_conll, text_part
 from taskformer.core.userlines import read_text as read_running
 
 SPLITS = ("train", "val", "test")
@@ -116,14 +117,27 @@ class Source:
             self.skip(split, reason, places)
         return parts
 
+    def each_batch(self, split: str, columns: list[str]) -> Iterator[tuple[list[tuple], Callable[[int], str]]]:
+        """The split's values of ``columns`` as batches of Python rows, without the rows :meth:`clean`
+        leaves out, each with ``where(i)``: the place (``file:line``) of its row ``i``. Only a batch at
+        a time is Python values: a large train split streams through."""
+        for part in self.clean(split, columns):
+            table = part.table.select_columns(columns)
+            for start in range(0, len(part), BATCH):
+                batch = table[start : start + BATCH]
+
+                def where(i: int, part: Part = part, start: int = start) -> str:
+                    return part.where(start + i)
+                yield list(zip(*(batch[c] for c in columns))), where
+
     def rows(self, split: str, columns: list[str]) -> tuple[list[tuple], list[str]]:
-        """The split's values of ``columns`` as Python rows, and where each came from, without the
-        rows :meth:`clean` leaves out: for the val and test rows, which are decoded and scored as text."""
+        """:meth:`each_batch` as one list of rows and their places: for the val and test rows, which
+        are decoded and scored as text."""
         rows: list[tuple] = []
         where: list[str] = []
-        for part in self.clean(split, columns):
-            rows.extend(row for batch in batches(part.table.select_columns(columns)) for row in zip(*(batch[c] for c in columns)))
-            where.extend(part.where(i) for i in range(len(part)))
+        for batch, place in self.each_batch(split, columns):
+            rows.extend(batch)
+            where.extend(place(i) for i in range(len(batch)))
         return rows, where
 
     def dataset(self, split: str, columns: list[str], names: list[str]) -> Any:
@@ -135,13 +149,35 @@ class Source:
         temporary = {c: f"__{i}" for i, c in enumerate(columns)}  # two steps: a column may be renamed to another's name
         return table.rename_columns(temporary).rename_columns(dict(zip(temporary.values(), names)))
 
-    def skip(self, split: str, reason: str, places: list[str]) -> None:
-        """Count rows left out of ``split`` for ``reason`` in the notes, naming the first few."""
-        shown = ", ".join(places[:SHOWN]) + (f" and {len(places) - SHOWN:,} more" if len(places) > SHOWN else "")
-        self.notes[f"{split} rows left out ({reason})"] = f"{len(places):,}: {shown}"
+    def skip(self, split: str, reason: str, places: list[str], count: int | None = None) -> None:
+        """Count rows left out of ``split`` for ``reason`` in the notes, naming the first few
+        (``count``: all of them, where ``places`` holds only the first few, as a :class:`Tally`'s)."""
+        count = len(places) if count is None else count
+        shown = ", ".join(places[:SHOWN]) + (f" and {count - SHOWN:,} more" if count > SHOWN else "")
+        self.notes[f"{split} rows left out ({reason})"] = f"{count:,}: {shown}"
 
     def sizes(self) -> str:
         return ", ".join(f"{s} {sum(len(p) for p in self.splits[s]):,}" for s in SPLITS)
+
+
+class Tally:
+    """Rows left out for one reason while a split streams by: their count and the first few places
+    (made only for those: a place is a string, and a bad file may have millions of bad rows)."""
+
+    def __init__(self, reason: str):
+        self.reason, self.count = reason, 0
+        self.places: list[str] = []
+
+    def add(self, where: Callable[[int], str], i: int, detail: str = "") -> None:
+        """Row ``i`` of a batch whose places ``where`` gives (:meth:`Source.each_batch`), with ``detail``."""
+        self.count += 1
+        if len(self.places) < SHOWN:
+            self.places.append(f"{where(i)} ({detail})" if detail else where(i))
+
+    def tell(self, source: Source, split: str) -> None:
+        """Into ``source``'s notes, where any row was left out."""
+        if self.count:
+            source.skip(split, self.reason, self.places, self.count)
 
 
 def blanks(table, column: str) -> tuple[np.ndarray, np.ndarray]:
@@ -152,12 +188,17 @@ def blanks(table, column: str) -> tuple[np.ndarray, np.ndarray]:
     values = table.with_format("arrow")[column]
     missing = np.asarray(values.is_null(), dtype=bool)
     if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
-        empty = pc.equal(pc.utf8_trim_whitespace(values), "")
+        def blank(chunk):  # trimmed a record batch at a time: a trimmed copy of a whole column is its size again
+            return pc.equal(pc.utf8_trim_whitespace(chunk), "")
     elif pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
-        empty = pc.equal(pc.list_value_length(values), 0)
+        def blank(chunk):
+            return pc.equal(pc.list_value_length(chunk), 0)
     else:
         return missing, np.zeros_like(missing)
-    return missing, np.asarray(empty.fill_null(False), dtype=bool) & ~missing
+    chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
+    empty = np.concatenate([np.zeros(0, dtype=bool)] + [np.asarray(blank(c).fill_null(False), dtype=bool)
+                                                        for c in chunks])
+    return missing, empty & ~missing
 
 
 def suffixes(path: Path) -> tuple[str, str]:
@@ -471,18 +512,19 @@ class LabelNames:
             self.of = {v: str(int(v)) if numeric else str(v) for v in order}
         self.names = list(self.of.values())
 
-    def keep(self, split: str, rows: list[tuple], where: list[str]) -> list[tuple]:
-        """``(input, label name)`` rows; those whose label train lacks are left out and named."""
-        kept, unseen, shaped = [], [], []
-        for (text, value), place in zip(rows, where):
-            if isinstance(value, SHAPED):  # a JSON column of mixed kinds: a list or an object is no label
-                shaped.append(place)
-            elif value in self.of:
-                kept.append((text, self.of[value]))
-            else:
-                unseen.append(f"{place} ({value})")
-        if unseen:
-            self.source.skip(split, f"a {self.column} train never has", unseen)
-        if shaped:
-            self.source.skip(split, f"a {self.column} that is a list or an object, not a text or a number", shaped)
-        return kept
+    def keep(self, split: str, batches: Iterable[tuple[list[tuple], Callable[[int], str]]]) -> Iterator[tuple]:
+        """``(input, label name)`` rows of batches of ``(input, label value)`` rows and their places
+        (as :meth:`Source.each_batch` gives them); those whose label train lacks are left out, and
+        named in the notes once the last batch is read."""
+        unseen = Tally(f"a {self.column} train never has")
+        shaped = Tally(f"a {self.column} that is a list or an object, not a text or a number")
+        for rows, where in batches:
+            for i, (text, value) in enumerate(rows):
+                if isinstance(value, SHAPED):  # a JSON column of mixed kinds: a list or an object is no label
+                    shaped.add(where, i)
+                elif value in self.of:
+                    yield text, self.of[value]
+                else:
+                    unseen.add(where, i, str(value))
+        unseen.tell(self.source, split)
+        shaped.tell(self.source, split)

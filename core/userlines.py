@@ -9,7 +9,10 @@ Python strings and lists (about 50 bytes more each): nothing holds a whole file 
 from __future__ import annotations
 
 import gzip
+import os
 import random
+import tempfile
+import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import zip_longest
@@ -18,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from taskformer.core.data import each_line, read_lines
 from taskformer.core.errors import DataError
+from taskformer.core.files import each_line, read_lines
 from taskformer.core.progress import stage
 
 BATCH = 10_000  # rows of an Arrow record batch, and of a batch read back from a table
@@ -69,16 +72,25 @@ def batches(table, size: int = BATCH) -> Iterator[dict[str, list]]:
 
 
 class Columns:
-    """Rows of text columns gathered into Arrow record batches of :data:`BATCH` rows, then one
-    ``datasets.Dataset`` (:meth:`dataset`): only the batch being filled is Python strings."""
+    """Rows of text columns gathered into Arrow record batches of :data:`BATCH` rows, each written to
+    a temporary Arrow file as it is made, then one ``datasets.Dataset`` memory-mapped from that file
+    (:meth:`dataset`): only the batch being filled is Python strings, and the rest is the kernel's
+    page cache, not the heap (batches kept in memory cost about twice their bytes in a fragmented
+    heap). ``lists``: columns whose values are lists of texts (a pair of texts) instead of a text."""
 
-    def __init__(self, names: list[str]):
+    def __init__(self, names: list[str], lists: tuple[str, ...] = ()):
+        import pyarrow as pa
+
         self.names = names
+        self.schema = pa.schema([(n, pa.list_(pa.string()) if n in lists else pa.string()) for n in names])
         self.rows: list[tuple[str, ...]] = []
-        self.done: list[Any] = []  # pyarrow.RecordBatch
         self.count = 0
+        handle, self.path = tempfile.mkstemp(prefix="taskformer-", suffix=".arrow")
+        os.close(handle)
+        self.remove = weakref.finalize(self, Path(self.path).unlink, missing_ok=True)  # also when reading fails
+        self.writer = pa.ipc.new_stream(self.path, self.schema)
 
-    def add(self, *values: str) -> None:
+    def add(self, *values: Any) -> None:
         self.rows.append(values)
         self.count += 1
         if len(self.rows) >= BATCH:
@@ -88,17 +100,26 @@ class Columns:
         import pyarrow as pa
 
         if self.rows:
-            self.done.append(pa.RecordBatch.from_arrays([pa.array(c, pa.string()) for c in zip(*self.rows)],
-                                                        names=self.names))
+            columns = [pa.array(c, f.type) for c, f in zip(zip(*self.rows), self.schema)]
+            self.writer.write_batch(pa.RecordBatch.from_arrays(columns, schema=self.schema))
             self.rows = []
 
     def dataset(self) -> Any:
+        """The rows as one ``datasets.Dataset``, mapped from the file, which is unlinked at once (the
+        mapping keeps it until the table is freed). Its fingerprint is drawn at random: ``datasets``
+        would otherwise hash the whole table to make one (a serialized copy of it, twice the
+        table's memory at once, for a fingerprint that names a cache this table never writes)."""
         import pyarrow as pa
+        from datasets.fingerprint import generate_random_fingerprint
         from datasets.table import InMemoryTable
 
         self.flush()
-        schema = pa.schema([(n, pa.string()) for n in self.names])
-        return quiet_datasets().Dataset(InMemoryTable(pa.Table.from_batches(self.done, schema=schema)))
+        self.writer.close()
+        try:
+            table = pa.ipc.open_stream(pa.memory_map(self.path)).read_all()
+        finally:
+            self.remove()
+        return quiet_datasets().Dataset(InMemoryTable(table), fingerprint=generate_random_fingerprint())
 
 
 def read_aligned(paths: dict[str, Path]) -> Part:

@@ -15,7 +15,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-from taskformer.core import budget, config, data, decoding, metrics, model, options, progress, tokenize
+from taskformer.core import budget, config, data, decoding, files, metrics, model, options, progress, tokenize
 from taskformer.plugins import hookspecs, run, sections
 from taskformer.plugins.manager import plugins
 
@@ -80,7 +80,7 @@ def hook_reference() -> str:
     parts += ["## Data, options, metrics and reports", "",
               "What a data hook reads files and declares options with, what metrics and report hooks use and "
               "receive (all from `taskformer`).", ""]
-    parts += _entries(data.read_lines, data.read_parallel, data.read_tsv, data.find_file, options.option, data.TaskData,
+    parts += _entries(files.read_lines, files.read_parallel, files.read_tsv, files.find_file, options.option, data.TaskData,
                       progress.track, progress.stage, metrics.translation_metrics, metrics.rouge_scores,
                       metrics.span_scores, run.Run, sections.cross_attention, sections.save_figure)
     return "\n".join(parts)

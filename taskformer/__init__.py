@@ -27,8 +27,8 @@ import importlib
 _PLUGIN_API = {
     "taskformer.plugins.hookspecs": ["Output", "Task", "hookimpl"],
     "taskformer.plugins.run": ["Run"],
-    "taskformer.core.data": ["TaskData", "encode_sources", "encode_words", "find_file", "read_lines", "read_parallel",
-                             "read_tsv"],
+    "taskformer.core.data": ["TaskData", "encode_sources", "encode_words"],
+    "taskformer.core.files": ["find_file", "read_lines", "read_parallel", "read_tsv"],
     "taskformer.core.tokenize": ["BOS", "CJK", "EOS", "PAD", "SPECIALS", "UNK", "characters", "subword", "symbols"],
     "taskformer.core.decoding": ["Attention", "Constraint", "Label", "beam_search", "best_labels", "best_tags",
                                  "classify", "greedy", "max_lengths", "sample", "search", "tag_scores"],

@@ -112,7 +112,7 @@ def taskformer_data(config, data_dir):
         train, test = read_hub(opts.hub)
     train, val = split_val(train, opts.val_fraction, config.train.seed)
     tokenizer = text_tokenizer((s for s, _ in train), opts)
-    extra = noisy_copies(train, opts.augment, opts.word_drop, config.train.seed)
+    extra = list(noisy_copies(train, opts.augment, opts.word_drop, config.train.seed))
     notes = {"data source": str(data_dir) if data_dir is not None else f"hub {opts.hub}"}
     if extra:
         notes["augmented train rows"] = f"{len(extra):,} (word drop {opts.word_drop:g})"

@@ -10,6 +10,7 @@ and macro-F1 over the labels.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,8 @@ from tokenizers import normalizers
 
 from taskformer import DataError, Task, TaskData, hookimpl, option, subword
 from taskformer.core import userdata
+from taskformer.core.data import each_row
+from taskformer.core.userlines import Columns
 
 TEXT = ("text", "sentence", "content", "review", "document")
 FIRST = ("sentence1", "premise", "question", "text1", "text_a")
@@ -91,16 +94,15 @@ def text_tokenizer(texts, opts: TextOptions):
     return tokenizer
 
 
-def noisy_copies(rows, copies: int, drop: float, seed: int) -> list[tuple[str, str]]:
-    """``copies`` extra versions of every row with each word dropped at rate ``drop`` (augmentation)."""
+def noisy_copies(rows, copies: int, drop: float, seed: int) -> Iterator[tuple[str, str]]:
+    """``copies`` extra versions of every row (a list or a ``datasets.Dataset``) with each word
+    dropped at rate ``drop`` (augmentation), one at a time."""
     rng = random.Random(seed + 1)
-    out = []
     for _ in range(copies):
-        for text, label in rows:
+        for text, label, *_ in each_row(rows):
             words = text.split()
             kept = [w for w in words if rng.random() >= drop] or words[:1]
-            out.append((" ".join(kept), label))
-    return out
+            yield " ".join(kept), label
 
 
 @hookimpl
@@ -111,22 +113,34 @@ def taskformer_data(task, config, data_dir, tokenizer):
              if task.pairs else source.pick("text", opts.text, TEXT, several=True))
     label = source.pick("label", opts.label, LABEL)[0]
     names = userdata.LabelNames(source, label, opts.label_names)
-    splits = {}
-    for split in userdata.SPLITS:
-        rows, where = source.rows(split, [*texts, label])
-        inputs = [tuple(map(str, r[:2])) if task.pairs else " ".join(map(str, r[:-1])) for r in rows]
-        splits[split] = names.keep(split, list(zip(inputs, (r[-1] for r in rows))), where)
-    if not splits["train"]:
+
+    def labelled(split: str):  # the split's (input, label name) rows, a batch of the table at a time
+        batches = (([(tuple(map(str, r[:2])) if task.pairs else " ".join(map(str, r[:-1])), r[-1]) for r in rows], where)
+                   for rows, where in source.each_batch(split, [*texts, label]))
+        return names.keep(split, batches)
+
+    splits: dict[str, Any] = {split: list(labelled(split)) for split in ("val", "test")}
+    train = table_of(labelled("train"), task.pairs)  # Arrow, never held as Python rows
+    if not len(train):
         raise DataError(f"{source.location}: no train row has both a text and a label")
-    train = splits["train"]
     if tokenizer is None:
-        tokenizer = text_tokenizer((t for s, _ in train for t in (s if task.pairs else [s])), opts)
-    extra = [] if task.pairs else noisy_copies(train, opts.augment, opts.word_drop, config.train.seed)
-    if extra:
+        tokenizer = text_tokenizer((t for s, _ in each_row(train) for t in (s if task.pairs else [s])), opts)
+    splits["train"] = train
+    if opts.augment and not task.pairs:
+        extra = table_of(noisy_copies(train, opts.augment, opts.word_drop, config.train.seed), False)
         source.notes["augmented train rows"] = f"{len(extra):,} (word drop {opts.word_drop:g})"
+        splits["train"] = userdata.quiet_datasets().concatenate_datasets([train, extra])
     userdata.tell(source)
-    return TaskData(tokenizer=tokenizer, splits={**splits, "train": train + extra}, labels=names.names,
-                    notes=source.notes)
+    return TaskData(tokenizer=tokenizer, splits=splits, labels=names.names, notes=source.notes)
+
+
+def table_of(rows: Iterable[tuple], pairs: bool) -> Any:
+    """``(input, label)`` rows as a ``datasets.Dataset`` of ``source`` and ``target``, gathered a
+    batch at a time (:class:`~taskformer.core.userlines.Columns`)."""
+    table = Columns(["source", "target"], lists=("source",) if pairs else ())
+    for row in rows:
+        table.add(*row)
+    return table.dataset()
 
 
 def scores(hypotheses, references) -> dict[str, float]:

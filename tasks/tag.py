@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 from taskformer import DataError, Task, TaskData, hookimpl, option, span_scores, subword
 from taskformer.core import userdata
 from taskformer.core.metrics import is_bio
+from taskformer.core.userlines import Columns
 
 WORDS = ("tokens", "words")
 TAGS = ("tags", "ner_tags", "labels", "tag", "ner")
@@ -68,30 +70,31 @@ def taskformer_data(task, config, data_dir, tokenizer):
     source = userdata.read(userdata.location(data_dir, task.name), opts)
     words, tags = source.pick("tokens", opts.tokens, WORDS)[0], source.pick("tags", opts.tags, TAGS)[0]
     named = names_of(source, tags)
-    splits = {}
-    known = set()
+    splits: dict[str, Any] = {}
+    counts: Counter = Counter()  # of train's tags
     for split in userdata.SPLITS:
-        rows, where = source.rows(split, [words, tags])
-        kept, uneven, unseen = [], [], []
-        for (ws, ts), place in zip(rows, where):
-            ws, ts = (ws.split() if isinstance(ws, str) else [str(w) for w in ws]), named(ts)
-            if len(ws) != len(ts):
-                uneven.append(f"{place} ({len(ws)} words, {len(ts)} tags)")
-            elif split != "train" and not set(ts) <= known:
-                unseen.append(f"{place} ({', '.join(sorted(set(ts) - known))})")
-            else:
-                kept.append((" ".join(ws), " ".join(ts)))
-        for reason, places in (("words and tags differ in count", uneven), ("a tag train never has", unseen)):
-            if places:
-                source.skip(split, reason, places)
-        splits[split] = kept
-        if split == "train":
-            known = {t for _, ts in kept for t in ts.split()}
-    if not splits["train"]:
+        train = Columns(["source", "target"]) if split == "train" else None  # Arrow: train streams by
+        kept = []
+        uneven, unseen = userdata.Tally("words and tags differ in count"), userdata.Tally("a tag train never has")
+        for rows, where in source.each_batch(split, [words, tags]):
+            for i, (ws, ts) in enumerate(rows):
+                ws, ts = (ws.split() if isinstance(ws, str) else [str(w) for w in ws]), named(ts)
+                if len(ws) != len(ts):
+                    uneven.add(where, i, f"{len(ws)} words, {len(ts)} tags")
+                elif train is not None:
+                    train.add(" ".join(ws), " ".join(ts))
+                    counts.update(ts)
+                elif not set(ts) <= counts.keys():
+                    unseen.add(where, i, ", ".join(sorted(set(ts) - counts.keys())))
+                else:
+                    kept.append((" ".join(ws), " ".join(ts)))
+        uneven.tell(source, split)
+        unseen.tell(source, split)
+        splits[split] = train.dataset() if train is not None else kept
+    if not len(splits["train"]):
         raise DataError(f"{source.location}: no train sentence has as many tags as words")
-    counts = Counter(t for _, ts in splits["train"] for t in ts.split())
     if tokenizer is None:
-        tokenizer = subword((s for s, _ in splits["train"]), opts.vocab_size)
+        tokenizer = subword((s for batch in userdata.batches(splits["train"]) for s in batch["source"]), opts.vocab_size)
     userdata.tell(source)
     # the most common tag first: a word beyond model.max_len gets it
     return TaskData(tokenizer=tokenizer, splits=splits, labels=[t for t, _ in counts.most_common()],

@@ -270,6 +270,24 @@ def test_a_conll_line_without_a_tag_leaves_its_sentence_out(cli, tmp_path):
     assert sum(sizes(out).values()) == 30
 
 
+def test_bad_rows_beyond_the_first_batch_are_counted_and_named_by_their_own_line(cli, tmp_path):
+    """Train streams through a batch at a time (10,000 rows): each bad row keeps its own line, and
+    the count covers every batch."""
+    good = {"tokens": "Anna sleeps", "tags": "B-PER O"}
+    rows = [good] * 10_005
+    for line in (2, 10_002, 10_003, 10_005):
+        rows[line - 1] = {"tokens": "Anna sleeps", "tags": "B-PER"}
+    folder = tmp_path / "d"
+    folder.mkdir()
+    jsonl(folder / "train.jsonl", rows)
+    jsonl(folder / "val.jsonl", [good])
+    jsonl(folder / "test.jsonl", [good, {"tokens": "Tom", "tags": "B-ORG"}])
+    out = dry(cli, "tag", folder)
+    assert ("train rows left out (words and tags differ in count): 4: train.jsonl:2 (2 words, 1 tags), "
+            "train.jsonl:10002 (2 words, 1 tags), train.jsonl:10003 (2 words, 1 tags) and 1 more") in out
+    assert "test rows left out (a tag train never has): 1: test.jsonl:2 (B-ORG)" in out
+
+
 def test_a_split_left_empty_is_refused(cli, tmp_path):
     refused(cli("run", "classify", "--data", jsonl(tmp_path / "one.jsonl", news(1)), "--dry-run",
                 "--set", "data.text=headline", "--set", "data.label=topic"), "split would be empty")

@@ -17,7 +17,8 @@ the BPE (the task's vocabulary size) from an iterator and encode both sides to u
 tokenizers library alone on that text (a character vocabulary trained from the file read in
 pieces, the text encoded to uint16 in batches of pieces). Prints a table of ratios and writes JSON.
 
-    python bench/data/data_scale.py /tmp/scale [--pairs 4500000] [--task translate] [--lm-bytes 1e9]
+    python bench/data/data_scale.py /tmp/scale [--pairs 4500000] [--task translate] [--lm-bytes 1e9] \
+        [--skip-pairs] [--shakespeare PATH] [--multi30k DIR] [--json FILE]
 """
 from __future__ import annotations
 
@@ -54,12 +55,11 @@ def perturbed(words: list[str], rng: random.Random, copy: int) -> str:
     return " ".join(words)
 
 
-def build_pairs(folder: Path, n: int) -> Path:
+def build_pairs(folder: Path, n: int, source: Path) -> Path:
     out = folder / "pairs"
     if (out / "done").exists() and json.loads((out / "done").read_text()) == n:
         return out
     out.mkdir(parents=True, exist_ok=True)
-    source = SHARED / "multi30k"
     de, en = (gzip.open(source / f"train.{lang}.gz", "rt", encoding="utf-8").read().splitlines() for lang in ("de", "en"))
     rng = random.Random(0)
     with open(out / "train.de", "w", encoding="utf-8") as fde, open(out / "train.en", "w", encoding="utf-8") as fen:
@@ -74,12 +74,14 @@ def build_pairs(folder: Path, n: int) -> Path:
     return out
 
 
-def build_text(folder: Path, size: int) -> Path:
+def build_text(folder: Path, size: int, shakespeare: Path) -> Path:
     out = folder / "text"
     if (out / "done").exists() and json.loads((out / "done").read_text()) == size:
         return out
     out.mkdir(parents=True, exist_ok=True)
-    text = gzip.open(SHARED / "tinyshakespeare" / "input.txt.gz", "rt", encoding="utf-8").read()
+    opener = gzip.open if shakespeare.suffix == ".gz" else open
+    with opener(shakespeare, "rt", encoding="utf-8") as f:
+        text = f.read()
     pieces = [p for p in text.split("\n\n") if p]
     rng, written = random.Random(0), 0
     with open(out / "input.txt", "w", encoding="utf-8") as f:
@@ -175,19 +177,24 @@ def cache_sizes(cache: Path) -> dict:
             "ratio": round(total / max(ids + stream, 1), 2)}
 
 
-def measure(task: str, data: Path, work: Path, updates: int, extra: list[str]) -> dict:
+def measure(task: str, data: Path, work: Path, updates: int, extra: list[str], out: dict, save) -> dict:
+    """The figures of ``task`` into ``out``, ``save()`` called after each (a run cut short keeps them)."""
     cache = work / f"cache-{task}"
     shutil.rmtree(cache, ignore_errors=True)
     env = {**os.environ, "TASKFORMER_CACHE": str(cache)}
     run = [sys.executable, "-m", "taskformer", "run", task, "--data-dir", str(data), *extra]
-    out: dict = {"cold_dry_run": child([*run, "--dry-run"], env), "warm_dry_run": child([*run, "--dry-run"], env)}
+    for stage in ("cold_dry_run", "warm_dry_run"):
+        out[stage] = child([*run, "--dry-run"], env)
+        save()
     out["cache"] = cache_sizes(cache)
+    save()
     if updates:
         run_dir = work / f"run-{task}"
         shutil.rmtree(run_dir, ignore_errors=True)
         out["warm_run"] = child([*run, "--out", str(run_dir), "--set", f"train.max_steps={updates}",
                                  "--set", "train.log_every=1"], env, run_dir / "metrics.jsonl", updates)
         shutil.rmtree(run_dir, ignore_errors=True)
+        save()
     return out
 
 
@@ -201,7 +208,11 @@ def main() -> None:
     ap.add_argument("--skip-pairs", action="store_true", help="measure the lm corpus only")
     ap.add_argument("--lm-task", default="lm")
     ap.add_argument("--lm-bytes", type=float, default=1e9, help="size of the lm corpus (0: skip the lm runs)")
-    ap.add_argument("--json", type=Path, help="write the figures here too")
+    ap.add_argument("--json", type=Path, help="write the figures here too, after each stage (a run cut short keeps them)")
+    ap.add_argument("--shakespeare", type=Path, default=SHARED / "tinyshakespeare" / "input.txt.gz",
+                    help="Tiny Shakespeare's input.txt (or .gz), which the lm corpus is made of")
+    ap.add_argument("--multi30k", type=Path, default=SHARED / "multi30k",
+                    help="Multi30k's folder (train, val, test_2016_flickr .de/.en.gz), which the pairs are made of")
     args = ap.parse_args()
     folder = args.folder.resolve()
     if folder.is_relative_to(ROOT):
@@ -210,22 +221,28 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(dir=folder, prefix="work-"))
     figures: dict = {"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                      "pairs": 0 if args.skip_pairs else args.pairs, "task": args.task, "lm_task": args.lm_task}
+
+    def save() -> None:
+        if args.json:
+            args.json.write_text(json.dumps(figures, indent=2) + "\n")
+
     try:
         if not args.skip_pairs:
-            pairs = build_pairs(folder, args.pairs)
+            pairs = build_pairs(folder, args.pairs, args.multi30k)
             figures["library"] = child([sys.executable, "-c", LIBRARY, str(pairs), str(args.vocab)], dict(os.environ))
-            figures[args.task] = measure(args.task, pairs, work, args.updates,
-                                         ["--set", f"data.vocab_size={args.vocab}"])
+            save()
+            measure(args.task, pairs, work, args.updates, ["--set", f"data.vocab_size={args.vocab}"],
+                    figures.setdefault(args.task, {}), save)
         if args.lm_bytes:
-            text = build_text(folder, int(args.lm_bytes))
+            text = build_text(folder, int(args.lm_bytes), args.shakespeare)
             figures["lm_bytes"] = int(args.lm_bytes)
             figures["lm_library"] = child([sys.executable, "-c", LIBRARY_LM, str(text / "input.txt")], dict(os.environ))
-            figures[args.lm_task] = measure(args.lm_task, text, work, args.updates, [])
+            save()
+            measure(args.lm_task, text, work, args.updates, [], figures.setdefault(args.lm_task, {}), save)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report(figures, args.task)
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    save()
 
 
 def report(f: dict, task: str) -> None:
