@@ -400,3 +400,19 @@ def test_the_decode_is_timed_on_lengths_spread_as_val_and_side_by_side_as_it_dec
     timing = prepare.DecodeTiming(final=0.5, validation=0.25, fixed=3.0)
     both = SimpleNamespace(splits={"val": [("a", "b")] * 10, "test": [("c", "d")] * 20})
     assert prepare.final_seconds(both, timing) == (3.0 + 0.5 * 30, 0.25 * 10)
+
+
+def test_the_estimate_counts_the_lengths_a_trained_model_writes():
+    """A runtime drops each row as it ends, so the timing's groups, each written to its longest
+    reference, are scaled to their references' own lengths; a validation whose outputs ran longer
+    than its references (a model early in training, on to the length limit) is scaled to theirs, so
+    neither keeps back what the trained model's final evaluation will not take."""
+    from taskformer.app import prepare
+    run = timed_run()
+    group = [("a", "x"), ("a", "x y z"), ("a", "x y z w v u t")]  # 2, 4 and 8 tokens with the end
+    assert prepare.own_lengths(run, [group]) == pytest.approx((2 + 4 + 8) / (3 * 8))
+    long_outputs = [("a", "x " * 15, "x y z")] * 4  # 16 tokens written where the references hold 4
+    assert prepare.length_share(run, long_outputs) == pytest.approx(4 / 16)
+    assert prepare.length_share(run, [("a", "x y z", "x y z")]) == 1.0
+    classifier = SimpleNamespace(**{**vars(run), "task": SimpleNamespace(variant="encoder-only")})
+    assert prepare.own_lengths(classifier, [group]) == prepare.length_share(classifier, long_outputs) == 1.0

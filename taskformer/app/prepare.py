@@ -411,7 +411,34 @@ def decode_seconds(run: Run, data: TaskData) -> DecodeTiming:
     with uncached():
         first = seconds_per_example(run, sample, config)
         final = seconds_per_example(run, sample, config)
-    return DecodeTiming(final, validation, max(first - final, 0.0) * sum(map(len, sample)))
+    # a runtime drops each row as it ends: what it will write is each reference's length, not its group's longest
+    return DecodeTiming(final * own_lengths(run, sample), validation, max(first - final, 0.0) * sum(map(len, sample)))
+
+
+def own_lengths(run: Run, sample: list[list[tuple]]) -> float:
+    """The tokens of the references of ``sample``'s groups (each with its end) over those of the timing,
+    which writes each group's rows to its longest reference (:func:`seconds_per_example`); 1 for a
+    network that writes nothing."""
+    if not variants.of(run.task.variant).decoder:
+        return 1.0
+    groups = [[len(e.ids) + 1 for e in run.tokenizer.encode_batch([str(row[1]) for row in group])] for group in sample]
+    return sum(map(sum, groups)) / max(sum(max(g) * len(g) for g in groups if g), 1)
+
+
+def length_share(run: Run, outputs: list) -> float:
+    """The references' length over what a decode of ``outputs`` wrote, in tokens (each with its end),
+    between 1/4 and 4; 1 for a network that writes nothing. The probe times decoding on outputs of the
+    references' length, which a trained model writes; a validation early in training writes on to the
+    length limit, and its time, scaled to the final evaluation, would keep back several times what
+    that takes."""
+    if not variants.of(run.task.variant).decoder or not outputs:
+        return 1.0
+
+    def tokens(texts: list[str]) -> int:
+        return sum(len(e.ids) + 1 for e in run.tokenizer.encode_batch(texts))
+
+    written = tokens([str(prediction) for _, prediction, _ in outputs])
+    return min(max(tokens([str(reference) for _, _, reference in outputs]) / written, 0.25), 4.0)
 
 
 def validation_config(config: RunConfig) -> RunConfig:

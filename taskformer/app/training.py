@@ -22,6 +22,7 @@ from taskformer.app.prepare import (
     distilled,
     final_seconds,
     keep_planned,
+    length_share,
     prepare,
     validation_config,
 )
@@ -218,7 +219,8 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
     """Train ``begun``'s model under its signals until its budget is spent; returns the trainer's final state.
 
     Under a time limit the clock keeps back the final evaluation's time: first the probe's estimate,
-    then after every validation the time it took, scaled to val and test and to the final search and
+    then after every validation the time it took, scaled to outputs of the references' length (a model
+    early in training writes on to the length limit), to val and test, and to the final search and
     engine as the probe timed them on outputs of the references' length."""
     run, data, config = begun.run, begun.data, begun.run.config
     device, task, train_enc, val_enc = run.device, run.task, begun.train, begun.val
@@ -228,9 +230,9 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
 
     def evaluate() -> dict:
         begun_at = clock.now()
-        metrics, _ = evaluate_split(run, data.splits["val"], eval_config, "validating", val_enc)
+        metrics, outputs = evaluate_split(run, data.splits["val"], eval_config, "validating", val_enc)
         if clock.limit:  # timed at the pace of the updates now: the clock scales it as that changes
-            per_example = (clock.now() - begun_at) / len(data.splits["val"])
+            per_example = (clock.now() - begun_at) / len(data.splits["val"]) * length_share(run, outputs)
             clock.keep(*final_seconds(data, DecodeTiming(per_example * ratio, per_example, fixed)))
         return metrics
 
