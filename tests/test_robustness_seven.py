@@ -217,3 +217,53 @@ def test_a_json_file_whose_first_row_is_null_is_refused_not_a_crash(tmp_path, na
     done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300,
                           cwd=Path(__file__).parent)
     assert done.returncode == 0 and done.stdout.strip().startswith(f"{path}: its first row is null"), done
+
+
+def test_eval_says_which_search_ran_with_its_set_options(cli, finished):
+    """``eval --set decode.KEY=VALUE`` changes the search; its output named the engine only, so a
+    sampled or narrower search read as the run's own."""
+    own = json.loads(cli("eval", str(finished), "--split", "val", "--json").stdout)["search"]
+    changed = cli("eval", str(finished), "--split", "val", "--json", "--set", "decode.strategy=beam",
+                  "--set", "decode.beam=2", "--set", "decode.length_penalty=0.5")
+    assert changed.exit_code == 0, changed.output
+    search = json.loads(changed.stdout)["search"]
+    assert (search["strategy"], search["beam"], search["length_penalty"]) == ("beam", 2, 0.5) != (
+        own["strategy"], own["beam"], own["length_penalty"])
+    sampled = cli("eval", str(finished), "--split", "val", "--set", "decode.temperature=0.9", "--set", "decode.seed=3")
+    assert sampled.exit_code == 0, sampled.output
+    assert "search: strategy=sample, temperature=0.9" in sampled.stdout and "seed=3" in sampled.stdout
+
+
+def test_every_text_of_a_run_record_reaches_the_console_and_report_with_its_controls_visible(cli, finished, tmp_path):
+    """Every text of result.json (its info at any depth, its samples) and of config.json's sections
+    given terminal escapes: ``report`` (console, report.txt, report.html), ``runs`` and ``runs --json``
+    show them as escapes, never send them."""
+    import re
+    import shutil
+
+    from test_robustness_five import CONTROL, HOSTILE
+
+    def hostile(value):
+        if isinstance(value, dict):
+            return {k: hostile(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [hostile(v) for v in value]
+        return HOSTILE + value if isinstance(value, str) else value
+
+    run = shutil.copytree(finished, tmp_path / "runs" / "run")
+    record = json.loads((run / "result.json").read_text())
+    record["info"], record["samples"] = hostile(record["info"]), hostile(record.get("samples", {}))
+    (run / "result.json").write_text(json.dumps(record))
+    config = json.loads((run / "config.json").read_text())
+    for section in ("data", "decode"):  # the texts a run's settings hold that its loading does not read back
+        config[section] = {k: HOSTILE + v if isinstance(v, str) and k in ("data_dir", "notes") else v
+                           for k, v in config.get(section, {}).items()}
+    (run / "config.json").write_text(json.dumps(config))
+    report = cli("report", str(run))
+    assert report.exit_code == 0, report.output
+    listed, listed_json = cli("runs", str(tmp_path / "runs")), cli("runs", str(tmp_path / "runs"), "--json")
+    assert listed.exit_code == listed_json.exit_code == 0, listed.output + listed_json.output
+    for shown in (report.stdout, (run / "report.txt").read_text(), (run / "report.html").read_text(),
+                  listed.stdout, listed_json.stdout):
+        assert not CONTROL.search(shown), repr(CONTROL.search(shown))
+    assert re.search(r"\\x1b\]0;PWN\\x07|\\u001b\]0;PWN\\u0007", report.stdout)

@@ -80,6 +80,13 @@ def main(debug: bool) -> None:
     warnings.showwarning = _one_line_warning
 
 
+def as_json_text(value, **options) -> str:
+    """``value`` as JSON for a script, its text whole (not ASCII-escaped) but for the control characters
+    JSON lets through raw (C1, bidirectional overrides), written as ``\\uXXXX``: the same value to a
+    parser, nothing a terminal acts on."""
+    return visible(json.dumps(value, ensure_ascii=False, **options), as_json=True)
+
+
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """Library warnings (e.g. an emulated bf16) reach the user as one stderr line, without source lines."""
     click.echo(f"warning: {visible(message)}", err=True)
@@ -100,9 +107,9 @@ def tasks_cmd(as_json) -> None:
     p = plugins()
     tasks = sorted(p.tasks.values(), key=lambda t: t.name)
     if as_json:
-        click.echo(json.dumps({"tasks": [{"name": t.name, "variant": t.variant, "metric": t.metric,
+        click.echo(as_json_text({"tasks": [{"name": t.name, "variant": t.variant, "metric": t.metric,
                                           "description": t.description, "plugin": t.plugin} for t in tasks],
-                               "broken": p.broken}, indent=2, ensure_ascii=False))
+                               "broken": p.broken}, indent=2))
         return
     table = Table(title="taskformer tasks")
     for col in ("task", "variant", "metric", "description", "plugin"):
@@ -133,7 +140,7 @@ def config_cmd(task, config_file, overrides, as_json) -> None:
     chosen = plugins().task(task)
     rows = reference(chosen, make_config(chosen, config_file, list(overrides), None))
     if as_json:
-        click.echo(json.dumps({"task": chosen.name, "variant": chosen.variant, "options": rows}, indent=2,
+        click.echo(as_json_text({"task": chosen.name, "variant": chosen.variant, "options": rows}, indent=2,
                               ensure_ascii=False))
     else:
         click.echo(f"# taskformer config {chosen.name} ({chosen.variant}): every option, its help and range\n")
@@ -269,14 +276,18 @@ def eval_cmd(run_dir, split, data_dir, overrides, average, as_json, quiet) -> No
     engine = hooks.engine_choice(run.task, run.model, run.config)  # an engine that cannot decode it: refused here
     with ProgressDisplay(quiet) as display, progress.listening(display):
         results = runner.evaluate_saved(run, split or ("val", "test"), data_dir)
+    search = None if run.model.cfg.kind.classifies else runner.search_of(run)  # what ran, --set included
     if as_json:
-        click.echo(json.dumps({"task": run.task.name, "run_dir": str(run.dir), "weights": weights,
-                               "engine": engine.as_dict(), "metrics": results}, indent=2, ensure_ascii=False))
+        click.echo(as_json_text({"task": run.task.name, "run_dir": str(run.dir), "weights": weights,
+                               "engine": engine.as_dict(), "search": search, "metrics": results},
+                              indent=2))
         return
     click.echo(f"{run.task.name}: {run.dir}")  # a line of its own: a table title would wrap the path
     listing_console().print(metric_list(results, run.task.metric, run.task.metric_groups))
     click.echo(f"weights: {weights}")
     click.echo(f"engine: {engine}")
+    if search:
+        click.echo("search: " + ", ".join(f"{k}={v}" for k, v in search.items()))
 
 
 @main.command("predict")
@@ -318,7 +329,7 @@ def predict_cmd(run_dir, text, beam, overrides, as_json, threads, quiet) -> None
     engine = hooks.engine_choice(run.task, run.model, config)  # an engine that cannot decode it: refused here
     settings = None if run.model.cfg.kind.encoder else runner.generation_settings(run, config)
     if as_json:  # the outputs stay one JSON value per line; which engine ran, and why, is a message
-        click.echo(f"engine: {json.dumps(engine.as_dict())}", err=True)
+        click.echo(f"engine: {as_json_text(engine.as_dict())}", err=True)
     texts = [t.encode("utf-8", "surrogateescape").decode("utf-8", "replace") for t in text]  # as stdin's lines
     terminal = sys.stdout.isatty()  # a model's text reaches a terminal with its control characters visible
     for i in (i for i, (t, clean) in enumerate(zip(text, texts), 1) if t != clean):
@@ -370,13 +381,13 @@ def shown(line, out, tagger: bool, as_json: bool, settings: dict | None = None, 
     from taskformer.core.decoding import Label, word_tags
 
     if as_json and is_pair(line):
-        return json.dumps({"text": line[0], "text_pair": line[1], **out._asdict()}, ensure_ascii=False)
+        return as_json_text({"text": line[0], "text_pair": line[1], **out._asdict()})
     if tagger:
         out = word_tags(line, out)
     if as_json and settings is not None:
-        return json.dumps({"prompt": line, "continuation": out, "settings": settings}, ensure_ascii=False)
+        return as_json_text({"prompt": line, "continuation": out, "settings": settings})
     if as_json:
-        return json.dumps(out._asdict() if isinstance(out, Label) else out, ensure_ascii=False)
+        return as_json_text(out._asdict() if isinstance(out, Label) else out)
     if tagger:
         return "".join(f"{word}\t{tag}\n" for word, tag in out)
     samples = out if isinstance(out, list) else [str(out)]  # decode.samples: one answer per sample
@@ -460,7 +471,7 @@ def runs_cmd(root, as_json) -> None:
         raise TaskformerError(f"{root}: no such directory")
     runs = rundir.find_runs(Path(root))
     if as_json:
-        click.echo(json.dumps(report.finite(runs), indent=2, ensure_ascii=False, allow_nan=False))
+        click.echo(as_json_text(report.finite(runs), indent=2, allow_nan=False))
         return
     listing_console().print(report.list_runs(runs, Path(root)))
 

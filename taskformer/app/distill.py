@@ -117,7 +117,7 @@ def distill(request: DistillRequest, on_event=lambda e: None) -> Run:
             run_dir = rundir.new_run_dir(task.name, request.out, lock, FILES)
             ckpt.write_json(run_dir / REQUEST, asked)
         decoded = decode(teacher, data, run_dir, chosen.temperature)
-        student.distill = {"teacher": asked["teacher"], "teacher_search": search_of(teacher, chosen.temperature),
+        student.distill = {"teacher": asked["teacher"], "teacher_search": teacher_search(teacher, chosen.temperature),
                            "teacher_members": teacher.model.cfg.members, "mix": chosen.mix, "file": TARGETS,
                            "count": len(data.splits["train"]), **decoded}
         del teacher, data  # the student trains without them in memory
@@ -228,17 +228,12 @@ def teacher_data(teacher: Run, data_dir: str | None, student: C.RunConfig) -> Ta
                               tokenizer)
 
 
-def search_of(teacher: Run, temperature: float) -> dict:
-    """The teacher's search as it ran (its own, changed by ``--teacher-set``), as the record names it:
-    a sampling teacher's temperature, top-k, top-p and seed, a searching one's beam, and the limits
-    and weights that shaped either; a classifier's outputs are its label distributions."""
+def teacher_search(teacher: Run, temperature: float) -> dict:
+    """The teacher's search as it ran (its own, changed by ``--teacher-set``); a classifier's outputs are
+    its label distributions, softened by ``temperature``."""
     if teacher.model.cfg.kind.classifies:
         return {"strategy": "distribution", "temperature": temperature}
-    d = teacher.config.decode
-    how = ({"strategy": "sample", "temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p, "seed": d.seed}
-           if d.temperature > 0 else {"strategy": d.strategy, "beam": d.beam if d.strategy == "beam" else 1,
-                                      "length_penalty": d.length_penalty})
-    return {**how, "max_len_a": d.max_len_a, "max_len_b": d.max_len_b, "quantize": d.quantize}
+    return runner.search_of(teacher)
 
 
 def decode(teacher: Run, data: TaskData, run_dir: Path, temperature: float) -> dict:

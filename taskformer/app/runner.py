@@ -179,6 +179,17 @@ def fit_search(config: RunConfig, vocab: int) -> RunConfig:
     return config
 
 
+def search_of(run: Run) -> dict:
+    """The search a run decodes with as it stands (its own, changed by ``--set``), as a record names
+    it: a sampling run's temperature, top-k, top-p and seed, a searching one's beam and length
+    penalty, and the limits and weights that shape either."""
+    d = run.config.decode
+    how = ({"strategy": "sample", "temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p, "seed": d.seed}
+           if d.temperature > 0 else {"strategy": d.strategy, "beam": d.beam if d.strategy == "beam" else 1,
+                                      "length_penalty": d.length_penalty})
+    return {**how, "max_len_a": d.max_len_a, "max_len_b": d.max_len_b, "quantize": d.quantize}
+
+
 def set_decoding(run: Run, overrides: list[str], option: str) -> None:
     """Apply ``--set decode.KEY=VALUE`` to a loaded run's configuration; other sections are refused
     (``option`` names the command's option in the message, e.g. ``eval --set``)."""
