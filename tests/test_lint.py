@@ -50,3 +50,10 @@ def test_mypy_finds_nothing(tmp_path):
     # a second run (mypy takes a package or files, not both), the package's analysis read from the first one's cache
     found = subprocess.run([*mypy, *scripts], cwd=tree, capture_output=True, text=True)
     assert found.returncode == 0, found.stdout + found.stderr
+
+
+def test_no_module_of_the_package_is_over_550_lines():
+    """A module past about 550 lines holds more than one idea: split it rather than grow it."""
+    long = {str(path.relative_to(ROOT)): n for folder in ("core", "plugins", "tasks", "taskformer")
+            for path in (ROOT / folder).rglob("*.py") if (n := len(path.read_text().splitlines())) > 550}
+    assert not long, long

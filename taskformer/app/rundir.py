@@ -1,9 +1,8 @@
 """The run directory: the one module that knows its paths and records.
 
-Its name, creation, lock and marker; the records that say what the run is and what it scored
-(config.json, result.json: :class:`ConfigRecord`, :class:`ResultRecord`, written and checked here);
-tokenizer.json, the logged events (metrics.jsonl), the outputs (outputs-SPLIT.jsonl); where the
-checkpoints are; and :func:`find_runs`. The rest of taskformer asks this module for them.
+Its name, creation, lock and marker; the records that say what the run is and what it scored (config.json, result.json:
+:class:`ConfigRecord`, :class:`ResultRecord`, written and checked here); tokenizer.json, the logged events (metrics.jsonl), the
+outputs (outputs-SPLIT.jsonl); where the checkpoints are; and :func:`find_runs`. The rest of taskformer asks it for them.
 
 The checkpoints folder's own layout (``step-N/``, ``evaluated/``), its listing and its pruning by
 exact name, and the weights, are :mod:`taskformer.core.checkpoint`'s: the training engine writes them
