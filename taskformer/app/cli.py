@@ -140,8 +140,7 @@ def config_cmd(task, config_file, overrides, as_json) -> None:
     chosen = plugins().task(task)
     rows = reference(chosen, make_config(chosen, config_file, list(overrides), None))
     if as_json:
-        click.echo(as_json_text({"task": chosen.name, "variant": chosen.variant, "options": rows}, indent=2,
-                              ensure_ascii=False))
+        click.echo(as_json_text({"task": chosen.name, "variant": chosen.variant, "options": rows}, indent=2))
     else:
         click.echo(f"# taskformer config {chosen.name} ({chosen.variant}): every option, its help and range\n")
         click.echo(as_toml(rows), nl=False)
