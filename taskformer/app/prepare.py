@@ -421,7 +421,7 @@ def own_lengths(run: Run, sample: list[list[tuple]]) -> float:
     network that writes nothing."""
     if not variants.of(run.task.variant).decoder:
         return 1.0
-    groups = [[len(e.ids) + 1 for e in run.tokenizer.encode_batch([str(row[1]) for row in group])] for group in sample]
+    groups = [written(run, [row[1] for row in group]) for group in sample]
     return sum(map(sum, groups)) / max(sum(max(g) * len(g) for g in groups if g), 1)
 
 
@@ -433,12 +433,13 @@ def length_share(run: Run, outputs: list) -> float:
     that takes."""
     if not variants.of(run.task.variant).decoder or not outputs:
         return 1.0
+    wrote = sum(written(run, [prediction for _, prediction, _ in outputs]))
+    return min(max(sum(written(run, [reference for _, _, reference in outputs])) / wrote, 0.25), 4.0)
 
-    def tokens(texts: list[str]) -> int:
-        return sum(len(e.ids) + 1 for e in run.tokenizer.encode_batch(texts))
 
-    written = tokens([str(prediction) for _, prediction, _ in outputs])
-    return min(max(tokens([str(reference) for _, _, reference in outputs]) / written, 0.25), 4.0)
+def written(run: Run, texts: list) -> list[int]:
+    """The tokens a decoder writes for each of ``texts``, its end included."""
+    return [len(e.ids) + 1 for e in run.tokenizer.encode_batch([str(text) for text in texts])]
 
 
 def validation_config(config: RunConfig) -> RunConfig:
@@ -473,7 +474,7 @@ def seconds_per_example(run: Run, sample: list[list[tuple]], config: RunConfig) 
     def evaluate(group: list[tuple]) -> None:
         decode = config.decode
         if kind.decoder:
-            longest = max(len(run.tokenizer.encode(str(row[1])).ids) for row in group) + 1  # and its end
+            longest = max(written(run, [row[1] for row in group]))
             decode = (replace(decode, max_len_a=0.0, max_len_b=longest) if kind.shifted
                       else replace(decode, max_new_tokens=longest))
         with torch.no_grad():  # a worker's grad mode is its own
