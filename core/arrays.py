@@ -129,26 +129,27 @@ def frame(rows: Ragged, room: int, head: Sequence[int] = (), tail: Sequence[int]
 
 
 class Spilled:
-    """One array made of parts appended one at a time, each written to a temporary file as it comes
-    and the whole read back once (:meth:`array`): a list of parts joined by ``np.concatenate`` holds
-    every part beside the whole, twice a language model's token stream."""
+    """One array made of parts appended one at a time, each written to a temporary file as it comes,
+    and the whole then memory-mapped from that file (:meth:`array`), never read back into memory: a
+    list of parts joined by ``np.concatenate`` holds every part beside the whole (twice a language
+    model's token stream), and a copy read back costs the whole array's bytes of the heap."""
 
     def __init__(self, dtype: Any):
         self.dtype, self.size = np.dtype(dtype), 0
-        self.file = tempfile.TemporaryFile()
+        self.file = tempfile.TemporaryFile()  # unlinked: the mapping keeps it until the array is freed
 
     def append(self, part: np.ndarray) -> None:
         self.file.write(np.ascontiguousarray(part, dtype=self.dtype).data.cast("B"))
         self.size += len(part)
 
     def array(self) -> np.ndarray:
-        out = np.empty(self.size, self.dtype)
-        self.file.seek(0)
-        view, done = out.data.cast("B"), 0
-        while done < out.nbytes:
-            read = self.file.readinto(view[done:])
-            if not read:
-                raise OSError(f"a temporary file gave back {done:,} of {out.nbytes:,} bytes")
-            done += read
-        self.file.close()
+        """The parts end to end, mapped read-only from the file (its pages are read as they are used).
+        The array's ``spilled`` attribute is the file, so a copy of it can be made by reading the
+        file instead of the mapping (see :func:`taskformer.app.datacache.save`)."""
+        self.file.flush()
+        if not self.size:  # a file of no bytes cannot be mapped
+            self.file.close()
+            return np.zeros(0, self.dtype)
+        out = np.memmap(self.file, self.dtype, mode="r", shape=(self.size,))
+        out.spilled = self.file  # type: ignore[attr-defined]
         return out

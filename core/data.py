@@ -67,7 +67,7 @@ class Encoded:
     tgt: Ragged | np.ndarray
     truncated: int = 0
     target_pad: int = PAD  # fills a batch's shorter target rows: IGNORE for tags, where 0 is a real tag
-    owners: Ragged | None = None  # decoder-only evaluation: the split's row each scored target belongs to
+    owners: np.ndarray | None = None  # decoder-only evaluation: (row, count) runs of the scored targets (see encode_text)
     stream: np.ndarray | None = None  # decoder-only training: the running text its first blocks are cut from
     block: int = 0  # and their length
     soft: np.ndarray | None = None  # a classifier's target distributions, where any row has one (distillation)
@@ -78,8 +78,8 @@ class Encoded:
         if not isinstance(self.tgt, (Ragged, np.ndarray)):
             rows = list(self.tgt)
             self.tgt = Ragged.of(rows) if rows and not np.isscalar(rows[0]) else np.asarray(rows, dtype=np.int64)
-        if self.owners is not None and not isinstance(self.owners, Ragged):
-            self.owners = Ragged.of(self.owners)
+        if self.owners is not None:
+            self.owners = np.asarray(self.owners, dtype=np.int64).reshape(-1, 2)
         if self.stream is not None:
             self.stream = np.asarray(self.stream)
         if self.soft is not None:
@@ -127,7 +127,9 @@ class Encoded:
             return len(self.tgt)
         if self.target_pad == IGNORE:
             values = self.tgt.values()
-            return int(values.size - np.count_nonzero(values == IGNORE)) if values.min(initial=0) < 0 else values.size
+            if values.dtype.kind == "u" or values.min(initial=0) >= 0:  # no IGNORE (an unsigned type holds none:
+                return values.size  # a language model's stream is not read through to say so)
+            return int(values.size - np.count_nonzero(values == IGNORE))
         return int(self.tgt.lengths().sum()) - len(self.tgt)
 
 
@@ -199,32 +201,34 @@ def encode_text(tokenizer: Tokenizer, rows: Sequence, block: int, training: bool
     ``k`` reads tokens ``k * block .. (k + 1) * block - 1`` and predicts the tokens one further, so
     every token after the first is a target exactly once. Rows without a prompt are running text:
     their tokens join one stream in order (a corpus split into lines or files loses no context at
-    the joins); its blocks are windows of that one array. A row with a prompt is an example of its
+    the joins), written to a file chunk by chunk and memory-mapped (:class:`Spilled`), never held in
+    memory whole; its blocks are windows of that one array. A row with a prompt is an example of its
     own, ``prompt + text + [EOS]``: the prompt is context, its positions are ``IGNORE`` (not
-    scored), and EOS teaches where a continuation ends. ``owners`` records the row each target came
-    from, so scores can be summed per row (evaluation only). The ``training`` split keeps the
-    stream, to be cut anew each epoch (:meth:`Encoded.for_epoch`), and drops the stream's last block
-    or two, which no offset would keep whole.
+    scored), and EOS teaches where a continuation ends. ``owners`` says which row the scored
+    targets belong to, so scores can be summed per row (evaluation only): taken in block order, the
+    first ``owners[0, 1]`` targets are row ``owners[0, 0]``'s, the next ``owners[1, 1]`` row
+    ``owners[1, 0]``'s, and so on (a run per row, not a row id per token). The ``training`` split
+    keeps the stream, to be cut anew each epoch (:meth:`Encoded.for_epoch`), and drops the stream's
+    last block or two, which no offset would keep whole.
     """
     dtype = id_dtype(tokenizer.get_vocab_size())
     streams = Spilled(dtype)
-    owned: list[np.ndarray] = []
+    plain: list[np.ndarray] = []  # the stream's rows and their token counts, a (row, count) pair each
     prompted: list[tuple[list[int], list[int]]] = []  # (ids, owner of each id or -1 where not scored)
     for chunk in text_chunks(rows):
         prompts = tokenizer.encode_batch([prompt for _, prompt, _ in chunk])
         texts = [t.ids for t in tokenizer.encode_batch([text for _, _, text in chunk])]
-        plain = []
+        running = []
         for (i, _, _), p, t in zip(chunk, prompts, texts):
             if p.ids:
                 prompted.append((p.ids + t + [EOS], [-1] * len(p.ids) + [i] * (len(t) + 1)))
             else:
-                plain.append((i, t))
-        part = Ragged.of([t for _, t in plain], dtype)
+                running.append((i, t))
+        part = Ragged.of([t for _, t in running], dtype)
         streams.append(part.flat)  # to disk: the parts are never held beside the whole stream
-        if not training:
-            owned.append(np.repeat(np.asarray([i for i, _ in plain], dtype=np.int32), part.lengths()))
+        plain.append(np.stack([np.asarray([i for i, _ in running], dtype=np.int64), part.lengths()], axis=1))
     stream = streams.array()
-    enc = Encoded(Ragged.of([]), Ragged.of([]), target_pad=IGNORE, owners=None if training else Ragged.of([]))
+    enc = Encoded(Ragged.of([]), Ragged.of([]), target_pad=IGNORE)
     if training and len(stream) > 2 * block + 1:  # the stream's blocks come first: offset 0 for now
         enc.stream, enc.block = stream, block
     src, tgt, owners = [], [], []
@@ -233,22 +237,25 @@ def encode_text(tokenizer: Tokenizer, rows: Sequence, block: int, training: bool
         edges = np.append(np.arange(0, ends, block, dtype=np.int64), ends)
         src.append(Ragged(stream, edges))
         tgt.append(Ragged(stream, edges + 1))
-        if not training:
-            owners.append(Ragged(np.concatenate(owned), edges + 1))
+        runs = np.concatenate(plain)
+        row_starts = starts(runs[:, 1])  # stream positions 1..ends are the targets
+        runs[:, 1] = np.diff(np.clip(row_starts, 1, ends + 1))
+        owners.append(runs)
     if prompted:
-        rows_src, rows_tgt, rows_owners = [], [], []
+        rows_src, rows_tgt = [], []
         for ids, who in prompted:
             for start in range(0, len(ids) - 1, block):
                 targets = range(start + 1, min(start + block + 1, len(ids)))
                 rows_src.append(ids[start : targets.stop - 1])
                 rows_tgt.append([ids[j] if who[j] >= 0 else IGNORE for j in targets])
-                rows_owners.append([who[j] for j in targets if who[j] >= 0])
+            owners.append(np.asarray([[who[-1], sum(w >= 0 for w in who[1:])]], dtype=np.int64))
         src.append(Ragged.of(rows_src, dtype))
         tgt.append(Ragged.of(rows_tgt))
-        owners.append(Ragged.of(rows_owners))
     if src:
         enc.src, enc.tgt = Ragged.concat(src), Ragged.concat(tgt)
-        enc.owners = None if training else Ragged.concat(owners)
+    if not training:
+        runs = np.concatenate(owners) if owners else np.zeros((0, 2), np.int64)
+        enc.owners = runs[runs[:, 1] > 0]
     return enc
 
 
@@ -361,9 +368,9 @@ def encoded_chunks(tok: Tokenizer, rows: Sequence, kind: variants.Variant, index
 
 def joined(parts: Iterable[Encoded], tagging: bool, classes: int) -> Encoded:
     """The encoded chunks of a split, taken as they come, as one :class:`Encoded`. Each chunk's ids
-    go to a temporary file (:class:`~taskformer.core.arrays.Spilled`) and the whole is read back
-    once: chunks kept in a list and joined hold every chunk beside the whole, in a heap that the
-    chunks' passing tokenizations leave fragmented."""
+    go to a temporary file (:class:`~taskformer.core.arrays.Spilled`), mapped once whole: chunks
+    kept in a list and joined hold every chunk beside the whole, in a heap that the chunks' passing
+    tokenizations leave fragmented."""
     ids: dict[str, Spilled] = {}
     lengths: dict[str, list[np.ndarray]] = {"src": [], "tgt": []}
     labels: list[np.ndarray] = []
@@ -405,6 +412,10 @@ def token_batches(lengths: Indices, max_tokens: int, seed: int | None = None) ->
         return []
     rng = np.random.default_rng(seed % 2**63) if seed is not None else None
     order = rng.permutation(len(lengths)) if rng else np.arange(len(lengths))
+    if lengths.min() == lengths.max():  # one length (a language model's blocks): the same batches, unsorted
+        cap = max(max_tokens // max(int(lengths[0]), 1), 1)
+        batches = np.split(order, np.arange(cap, len(order), cap))
+        return [batches[i] for i in rng.permutation(len(batches))] if rng else batches
     order = order[np.argsort(lengths[order], kind="stable")]  # stable: shuffled ties stay shuffled
     ordered = lengths[order]
     cuts, start = [], 0  # where each batch after the first begins in ``order``

@@ -5,6 +5,8 @@ read the references' log-probabilities from here, in the precision training and 
 """
 from __future__ import annotations
 
+from itertools import islice
+
 import torch
 
 from taskformer.core import precision
@@ -19,8 +21,9 @@ def reference_logprobs(model: SequenceModel, data: Encoded, rows: int, cfg: Trai
                        device: torch.device) -> list[list[float]]:
     """The model's log-probability (nats) of every scored target of ``data``, one list per row of the
     split: a sequence's tokens, a class, a tagger's tagged words, a language model's text (whose
-    blocks ``data.owners`` maps back to rows). No smoothing, no dropout: ``-mean`` of them all is the
-    validation loss, and their sums per row give perplexity or a label's likelihood."""
+    blocks' targets ``data.owners`` gives back to rows, a run of targets each). No smoothing, no
+    dropout: ``-mean`` of them all is the validation loss, and their sums per row give perplexity or
+    a label's likelihood."""
     model.eval()
     shifted = teacher_forced(model)
     per_sequence: list[list[float]] = [[] for _ in range(len(data))]
@@ -37,7 +40,7 @@ def reference_logprobs(model: SequenceModel, data: Encoded, rows: int, cfg: Trai
     if data.owners is None:
         return per_sequence
     out: list[list[float]] = [[] for _ in range(rows)]
-    for scores, owners in zip(per_sequence, data.owners):
-        for score, owner in zip(scores, owners):
-            out[owner].append(score)
+    scores = (score for sequence in per_sequence for score in sequence)  # every target, in block order
+    for row, count in data.owners.tolist():
+        out[row].extend(islice(scores, count))
     return out

@@ -27,14 +27,17 @@ folders named and marked by this module are ever removed (never through a link).
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
 import shutil
 import tempfile
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from importlib import metadata
+from itertools import chain
 from pathlib import Path
 from typing import Any, cast
 
@@ -54,7 +57,7 @@ from taskformer.plugins.hookspecs import Task
 KEEP = 8  # cache entries kept, newest first: a few data sets and settings a person moves between
 MAX_GB = 20.0  # and their size in all, unless TASKFORMER_CACHE_GB says otherwise
 MARK = ".taskformer-data"  # in each entry folder this module wrote: {"format": VERSION, "key": its name}
-VERSION = 2  # of the entry's format
+VERSION = 3  # of the entry's format (part of the key: an entry of another format is never read)
 ENTRY = re.compile(r"[0-9a-f]{32}")  # an entry's folder name: its key
 
 
@@ -258,7 +261,7 @@ def arrays_of(enc: Encoded) -> tuple[dict[str, np.ndarray], dict[str, list[str] 
     def add(field: str, array: np.ndarray) -> str:
         if id(array) not in names:
             names[id(array)] = field
-            arrays[field] = np.ascontiguousarray(array)
+            arrays[field] = array
         return names[id(array)]
 
     fields: dict[str, list[str] | str] = {}
@@ -273,20 +276,81 @@ def arrays_of(enc: Encoded) -> tuple[dict[str, np.ndarray], dict[str, list[str] 
     return arrays, fields
 
 
-def digest(array: np.ndarray) -> str:
-    return hashlib.sha256(memoryview(cast(Any, np.ascontiguousarray(array))).cast("B")).hexdigest()
+BLOCK = 1 << 24  # bytes of an array file written or read at once
+
+
+def save(path: Path, array: np.ndarray) -> str:
+    """``array`` as a ``.npy`` file, a block at a time; returns the file's SHA-256. An array mapped
+    from a spilled file (:class:`~taskformer.core.arrays.Spilled`: a language model's token stream)
+    is copied from that file: read through its mapping, every page of it would count as this
+    process's memory."""
+    spilled = getattr(array, "spilled", None)
+    array = np.ascontiguousarray(array)
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(array))
+    if spilled is not None:
+        spilled.seek(0)
+        blocks: Iterable[bytes] = iter(lambda: spilled.read(BLOCK), b"")
+    else:
+        flat = memoryview(cast(Any, array)).cast("B")
+        blocks = (flat[start : start + BLOCK] for start in range(0, len(flat), BLOCK))
+    digest = hashlib.sha256()
+    with open(path, "wb") as out:
+        for block in chain([header.getvalue()], blocks):
+            digest.update(block)
+            out.write(block)
+    return digest.hexdigest()
+
+
+@dataclass
+class Scanned:
+    """What :func:`scan` read of an array file."""
+
+    sha256: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    low: Any = None  # the smallest value, and the largest (None in an empty array)
+    high: Any = None
+    ascending: bool = True  # whether its values never decrease (offsets must not)
+
+
+def scan(path: Path) -> Scanned:
+    """An array file's SHA-256, type, shape and range, read a block at a time: not through a mapping,
+    so checking a large array costs no memory."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(f)
+        if dtype.hasobject:
+            raise Unusable(f"{path.name} holds Python objects")
+        size = f.tell()
+        f.seek(0)
+        digest.update(f.read(size))
+        out, last = Scanned("", dtype, shape), None
+        for block in iter(lambda: f.read(BLOCK - BLOCK % dtype.itemsize), b""):
+            digest.update(block)
+            values = np.frombuffer(block, dtype)
+            if not values.size:
+                continue
+            low, high = values.min(), values.max()
+            out.low = low if out.low is None else min(out.low, low)
+            out.high = high if out.high is None else max(out.high, high)
+            out.ascending = out.ascending and not (last is not None and values[0] < last) and bool(
+                np.all(values[1:] >= values[:-1]))
+            last = values[-1]
+    out.sha256 = digest.hexdigest()
+    return out
 
 
 def write_encoded(folder: Path, entry_key: str, enc: Encoded) -> None:
     arrays, fields = arrays_of(enc)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
     try:
-        for name, array in arrays.items():
-            np.save(tmp / f"{name}.npy", array, allow_pickle=False)
+        written = {name: {"dtype": np.dtype(a.dtype).str, "shape": list(a.shape), "sha256": save(tmp / f"{name}.npy", a)}
+                   for name, a in arrays.items()}
         meta = {"key": entry_key, "name": folder.name, "truncated": enc.truncated, "target_pad": enc.target_pad,
-                "block": enc.block, "fields": fields,
-                "arrays": {name: {"dtype": a.dtype.str, "shape": list(a.shape), "sha256": digest(a)}
-                           for name, a in arrays.items()}}
+                "block": enc.block, "fields": fields, "arrays": written}
         (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
         os.replace(tmp, folder)
     finally:
@@ -294,37 +358,39 @@ def write_encoded(folder: Path, entry_key: str, enc: Encoded) -> None:
 
 
 def read_encoded(folder: Path, entry_key: str, vocab: int, classes: int, kind: variants.Variant) -> Encoded:
-    """The arrays of ``folder``, memory-mapped, once each is what the meta file says it is."""
+    """The arrays of ``folder``, memory-mapped, once each file is what the meta file says it is
+    (each is read through once to check it, not mapped: a warm start maps only what it uses)."""
     meta = json.loads(ckpt.read_bytes(folder / "meta.json", limit=1 << 20))
     if meta.get("key") != entry_key or meta.get("name") != folder.name:
         raise Unusable("its meta names another entry")
-    arrays = {}
+    arrays, scanned = {}, {}
     for name, want in meta["arrays"].items():
         if not re.fullmatch(r"[a-z]+(\.[a-z]+)?", name):
             raise Unusable(f"an array named {name!r}")
-        array = np.load(folder / f"{name}.npy", mmap_mode="r", allow_pickle=False)
-        if array.dtype.str != want["dtype"] or list(array.shape) != want["shape"] or digest(array) != want["sha256"]:
+        path = folder / f"{name}.npy"
+        scanned[name] = found = scan(path)
+        if found.dtype.str != want["dtype"] or list(found.shape) != want["shape"] or found.sha256 != want["sha256"]:
             raise Unusable(f"{name}.npy is not the array written (type, shape or checksum)")
-        arrays[name] = array
+        arrays[name] = np.load(path, mmap_mode="r", allow_pickle=False)
 
     def field(name: str, low: int, high: int):
         parts = meta["fields"].get(name)
         if parts is None:
             return None
         if isinstance(parts, str):
-            values, offsets = arrays[parts], None
+            values, offsets, ids = arrays[parts], None, scanned[parts]
         else:
-            values, offsets = arrays[parts[0]], arrays[parts[1]]
-            if len(offsets) == 0 or offsets[0] < 0 or offsets[-1] > len(values) or np.any(np.diff(offsets) < 0):
+            values, offsets, ids, edges = arrays[parts[0]], arrays[parts[1]], scanned[parts[0]], scanned[parts[1]]
+            if len(offsets) == 0 or edges.low < 0 or edges.high > len(values) or not edges.ascending:
                 raise Unusable(f"the offsets of {name} do not fit its ids")
-        if name != "soft" and values.size and (values.min() < low or values.max() >= high):
+        if name != "soft" and values.size and (ids.low < low or ids.high >= high):
             raise Unusable(f"{name} holds ids outside {low}..{high - 1}")
         return values if offsets is None else Ragged(values, offsets)
 
     target_low = IGNORE if meta["target_pad"] == IGNORE or not kind.encoder else 0
     target_high = classes if kind.labelled else vocab
     enc = Encoded(field("src", 0, vocab), field("tgt", target_low, target_high), meta["truncated"],
-                  meta["target_pad"], field("owners", 0, 2**31 - 1), field("stream", 0, vocab),
+                  meta["target_pad"], field("owners", 0, 2**62), field("stream", 0, vocab),
                   meta["block"], field("soft", 0, 1))
     if enc.tgt is None or len(enc.tgt) != len(enc.src) or (enc.stream is not None and enc.block <= 0):
         raise Unusable("its fields do not match")
