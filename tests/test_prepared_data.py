@@ -131,7 +131,7 @@ def damage_out_of_range(entry):
     ids[0] = 60_000
     np.save(folder / "src.ids.npy", ids)
     meta = json.loads((folder / "meta.json").read_text())
-    meta["arrays"]["src.ids"]["sha256"] = hashlib.sha256(ids.tobytes()).hexdigest()
+    meta["arrays"]["src.ids"]["sha256"] = hashlib.sha256((folder / "src.ids.npy").read_bytes()).hexdigest()
     (folder / "meta.json").write_text(json.dumps(meta))
 
 
@@ -183,3 +183,81 @@ def test_data_too_large_for_memory_is_refused_before_it_is_read(cli, plugin, rev
     assert result.exit_code == 2 and plugin.calls == 0
     [line] = result.stderr.strip().splitlines()[-1:]
     assert line.startswith(f"Error: --data-dir {reverse_data}: preparing its") and "memory" in line
+
+
+LM_TEXT = "".join(f"Paragraph {i}: the cat sat on the mat, and the dog sat on the log.\n\n" for i in range(60))
+LM_TINY = ["--set", "model.d_model=32", "--set", "model.n_heads=2", "--set", "model.dec_layers=1",
+           "--set", "model.d_ff=64", "--set", "model.max_len=16", "--set", "train.max_tokens=64",
+           "--set", "train.bf16=false", "--set", "train.max_steps=3"]
+
+
+def test_an_lm_split_gives_each_row_the_scores_a_row_id_per_token_would():
+    """A language model's blocks cut across rows; the (row, count) runs that give their scores back to the
+    rows agree with a row id per target, found here from the text itself, for running text and a prompt."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from taskformer import characters
+    from taskformer.core import variants
+    from taskformer.core.scoring import reference_logprobs
+    from taskformer.core.tokenize import EOS
+    from taskformer.core.train_config import TrainConfig
+
+    rows = [("", "the cat sat.\n\n"), ("", ""), ("", "a dog ran far away, and on.\n\n"), ("Q: ", "yes"), ("", "end\n")]
+    tok = characters([text for _, text in rows] + ["Q: "], whitespace=True)
+    vocab = tok.get_vocab_size()
+
+    class Stub(torch.nn.Module):  # a token's logits from the token before it alone: scores known in advance
+        cfg = SimpleNamespace(kind=variants.of("decoder-only"))
+
+        def forward(self, src):
+            return ((src.unsqueeze(-1) * 7 + torch.arange(vocab)) % 11).float()
+
+    def score(before: int, after: int) -> float:
+        return torch.log_softmax(((before * 7 + torch.arange(vocab)) % 11).float(), -1)[after].item()
+
+    expected: list[list[float]] = [[] for _ in rows]
+    stream = [(i, t) for i, (_, text) in enumerate(rows) if not _ for t in tok.encode(text).ids]
+    for (_, before), (owner, after) in zip(stream, stream[1:]):
+        expected[owner].append(score(before, after))
+    prompt, text = tok.encode(rows[3][0]).ids, tok.encode(rows[3][1]).ids
+    ids = prompt + text + [EOS]
+    expected[3] = [score(ids[j - 1], ids[j]) for j in range(len(prompt), len(ids))]
+
+    enc = encode(TaskData(tok, {"val": rows}), "val", 4, "decoder-only")
+    got = reference_logprobs(Stub(), enc, len(rows), TrainConfig(max_tokens=16, bf16=False), torch.device("cpu"))
+    assert [len(r) for r in got] == [len(r) for r in expected] and len(got[0]) > 4  # rows cross blocks
+    assert all(a == pytest.approx(b) for a, b in zip(got, expected))
+    assert enc.owners is not None and enc.owners.shape == (4, 2)  # a run per scored row, not an id per token
+
+
+def test_an_lm_warm_cache_maps_its_stream_and_trains_as_a_cold_one(cli, cache, tmp_path):
+    data = tmp_path / "text"
+    data.mkdir()
+    (data / "input.txt").write_text(LM_TEXT)
+
+    def lm(out, *more):
+        result = cli("run", "lm", "--data", str(data), "--out", str(tmp_path / out), *LM_TINY, *more)
+        assert result.exit_code == 0, result.output
+        return result
+
+    cold, warm = lm("cold"), lm("warm")
+    assert "reading the prepared data from the cache" in warm.stderr
+    assert trained(tmp_path / "cold") == trained(tmp_path / "warm")
+    assert same_weights(tmp_path / "cold", tmp_path / "warm")
+    [entry] = entries(cache)
+    [train] = entry.glob("encoded-train-*")
+    stream = np.load(train / "stream.npy", mmap_mode="r")
+    assert stream.dtype == np.uint16 and len(stream) > 0.85 * len(LM_TEXT)
+    [val] = entry.glob("encoded-val-*")
+    owners = np.load(val / "owners.npy")
+    assert owners.shape[1] == 2 and owners[:, 1].sum() == np.load(val / "src.ids.npy").size - 1  # every token but the first
+    assert len(owners) < 10  # a (row, count) run per paragraph held out, not a row id per token
+    assert not warnings_of(cold) and not warnings_of(warm)
+
+    mark = entry / ".taskformer-data"  # an entry of another format is made again, never read
+    mark.write_text(json.dumps({**json.loads(mark.read_text()), "format": 2}))
+    rebuilt = lm("rebuilt")
+    assert len(warnings_of(rebuilt)) == 1 and "made again" in warnings_of(rebuilt)[0]
+    assert trained(tmp_path / "cold") == trained(tmp_path / "rebuilt")

@@ -290,7 +290,7 @@ def save(path: Path, array: np.ndarray) -> str:
     np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(array))
     if spilled is not None:
         spilled.seek(0)
-        blocks: Iterable[bytes] = iter(lambda: spilled.read(BLOCK), b"")
+        blocks: Iterable[bytes | memoryview] = iter(lambda: spilled.read(BLOCK), b"")
     else:
         flat = memoryview(cast(Any, array)).cast("B")
         blocks = (flat[start : start + BLOCK] for start in range(0, len(flat), BLOCK))
@@ -379,6 +379,8 @@ def read_encoded(folder: Path, entry_key: str, vocab: int, classes: int, kind: v
             return None
         if isinstance(parts, str):
             values, offsets, ids = arrays[parts], None, scanned[parts]
+        elif name not in ("src", "tgt"):  # owners as rows of ids: an older layout
+            raise Unusable(f"{name} is not one array")
         else:
             values, offsets, ids, edges = arrays[parts[0]], arrays[parts[1]], scanned[parts[0]], scanned[parts[1]]
             if len(offsets) == 0 or edges.low < 0 or edges.high > len(values) or not edges.ascending:
