@@ -7,7 +7,8 @@ Builds its corpora in FOLDER (never inside the repository):
   in five and appends the copy's number to one pair in ten), with Multi30k's own val and test;
 - ``text/``: about ``--lm-bytes`` of text from Tiny Shakespeare, its paragraphs shuffled per copy.
 
-Then measures, each as a child process (CPU seconds from ``wait4``'s rusage, peak RSS its maxrss):
+Then measures, each as a child process (CPU seconds from ``wait4``'s rusage, peak RSS its maxrss, and
+the peaks of its anonymous and file-backed parts sampled from ``/proc``):
 (a) ``taskformer run TASK --data-dir pairs --dry-run`` with an empty cache; (b) the same with the
 cache it left; (c) a real run with a warm cache to ``--updates`` updates: seconds to the first
 update (from the run's log) and peak RSS; (d) the tokenizers library alone on the same text: train
@@ -32,6 +33,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -94,14 +96,39 @@ def build_text(folder: Path, size: int, shakespeare: Path) -> Path:
     return out
 
 
+def sample_peaks(pid: int, peaks: dict) -> None:
+    """The peaks of ``pid``'s anonymous and file-backed resident memory (``/proc/PID/status``, every
+    0.1 s until it ends): the peak RSS counts a memory-mapped file's pages once read, which the kernel
+    may drop, beside the heap."""
+    while os.path.exists(f"/proc/{pid}"):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    name, _, value = line.partition(":")
+                    if name in ("RssAnon", "RssFile", "RssShmem"):
+                        key = f"peak_{name[3:].lower()}_mb"
+                        peaks[key] = max(peaks.get(key, 0), int(value.split()[0]) // 1024)
+        except (OSError, ValueError, IndexError):
+            pass
+        time.sleep(0.1)
+
+
 def child(cmd: list[str], env: dict, watch: Path | None = None, updates: int = 0) -> dict:
-    """Run ``cmd``; its CPU seconds and peak RSS, and with ``watch`` (a run's metrics.jsonl) the
-    seconds to its first logged update, killing it after ``updates`` updates (an interrupted run would
-    still evaluate every val and test token, which is not what is measured: at 1 GB, hours here)."""
+    """Run ``cmd``; its CPU seconds and peak RSS (and the peaks of its anonymous and file-backed parts),
+    and with ``watch`` (a run's metrics.jsonl) the seconds to its first logged update, killing it after
+    ``updates`` updates (an interrupted run would still evaluate every val and test token, which is not
+    what is measured: at 1 GB, hours here)."""
     started = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    first = None
-    while watch is not None and proc.poll() is None:
+    peaks: dict = {}
+    sampler = threading.Thread(target=sample_peaks, args=(proc.pid, peaks), daemon=True)
+    sampler.start()
+    first, ended = None, None
+    while watch is not None and ended is None:
+        reaped = os.wait4(proc.pid, os.WNOHANG)  # not poll(): it would reap the child, and wait4 its rusage
+        if reaped[0]:
+            ended = reaped
+            break
         steps = [json.loads(line).get("step", 0) for line in watch.read_text().splitlines()
                  if '"event": "train"' in line] if watch.exists() else []
         if steps and first is None:
@@ -110,13 +137,14 @@ def child(cmd: list[str], env: dict, watch: Path | None = None, updates: int = 0
             proc.send_signal(signal.SIGKILL)
             break
         time.sleep(0.2)
-    _, status, usage = os.wait4(proc.pid, 0)
+    _, status, usage = ended or os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     stderr = proc.stderr.read() if proc.stderr else ""
     if proc.returncode not in (0, 130) and not (watch and first):
         sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{stderr[-3000:]}")
+    sampler.join()
     return {"cpu_s": round(usage.ru_utime + usage.ru_stime, 1), "peak_rss_mb": round(usage.ru_maxrss / 1024),
-            "wall_s": round(time.monotonic() - started, 1), "first_update_s": first and round(first, 1)}
+            "wall_s": round(time.monotonic() - started, 1), "first_update_s": first and round(first, 1), **peaks}
 
 
 LIBRARY = r'''
