@@ -311,12 +311,12 @@ class Scanned:
     shape: tuple[int, ...]
     low: Any = None  # the smallest value, and the largest (None in an empty array)
     high: Any = None
-    ascending: bool = True  # whether its values never decrease (offsets must not)
+    ascending: bool = True  # whether its values never decrease (offsets must not; checked for offsets only)
 
 
-def scan(path: Path) -> Scanned:
-    """An array file's SHA-256, type, shape and range, read a block at a time: not through a mapping,
-    so checking a large array costs no memory."""
+def scan(path: Path, offsets: bool = False) -> Scanned:
+    """An array file's SHA-256, type, shape and range (and for ``offsets`` whether they ascend), read
+    a block at a time: not through a mapping, so checking a large array costs no memory."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         version = np.lib.format.read_magic(f)
@@ -336,9 +336,10 @@ def scan(path: Path) -> Scanned:
             low, high = values.min(), values.max()
             out.low = low if out.low is None else min(out.low, low)
             out.high = high if out.high is None else max(out.high, high)
-            out.ascending = out.ascending and not (last is not None and values[0] < last) and bool(
-                np.all(values[1:] >= values[:-1]))
-            last = values[-1]
+            if offsets:
+                out.ascending = out.ascending and not (last is not None and values[0] < last) and bool(
+                    np.all(values[1:] >= values[:-1]))
+                last = values[-1]
     out.sha256 = digest.hexdigest()
     return out
 
@@ -368,7 +369,7 @@ def read_encoded(folder: Path, entry_key: str, vocab: int, classes: int, kind: v
         if not re.fullmatch(r"[a-z]+(\.[a-z]+)?", name):
             raise Unusable(f"an array named {name!r}")
         path = folder / f"{name}.npy"
-        scanned[name] = found = scan(path)
+        scanned[name] = found = scan(path, offsets=name.endswith(".offsets"))
         if found.dtype.str != want["dtype"] or list(found.shape) != want["shape"] or found.sha256 != want["sha256"]:
             raise Unusable(f"{name}.npy is not the array written (type, shape or checksum)")
         arrays[name] = np.load(path, mmap_mode="r", allow_pickle=False)
