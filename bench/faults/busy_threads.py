@@ -3,11 +3,11 @@ busy: does a thread that waits for no other beat several that wait for each othe
 
 One process trains bench/workload.py's network (the engine's own update, fp32) on random batches,
 changing torch's threads in turn (as core/cores.py does during a run) and timing each count for
-``--seconds``; ``--spinners`` processes (default: one per core, bench/faults/busy.py's) spin
+``--seconds``; ``--spinners`` processes (default: one per core, busy.py's) spin
 meanwhile, 0 for none. Each round prints updates/s and the cores the process used, per count.
 
-    python bench/race/busy_threads.py --seconds 6 --rounds 2              # about 30 s
-    python bench/race/busy_threads.py --spinners 0 --threads 1 2          # the same with nothing spinning
+    python bench/faults/busy_threads.py --seconds 6 --rounds 2              # about 30 s
+    python bench/faults/busy_threads.py --spinners 0 --threads 1 2          # the same with nothing spinning
 """
 from __future__ import annotations
 
@@ -20,12 +20,13 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: machine.py, workload.py and faults/
+from taskformer.core.model import PAD
 
-from faults.busy import spin, stop  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: machine.py and workload.py
+
+from busy import spin, stop  # noqa: E402  (beside this file)
 
 from machine import cpu_name  # noqa: E402
-from taskformer.core.model import PAD  # noqa: E402
 from workload import V, make_taskformer  # noqa: E402
 
 
