@@ -416,26 +416,3 @@ def test_the_estimate_counts_the_lengths_a_trained_model_writes():
     assert prepare.length_share(run, [("a", "x y z", "x y z")]) == 1.0
     classifier = SimpleNamespace(**{**vars(run), "task": SimpleNamespace(variant="encoder-only")})
     assert prepare.own_lengths(classifier, [group]) == prepare.length_share(classifier, long_outputs) == 1.0
-
-
-def test_the_final_evaluation_is_timed_on_tests_own_batches_where_they_hold_more_rows_than_vals(monkeypatch):
-    """A batch holds sources of one length: val's 40 rows make batches of 2, test's 800 batches of 8. With a
-    batch costing 1 s and 0.1 s a row, the final evaluation takes 20 x 1.2 + 100 x 1.8 = 204 s; timed on
-    val's batches alone, each of test's examples would be counted at 0.6 s (504 s in all)."""
-    from taskformer.app import prepare
-    val = [(" ".join(["w"] * n), "x") for n in range(1, 21) for _ in range(2)]
-    test = [(" ".join(["w"] * n), "x") for n in range(1, 21) for _ in range(40)]
-    data = SimpleNamespace(splits={"val": val, "test": test})
-    run = timed_run(batch_size=8)
-    run.config, run.model = Config(DecodeConfig(batch_size=8, workers=2)), SimpleNamespace(eval=lambda: None)
-    monkeypatch.setattr(prepare, "engine_choice", lambda *args: SimpleNamespace(engine="torch"))
-    monkeypatch.setattr(prepare, "seconds_per_example", lambda run, sample, config:
-                        sum(1.0 + 0.1 * len(group) for group in sample) / sum(map(len, sample)))
-    timing = prepare.decode_seconds(run, data)
-    assert prepare.final_seconds(data, timing)[0] == pytest.approx(20 * 1.2 + 100 * 1.8)
-    assert timing.validation == pytest.approx(0.6)  # a validation decodes val's batches
-    alike = SimpleNamespace(splits={"val": val, "test": [(source, "y") for source, _ in val]})  # batches as val's
-    timed: list = []
-    monkeypatch.setattr(prepare, "seconds_per_example", lambda run, sample, config: timed.append(sample) or 0.5)
-    assert prepare.final_seconds(alike, prepare.decode_seconds(run, alike))[0] == pytest.approx(0.5 * 80)
-    assert timed and not [row for sample in timed for group in sample for row in group if row[1] == "y"]

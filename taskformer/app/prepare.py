@@ -9,9 +9,9 @@ Under ``--time-limit`` the minutes are the wall time of the whole command, held 
 :class:`~taskformer.core.clock.Clock`. Before training, a probe on a throwaway copy of the model
 measures the training pace (target tokens/s, the median of its updates') and how long the final
 evaluation (val and test, with the run's own search, on the engine that will decode it) and a
-validation will take, on whole groups of val's (and test's) sources as the decoder batches them and
-side by side as its workers decode them, each output written to its reference's length (a trained
-model's: an untrained one writes to the length limit). The clock keeps that back, scaled as the pace of the
+validation will take, on whole groups of val sources as the decoder batches them and side by side as
+its workers decode them, each output written to its reference's length (a trained model's: an
+untrained one writes to the length limit). The clock keeps that back, scaled as the pace of the
 updates changes; figures timed while other processes held the cores are kept at what they take with
 all of them (:func:`~taskformer.core.clock.busy_share`), so a busy start is not refused on them; the
 time left is the training budget, pace x budget picks the task's recipe, and the warm-up is cut to
@@ -397,47 +397,22 @@ class DecodeTiming(NamedTuple):
 
 @torch.no_grad()
 def decode_seconds(run: Run, data: TaskData) -> DecodeTiming:
-    """Time the final evaluation and a validation on samples of val and test (:func:`final_samples`), each
+    """Time the final evaluation and a validation on a sample of val (:func:`timing_sample`), each
     output written to its reference's length (see :func:`seconds_per_example`). The final evaluation
     is timed on the engine that will decode it (``decode.engine``: a runtime is timed twice, the
-    first time converting the weights, into a temporary folder and not the user's cache); its seconds
-    an example are those of its samples, each weighed by the rows it stands for."""
+    first time converting the weights, into a temporary folder and not the user's cache)."""
     run.model.eval()
-    config, samples = run.config, final_samples(run, data)
-    sample = samples[0][0]  # val's
+    sample, config = timing_sample(run, data), run.config
     seconds_per_example(run, [sample[0][:4]], validation_config(config))  # untimed: a first decode's one-time costs
     validation = seconds_per_example(run, sample, validation_config(config))
     if engine_choice(run.task, run.model, config).engine == "torch":
         same = config.decode.strategy == config.decode.eval_strategy
-        timed = [(validation if same and group is sample else seconds_per_example(run, group, config), rows)
-                 for group, rows in samples]
-        return DecodeTiming(weighed(timed), validation, 0.0)
+        return DecodeTiming(validation if same else seconds_per_example(run, sample, config), validation, 0.0)
     with uncached():
         first = seconds_per_example(run, sample, config)
-        finals = [(seconds_per_example(run, group, config), group, rows) for group, rows in samples]
+        final = seconds_per_example(run, sample, config)
     # a runtime drops each row as it ends: what it will write is each reference's length, not its group's longest
-    return DecodeTiming(weighed([(final * own_lengths(run, group), rows) for final, group, rows in finals]), validation,
-                        max(first - finals[0][0], 0.0) * sum(map(len, sample)))
-
-
-def final_samples(run: Run, data: TaskData) -> list[tuple[list[list[tuple]], int]]:
-    """The samples (:func:`timing_sample`) the final evaluation is timed on, with the rows each stands for:
-    val's, and test's where its groups hold over a quarter more or fewer rows. A batch holds one source
-    length, so an example costs less in a split with many rows of each length (agnews: 47 a batch in
-    its 7,600 test rows, 4 in its 250 val rows)."""
-    val, test = data.splits["val"], data.splits["test"]
-    samples = [(timing_sample(run, data), len(val))]
-    if test == val:
-        return samples
-    other, rows = timing_sample(run, data, "test"), sum(map(len, samples[0][0]))
-    if abs(sum(map(len, other)) - rows) <= rows / 4:
-        return [(samples[0][0], len(val) + len(test))]
-    return [*samples, (other, len(test))]
-
-
-def weighed(timed: list[tuple[float, int]]) -> float:
-    """Seconds an example over samples timed at ``(seconds an example, rows it stands for)``."""
-    return sum(seconds * rows for seconds, rows in timed) / max(sum(rows for _, rows in timed), 1)
+    return DecodeTiming(final * own_lengths(run, sample), validation, max(first - final, 0.0) * sum(map(len, sample)))
 
 
 def own_lengths(run: Run, sample: list[list[tuple]]) -> float:
@@ -473,20 +448,20 @@ def validation_config(config: RunConfig) -> RunConfig:
     return replace(config, decode=replace(config.decode, strategy=config.decode.eval_strategy, engine="torch"))
 
 
-def timing_sample(run: Run, data: TaskData, split: str = "val") -> list[list[tuple]]:
-    """Rows of ``split`` to time decoding on, as the decoder batches them: it decodes the sources of each
+def timing_sample(run: Run, data: TaskData) -> list[list[tuple]]:
+    """Val rows to time decoding on, as the decoder batches them: it decodes the sources of each
     length as batches of their own (up to ``decode.batch_size``), so the sample is whole groups of one
     source length, one for each of its workers (2 to 8): those of the rows at the middle of as many
-    equal slices of the split sorted by length. Their lengths are spread as the split's are; a group every
-    few distinct lengths would weigh the long tail's few, slow rows as much as the many short ones."""
-    rows, batch = data.splits[split], run.config.decode.batch_size
-    lengths = [len(e.ids) for e in run.tokenizer.encode_batch([str(row[0]) for row in rows])]
+    equal slices of val sorted by length. Their lengths are spread as val's are; a group every few
+    distinct lengths would weigh the long tail's few, slow rows as much as the many short ones."""
+    val, batch = data.splits["val"], run.config.decode.batch_size
+    lengths = [len(e.ids) for e in run.tokenizer.encode_batch([str(row[0]) for row in val])]
     groups: dict[int, list[tuple]] = {}
-    for length, row in zip(lengths, rows):
+    for length, row in zip(lengths, val):
         groups.setdefault(length, []).append(row)
     ordered, slices = sorted(lengths), min(max(decoding.decode_workers(run.config.decode.workers, run.device, 8), 2), 8)
     middles = dict.fromkeys(ordered[(2 * i + 1) * len(ordered) // (2 * slices)] for i in range(slices))
-    return [groups[n][:batch] for n in middles] or [list(rows[:batch])]
+    return [groups[n][:batch] for n in middles] or [list(val[:batch])]
 
 
 def seconds_per_example(run: Run, sample: list[list[tuple]], config: RunConfig) -> float:
