@@ -21,7 +21,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from taskformer.core import checkpoint as ckpt
-from taskformer.core import clock, inference, precision
+from taskformer.core import clock, cores, inference, precision
 from taskformer.core.data import Batch, Encoded, Indices, collate, token_batches
 from taskformer.core.errors import TaskformerError
 from taskformer.core.loss import batch_loss, target_count, teacher_forced
@@ -99,6 +99,7 @@ class TrainState:
     decay: list[float] = field(default_factory=list)
     clock: dict = field(default_factory=dict)  # what the time limit's clock keeps back, and the pace it follows
     resumed: list[dict] = field(default_factory=list)  # each resume: the step and epoch it went on from, and why it stopped
+    threads: list[dict] = field(default_factory=list)  # each change of torch's threads on a busy machine (core/cores.py)
 
     @classmethod
     def of(cls, saved: dict[str, Any]) -> TrainState:
@@ -127,14 +128,17 @@ class Trainer:
     ``average_last`` the weights of each evaluation are kept as well, and the average of the last
     ones competes for the best like any checkpoint (section 6.1 of the paper averages the last 5).
     ``stamp`` goes into the metadata of the best weights and every checkpoint (the runner binds
-    them to the run's task and tokenizer that way).
+    them to the run's task and tokenizer that way). ``threads``, where given, sets torch's threads to
+    the cores other processes leave free while it trains (:mod:`taskformer.core.cores`).
     """
 
     def __init__(self, model: Transformer | Ensemble, cfg: TrainConfig, train: Encoded, evaluate: Callable[[], dict],
                  select: tuple[str, bool], run_dir: Path, device: torch.device,
                  on_event: Callable[[dict], None] = lambda e: None, shard: tuple[int, int] = (0, 1),
-                 stamp: dict[str, str] | None = None, events: EventLog | None = None):
+                 stamp: dict[str, str] | None = None, events: EventLog | None = None,
+                 threads: cores.Threads | None = None):
         self.model, self.cfg, self.train_data, self.evaluate = model, cfg, train, evaluate
+        self.threads = threads
         self.stamp, self.events = stamp, events
         self.metric, self.higher = select
         self.run_dir, self.device, self.on_event = Path(run_dir), device, on_event
@@ -422,6 +426,9 @@ class Trainer:
                     st.elapsed = now() - started
                     if limit:
                         limit.observe(now() - begun)
+                    if self.threads and (change := self.threads.follow(st.elapsed, st.step)):
+                        st.threads.append(change)
+                        self.on_event({"event": "threads", **change})  # said, and kept in the state, not logged
                     self._schedule_next()
                     self.on_event({"event": "update", "step": st.step, "epoch": st.epoch, "epochs": cfg.epochs,
                                    "elapsed": st.elapsed, "tokens": st.tokens, "planned": self.total_steps,
@@ -458,5 +465,8 @@ class Trainer:
             if st.evaluated_at != st.step and not self.stop_reason:
                 self._evaluate()  # a partial epoch still gets its chance to be the best
             self.save()
+        finally:
+            if self.threads:  # what follows training has the threads it started with
+                self.threads.restore()
         st.elapsed = now() - started
         return asdict(st)

@@ -74,8 +74,8 @@ def resumed_at(record) -> str | None:
 
 
 def clock_rows(record) -> list[tuple[str, str | None]]:
-    """The pace before training and over the run, the share of the time limit used, and why it is
-    short of the limit where it is: a busy machine shows here."""
+    """The pace before training and over the run, the share of the time limit used, why it is short
+    of the limit where it is, and the threads' changes: a busy machine shows here."""
     if not isinstance(record, dict):
         return []
     start, run, used, share = (record.get(k) for k in ("start_pace", "run_pace", "used", "start_share"))
@@ -83,7 +83,16 @@ def clock_rows(record) -> list[tuple[str, str | None]]:
     busy = f" (the machine was busy: this process had {share:.0%} of its cores' time)" if was_busy else ""
     return [("pace", f"{fmt(start)} target tokens/s before training{busy}, {fmt(run)} over the run" if start else None),
             ("time limit used", f"{used:.0%}" if isinstance(used, (int, float)) else None),
-            ("why not all of it", record.get("short_of_limit")), ("why over it", record.get("over_limit"))]
+            ("why not all of it", record.get("short_of_limit")), ("why over it", record.get("over_limit")),
+            ("threads changed", thread_changes(record.get("threads")))]
+
+
+def thread_changes(record) -> str | None:
+    """Each change of torch's threads as the machine got busy and free again (None if none was made)."""
+    said = [f"{fmt(c.get('from'))} to {fmt(c.get('to'))} at step {fmt(c.get('step'))} (other processes used "
+            f"{fmt(c.get('others'))} of {fmt(c.get('cores'))} cores)"
+            for c in record if isinstance(c, dict)] if isinstance(record, list) else []
+    return "; ".join(said) or None
 
 
 def distilled_from(record) -> str | None:

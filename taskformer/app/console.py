@@ -84,6 +84,15 @@ class ProgressDisplay:
             over = count(e["updates"], "update") if "updates" in e else f"the last {e['seconds']:,.0f} s of training"
             self._say(f"cool-down: from step {e['after']:,} the learning rate ({e['lr']:.2e}) falls linearly "
                       f"to zero over {over}")
+        elif kind == "threads":
+            used = f"other processes used {e['others']:.1f} of the {e['cores']} cores"
+            if e["to"] < e["from"]:
+                self._say(f"the machine is busy ({used}): training on {count(e['to'], 'thread')} instead of "
+                          f"{e['from']} from step {e['step']:,} (threads that wait for each other lose more than "
+                          "their share of busy cores)")
+            else:
+                self._say(f"the cores came free ({used}): training on {count(e['to'], 'thread')} again from "
+                          f"step {e['step']:,}")
         elif kind == "eval":
             keys = [k for k in e if k not in ("event", "split", "step", "epoch", "epochs", "improved", "averaged")]
             which = f" ({checkpoint.weights_name(e['averaged'])})" if "averaged" in e else ""

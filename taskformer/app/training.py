@@ -54,7 +54,7 @@ from taskformer.app.rundir import (
 from taskformer.app.trackers import TrackedLog
 from taskformer.core import checkpoint as ckpt
 from taskformer.core import config as C
-from taskformer.core import precision, progress
+from taskformer.core import cores, precision, progress
 from taskformer.core.clock import Clock
 from taskformer.core.config import RunConfig
 from taskformer.core.data import Encoded, TaskData
@@ -236,8 +236,11 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
             clock.keep(*final_seconds(data, DecodeTiming(per_example * ratio, per_example, fixed)))
         return metrics
 
+    # under a time limit the threads follow a busy machine: without one, a seeded run's numbers stay those of any other
+    threads = cores.follower(device, shard[1]) if clock.limit else None
     trainer = Trainer(run.model, config.train, train_enc, evaluate, (task.metric, task.higher_is_better), run.dir,
-                      device, on_event=on_event, shard=shard, stamp=begun.stamp, events=TrackedLog(run.dir, task))
+                      device, on_event=on_event, shard=shard, stamp=begun.stamp, events=TrackedLog(run.dir, task),
+                      threads=threads)
     latest = last_checkpoint(run.dir) if begun.resume else None
     if latest and begun.stamp:
         ckpt.check_stamp(latest / ckpt.WEIGHTS, begun.stamp, config_path(run.dir))
@@ -305,7 +308,8 @@ def finish(begun: Begun, state: dict) -> Run:
         "kept_weights": ckpt.weights_name(state["best_weights"] or [state["best_step"]]),
         "stopped": stopped,
         **({"resumed": state["resumed"]} if state["resumed"] else {}),
-        "clock": begun.clock.account(state["tokens"], state["elapsed"], stopped, final),
+        "clock": {**begun.clock.account(state["tokens"], state["elapsed"], stopped, final),
+                  **({"threads": state["threads"]} if state["threads"] else {})},
         **({"recipe": begun.recipe} if begun.recipe else {}),
         **({"distill": begun.distill} if begun.distill else {}),
     }
