@@ -143,10 +143,10 @@ class OnnxNetwork:
     """An exported encoder-only or tagging network under ONNX Runtime, called as our model is:
     ``network(src)`` gives the logits, so that labels and tags are read from them as ours are.
 
-    A classifier's probabilities come from :meth:`probabilities` in numpy: at batch 1 the network
-    takes a fraction of a millisecond, and the torch operations around it (a tensor made of the
-    output, softmax, max, the lists) cost a tenth of that again. ``workers`` batches run side by side
-    (``decode.workers``), the threads split between them as CTranslate2's are."""
+    A classifier's probabilities come from :meth:`probabilities` in numpy: at batch 1 the torch
+    operations around the call (a tensor made of the output, softmax, max, the lists) cost about a
+    tenth of a whole ``predict``. ``workers`` batches run side by side (``decode.workers``), the
+    threads split between them as CTranslate2's are."""
 
     def __init__(self, path: Path, cfg, device: str, workers: int = 1):
         from taskformer.core.onnx_export import session
