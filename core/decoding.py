@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple, Protocol, TypeVar
 
+import numpy as np
 import torch
 
 from taskformer.core.data import encode_as_text
@@ -421,8 +422,13 @@ def best_labels(model: SequenceModel, src: torch.Tensor, labels: list[str]) -> l
 
     For every class's probability, call :func:`classify`: ``(B, C)``, columns in ``labels`` order.
     """
-    prob, index = classify(model, src).max(-1)
-    return [Label(labels[i], p) for p, i in zip(prob.tolist(), index.tolist())]
+    return labels_of(classify(model, src).cpu().numpy(), labels)
+
+
+def labels_of(prob: np.ndarray, labels: list[str]) -> list[Label]:
+    """The most probable class of each row of the probabilities ``prob`` (B, C), ties to the first, as
+    :func:`best_labels` gives them; ONNX Runtime's probabilities come here as numpy, never as torch."""
+    return [Label(labels[i], float(row[i])) for i, row in zip(prob.argmax(-1).tolist(), prob)]
 
 
 class Attention(NamedTuple):

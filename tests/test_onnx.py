@@ -125,20 +125,36 @@ def test_onnxruntime_labels_and_tags_equal_ours(cli, runs):
 
 
 def test_eval_and_the_api_decode_with_onnxruntime(cli, runs):
+    # The last: batches of 2 decoded side by side by two workers, each calling ONNX Runtime at once.
+    settings = {"onnxruntime": [], "torch": [], "parallel": ["decode.workers=2", "decode.batch_size=2"]}
     for name in runs:
         scores = {}
-        for engine in ("onnxruntime", "torch"):
-            result = cli("eval", str(runs[name]), "--split", "test", "--json", "--set", f"decode.engine={engine}")
+        for how, extra in settings.items():
+            engine = "onnxruntime" if how == "parallel" else how
+            result = cli("eval", str(runs[name]), "--split", "test", "--json", "--set", f"decode.engine={engine}",
+                         *(a for s in extra for a in ("--set", s)))
             assert result.exit_code == 0, result.stderr
             evaluated = json.loads(result.stdout)
             assert evaluated["engine"]["engine"] == engine
-            scores[engine] = {k: v for k, v in evaluated["metrics"]["test"].items() if k != "loss"}
-        assert scores["onnxruntime"] == scores["torch"], name
+            scores[how] = {k: v for k, v in evaluated["metrics"]["test"].items() if k != "loss"}
+        assert scores["onnxruntime"] == scores["torch"] == scores["parallel"], name
     model = taskformer.load(runs["agnews"])
     assert model.engine()["engine"] == "onnxruntime"
     assert [p.label for p in model.predict(NEWS)] == [p.label for p in model.predict(NEWS, engine="torch")]
     with pytest.raises(taskformer.TaskformerError, match="decode.engine=ctranslate2: it decodes encoder-decoder"):
         model.predict(NEWS, engine="ctranslate2")
+
+
+def test_a_tie_between_classes_goes_to_the_first_class():
+    """Labels are read from probabilities in numpy (ONNX Runtime's come as numpy): a tie picks the
+    first of the tied classes, as torch's max does."""
+    class Tied(torch.nn.Module):
+        def forward(self, src):
+            return torch.tensor([[0.5, 2.0, 2.0, -1.0]] * len(src))
+
+    labels = taskformer.best_labels(Tied(), torch.ones(2, 3, dtype=torch.long), ["a", "b", "c", "d"])
+    assert [p.label for p in labels] == ["b", "b"]
+    assert labels[0].probability == pytest.approx(torch.softmax(torch.tensor([0.5, 2.0, 2.0, -1.0]), 0)[1].item())
 
 
 def test_without_onnxruntime_auto_uses_torch_and_export_says_what_to_install(cli, runs, monkeypatch, tmp_path):

@@ -100,6 +100,9 @@ def summary(out: Path) -> list[tuple[str, str, str]]:
     elif classifier:
         rows.append(("classifier batch-1: torch / ONNX Runtime latency", f"{classifier['speedup']:.2f}x",
                      "yes" if classifier["speedup"] >= 3 else "no (>= 3)"))
+        if "speedup_fp32" in classifier:  # torch in ONNX Runtime's precision: like with like
+            rows.append(("  the same, torch in fp32", f"{classifier['speedup_fp32']:.2f}x",
+                         "yes" if classifier["speedup_fp32"] >= 3 else "no (>= 3)"))
         rows.append(("classifier labels equal on agnews test", f"{classifier['labels_equal']} of "
                      f"{classifier['test_sentences']}", "yes" if classifier["labels_agree"] == 1 else "no (100%)"))
     agreement = load(out / "agreement.json")

@@ -20,9 +20,10 @@
    same ``decode.quantize``: torchao's int8) is timed once per row for reference, at batch 1 on a
    quarter of the sentences.
 2. ``--classifier RUN`` (a finished encoder-only run of one network, agnews say): the batch-1 latency
-   (median of one ``predict`` call per sentence, the engines alternating in blocks of 20) with
-   ``decode.engine=onnxruntime`` and ``torch`` (the run's own precision), and the share of the run's
-   test sentences whose labels agree with torch's in fp32, as ONNX Runtime runs (all of them unless
+   (median of one ``predict`` call per sentence, ``--rounds`` times over the sentences, the engines
+   alternating in blocks of 20) with ``decode.engine=onnxruntime``, ``torch`` (the run's own
+   precision, as a user gets it) and torch in fp32 (ONNX Runtime's precision), and the share of the
+   run's test sentences whose labels agree with torch's in fp32 (all of them unless
    ``--classifier-limit``), with torch's in the run's own precision counted apart.
 
 ``--device cuda`` runs the search race on the GPU (CTranslate2 built with CUDA; bench/race/gpu_decode.py
@@ -42,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from taskformer.app import hooks, runner
+from taskformer.app import engines, hooks, runner
 from taskformer.app.prepare import make_config
 from taskformer.core import export
 from taskformer.core.data import encode_sources
@@ -180,14 +181,16 @@ def race(run: Run, texts: list[str], rounds: int, n: dict[int, int], device: str
     return out
 
 
-def classifier(run_dir: Path, sentences: int, limit: int = 0) -> dict:
+def classifier(run_dir: Path, sentences: int, limit: int = 0, rounds: int = 1) -> dict:
     """Batch-1 latency of a classifier run with ONNX Runtime and with torch, and label agreement on its
     test outputs. Each engine is the run's setting (``--set decode.engine=...``, as ``taskformer
     predict`` and the server take it), not a per-call option, which would rebuild the config every call.
 
     Like is compared with like: ONNX Runtime runs the exported network in fp32, so the labels are
     compared with torch in fp32 (``train.bf16=false``); torch in the run's own precision (bf16 where
-    ``train.bf16=auto`` finds it native) is timed, as a user gets it, and its labels counted too."""
+    ``train.bf16=auto`` finds it native) is timed, as a user gets it, and its labels counted too; torch
+    in fp32 is timed as well (``speedup_fp32``). Both engines run in this process's threads (torch's
+    intra-op threads; ONNX Runtime's split between ``decode.workers``, recorded)."""
     runs = {engine: runner.load(run_dir) for engine in ("onnxruntime", "torch", "torch fp32")}
     auto = hooks.engine_choice(runs["torch"].task, runs["torch"].model, runs["torch"].config)
     out: dict = {"run_dir": str(run_dir), "engine": auto.as_dict()}
@@ -207,18 +210,23 @@ def classifier(run_dir: Path, sentences: int, limit: int = 0) -> dict:
     out["labels_agree"] = out["labels_equal"] / len(texts)
     out["labels_equal_run_precision"] = sum(a == b for a, b in zip(labels["onnxruntime"], labels["torch"]))
     probe = [t for t in texts if t][:sentences]
-    timed = {e: runs[e] for e in ("onnxruntime", "torch")}
-    times: dict[str, list[float]] = {e: [] for e in timed}
-    # Alternating in blocks of 20 sentences: machine noise hits both alike, and neither runtime's threads,
-    # still spinning after its call, take the cores from the other's next one.
-    for block in range(0, len(probe), 20):
-        for engine, run in timed.items():
-            for text in probe[block : block + 20]:
-                started = time.perf_counter()
-                runner.predict(run, [text], run.config)
-                times[engine].append(time.perf_counter() - started)
+    times: dict[str, list[float]] = {e: [] for e in runs}
+    # Alternating in blocks of 20 sentences: machine noise hits all alike, and no runtime's threads,
+    # still spinning after its call, take the cores from another's next one.
+    for _ in range(rounds):
+        for block in range(0, len(probe), 20):
+            for engine, run in runs.items():
+                for text in probe[block : block + 20]:
+                    started = time.perf_counter()
+                    runner.predict(run, [text], run.config)
+                    times[engine].append(time.perf_counter() - started)
     out["latency_ms"] = {e: 1000 * statistics.median(t) for e, t in times.items()}
     out["speedup"] = out["latency_ms"]["torch"] / out["latency_ms"]["onnxruntime"]
+    out["speedup_fp32"] = out["latency_ms"]["torch fp32"] / out["latency_ms"]["onnxruntime"]
+    onnx = runs["onnxruntime"]
+    session = engines.runtime(auto, onnx.model, onnx.tokenizer, onnx.config.decode).session
+    out["threads"] = {"torch": torch.get_num_threads(),
+                      "onnxruntime": session.get_session_options().intra_op_num_threads}
     return out
 
 
@@ -233,7 +241,8 @@ def print_race(result: dict) -> None:
     if "latency_ms" in result.get("classifier", {}):
         c = result["classifier"]
         print(f"classifier batch-1 latency: ONNX Runtime {c['latency_ms']['onnxruntime']:.2f} ms, torch "
-              f"{c['latency_ms']['torch']:.2f} ms ({c['torch_precision']}; {c['speedup']:.2f}x); labels equal to torch "
+              f"{c['latency_ms']['torch']:.2f} ms ({c['torch_precision']}; {c['speedup']:.2f}x), torch fp32 "
+              f"{c['latency_ms']['torch fp32']:.2f} ms ({c['speedup_fp32']:.2f}x); labels equal to torch "
               f"fp32's on {c['labels_equal']} of {c['test_sentences']} test sentences ({100 * c['labels_agree']:.2f}%), "
               f"to torch {c['torch_precision']}'s on {c['labels_equal_run_precision']}")
 
@@ -245,7 +254,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="tiny workloads: checks that it runs")
     ap.add_argument("--sentences", default="100,1000", metavar="N1,N128",
                     help="sentences decoded one at a time, and in batches of 128 (default 100,1000)")
-    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of auto and raw (default 3)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="alternating rounds of auto and raw, and of the classifier's engines (default 3)")
     ap.add_argument("--no-torch", action="store_true", help="leave out the torch reference")
     ap.add_argument("--no-search", action="store_true", help="only the classifier (--classifier)")
     ap.add_argument("--classifier", type=Path, metavar="RUN", help="race a classifier run's engines")
@@ -272,7 +282,7 @@ def main() -> None:
         result |= race(run, texts, rounds, {1: n1, 128: n128}, args.device, not args.no_torch)
     if args.classifier:
         result["classifier"] = classifier(args.classifier, 5 if args.quick else args.classifier_sentences,
-                                          args.classifier_limit)
+                                          args.classifier_limit, rounds)
     print_race(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -34,7 +34,7 @@ from tokenizers import Tokenizer
 from taskformer.app import datacache
 from taskformer.core import variants
 from taskformer.core.decode_config import DecodeConfig
-from taskformer.core.decoding import best_labels, best_tags, decode_workers
+from taskformer.core.decoding import best_tags, decode_workers, labels_of
 from taskformer.core.errors import TaskformerError
 from taskformer.core.model import Ensemble, SequenceModel, Transformer
 from taskformer.core.runtimes import CTranslate2Search, OnnxNetwork
@@ -324,7 +324,7 @@ def runtime(choice: Choice, model: Transformer | Ensemble, tokenizer: Tokenizer,
             else:
                 from taskformer.core.onnx_export import MODEL
 
-                loaded = OnnxNetwork(folder / MODEL, net.cfg, device)
+                loaded = OnnxNetwork(folder / MODEL, net.cfg, device, workers)
         _loaded[net] = (key, loaded)
         return loaded
 
@@ -334,7 +334,7 @@ def decode(loaded: Any, src: torch.Tensor, words: list[list[int]] | None, labels
     """What the default decoder gives for ``src``, from the runtime: texts, labels or tags."""
     if isinstance(loaded, CTranslate2Search):
         return [tokenizer.decode(ids) for ids in loaded.search(src, config)]
-    net = cast(SequenceModel, loaded)
+    net = cast(OnnxNetwork, loaded)
     if net.cfg.kind.per_word:
-        return best_tags(net, src, words or [], labels or [])
-    return best_labels(net, src, labels or [])
+        return best_tags(cast(SequenceModel, net), src, words or [], labels or [])
+    return labels_of(net.probabilities(src), labels or [])
