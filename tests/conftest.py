@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from taskformer import Task, TaskData, hookimpl, read_tsv, symbols
@@ -17,10 +18,23 @@ from taskformer.plugins.manager import plugins
 DATA = Path(__file__).parent / "data"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-# prepared data is cached per test session, never in the user's own cache folder
+# prepared data is cached per test process (each xdist worker has its own), never in the user's own cache folder
 os.environ["TASKFORMER_CACHE"] = tempfile.mkdtemp(prefix="taskformer-test-cache-")
 # and the Arrow files the datasets library makes of a user's tables go to a scratch folder too
 os.environ["HF_DATASETS_CACHE"] = os.path.join(os.environ["TASKFORMER_CACHE"], "hf-datasets")
+
+
+def share_the_cores() -> None:
+    """Under pytest-xdist (``-n N``) each worker takes its share of the cores for torch, and so do the
+    commands it starts (OMP_NUM_THREADS): N workers each spinning on every core would wait on each other."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        threads = max(1, len(os.sched_getaffinity(0)) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+
+share_the_cores()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -91,7 +91,8 @@ TINY_TRANSLATE = ["model.d_model=32", "model.n_heads=2", "model.enc_layers=1", "
                   "train.epochs=1", "train.warmup=10", "train.bf16=false", "data.vocab_size=200"]
 
 
-def test_terminal_gets_rich_bars_for_data_tokenizer_training_and_decoding(tmp_path, data_dir):
+def test_terminal_gets_rich_bars_for_data_tokenizer_training_and_decoding(tmp_path, data_dir, cache):
+    """An empty cache of its own: the data is read and the tokenizer trained here, whatever ran before."""
     sets = [x for o in TINY_TRANSLATE for x in ("--set", o)]
     result = run_cli("run", "translate-de-en", "--data-dir", str(data_dir / "multi30k"), "--out", str(tmp_path / "r"),
                      *sets, "--set", "train.log_every=1", env={"TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1"})
