@@ -106,8 +106,8 @@ def decode_threads(runs: dict) -> int:
     keep spinning for a while after each parallel region, and a decode step is a chain of small
     kernels, so a worker on the event loop's core mostly spins there while the loop waits for it
     (docs/benchmarks.md has the measurement). CTranslate2 instead runs one worker of one thread per
-    core (it splits a batch between them), outside the GIL: the event loop takes its share of a core
-    between their steps.
+    core (it splits a batch between them, and the server keeps a batch in flight per worker), outside
+    the GIL: the event loop takes its share of a core between their steps.
     """
     import torch
 
