@@ -122,7 +122,12 @@ class Batcher:
                 continue
             decoding = loop.create_task(self._decode(batch))
             self.decoding.add(decoding)
-            decoding.add_done_callback(lambda done: (self.decoding.discard(done), free.release()))
+
+            def ended(done: asyncio.Task) -> None:
+                self.decoding.discard(done)
+                free.release()
+
+            decoding.add_done_callback(ended)
 
     async def _decode(self, batch: list[Pending]) -> None:
         """Decode one batch in a decode thread and give each request its own results."""
