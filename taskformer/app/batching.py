@@ -1,8 +1,8 @@
 """Dynamic batching for ``taskformer serve``: concurrent requests to one model share a decode.
 
 Each served model has one :class:`Batcher`. Requests queue their sentences; a collector task on the
-event loop hands what is queued (up to ``max_batch`` sentences) to the model's single decode thread
-as soon as that thread is free, so the event loop never blocks on a decode. A lone request is
+event loop hands what is queued (up to ``max_batch`` sentences) to the model's decode thread as
+soon as that thread is free, so the event loop never blocks on a decode. A lone request is
 decoded at once, and what arrives while a batch decodes makes the next batch (continuous batching):
 one client pays no wait, many clients fill their batches. ``max_wait`` above 0 holds a batch of
 fewer than ``max_batch`` sentences up to that long for company as well. With ``parallel`` above 1
@@ -41,7 +41,7 @@ class Pending:
 class Batcher:
     """Merges concurrent requests to one model into decode batches of at most ``max_batch`` sentences.
 
-    ``decode(texts, options)`` runs in the batcher's own thread and returns one result per text.
+    ``decode(texts, options)`` runs in one of the batcher's own threads and returns one result per text.
     ``on_batch(sentences)`` and ``on_queue(sentences)`` report batch sizes and queue depth (metrics).
     ``parallel`` batches decode at once, each in a thread of its own.
     """
