@@ -1,8 +1,10 @@
 """The server's batching, through HTTP on the app in process: a lone request is decoded at once, and what
 arrives while a batch decodes is decoded together next (continuous batching), each request with its
-own results, equal to what ``taskformer predict`` gives."""
+own results, equal to what ``taskformer predict`` gives. A CTranslate2 runtime of several workers
+decodes as many batches at once."""
 from __future__ import annotations
 
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,6 +21,7 @@ from taskformer.app.server import Limits, create_app  # noqa: E402
 
 def test_a_lone_request_is_decoded_alone_and_those_arriving_meanwhile_share_the_next_batch(finished, monkeypatch):
     run = runner.load(finished)
+    runner.set_decoding(run, ["decode.workers=1"], "test")  # one batch at a time, whatever decodes it
     expected = {text: out for text, out in zip(["1 2 3", "4 5", "6", "7 8 9 1"],
                                                runner.predict(run, ["1 2 3", "4 5", "6", "7 8 9 1"])[0])}
     batches: list[list[str]] = []
@@ -51,4 +54,53 @@ def test_a_lone_request_is_decoded_alone_and_those_arriving_meanwhile_share_the_
     assert batches[0] == ["1 2 3"]
     assert sorted(batches[1]) == ["4 5", "6", "7 8 9 1"] and len(batches) == 2  # one batch for all three
     for text, answer in zip(["1 2 3", "4 5", "6", "7 8 9 1"], answers):
+        assert answer.status_code == 200 and answer.json()["results"][0]["output"] == expected[text]
+
+
+def metric(client, name: str) -> float:
+    """A value of the copy model's series ``name`` on ``/metrics``."""
+    found = re.search(rf'^{name}{{model="copy"}} (\S+)$', client.get("/metrics").text, flags=re.M)
+    assert found, name
+    return float(found.group(1))
+
+
+def test_a_runtime_of_two_workers_decodes_a_batch_while_another_decodes_and_queues_the_rest(finished, monkeypatch):
+    pytest.importorskip("ctranslate2", reason="the runtime of several workers is CTranslate2's")
+    run = runner.load(finished)
+    runner.set_decoding(run, ["decode.engine=ctranslate2", "decode.workers=2"], "test")
+    texts = ["1 2 3", "4 5", "6", "7 8 9 1"]
+    expected = dict(zip(texts, runner.predict(run, texts)[0]))
+    batches: list[list[str]] = []
+    release = threading.Event()
+    predict = runner.predict
+
+    def held(run, lines, *args, **kwargs):  # every decode waits until the test lets them finish
+        batches.append(list(lines))
+        assert release.wait(60)
+        return predict(run, lines, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "predict", held)
+    with TestClient(create_app({"copy": run}, Limits())) as client, ThreadPoolExecutor(4) as pool:
+        def send(text: str):
+            return pool.submit(client.post, "/v1/models/copy/predict", json={"inputs": [text]})
+
+        def until(condition) -> None:  # polled, not timed
+            for _ in range(600):
+                if condition():
+                    return
+                threading.Event().wait(0.1)
+            raise AssertionError("the server never got there")
+
+        first = send("1 2 3")
+        until(lambda: len(batches) == 1)
+        second = send("4 5")  # the other worker is free: decoded at once, beside the first
+        until(lambda: len(batches) == 2)
+        later = [send(text) for text in ("6", "7 8 9 1")]  # both workers busy: these wait, then share a batch
+        until(lambda: metric(client, "taskformer_queue_sentences") == 2)
+        release.set()
+        answers = [f.result(timeout=120) for f in (first, second, *later)]
+        assert metric(client, "taskformer_batch_sentences_count") == 3
+        assert metric(client, "taskformer_batch_sentences_sum") == 4
+    assert batches[:2] == [["1 2 3"], ["4 5"]] and sorted(batches[2]) == ["6", "7 8 9 1"]
+    for text, answer in zip(texts, answers):
         assert answer.status_code == 200 and answer.json()["results"][0]["output"] == expected[text]

@@ -1,11 +1,14 @@
 """Dynamic batching for ``taskformer serve``: concurrent requests to one model share a decode.
 
 Each served model has one :class:`Batcher`. Requests queue their sentences; a collector task on the
-event loop hands what is queued (up to ``max_batch`` sentences) to the model's single decode thread
-as soon as that thread is free, so the event loop never blocks on a decode. A lone request is
+event loop hands what is queued (up to ``max_batch`` sentences) to the model's decode thread as
+soon as that thread is free, so the event loop never blocks on a decode. A lone request is
 decoded at once, and what arrives while a batch decodes makes the next batch (continuous batching):
 one client pays no wait, many clients fill their batches. ``max_wait`` above 0 holds a batch of
-fewer than ``max_batch`` sentences up to that long for company as well. ``runner.predict`` sorts the
+fewer than ``max_batch`` sentences up to that long for company as well. With ``parallel`` above 1
+(a runtime with that many workers, each decoding a batch on a core of its own outside the GIL) as
+many batches decode at once, each taken as soon as a worker is free: a short batch never leaves the
+other workers waiting for the next one. ``runner.predict`` sorts the
 batch by length and returns the outputs in input order; each request gets its own slice back. Only
 requests with the same decode options share a batch.
 
@@ -38,19 +41,22 @@ class Pending:
 class Batcher:
     """Merges concurrent requests to one model into decode batches of at most ``max_batch`` sentences.
 
-    ``decode(texts, options)`` runs in the batcher's own thread and returns one result per text.
+    ``decode(texts, options)`` runs in one of the batcher's own threads and returns one result per text.
     ``on_batch(sentences)`` and ``on_queue(sentences)`` report batch sizes and queue depth (metrics).
+    ``parallel`` batches decode at once, each in a thread of its own.
     """
 
     def __init__(self, decode: Callable[[list, Any], list], name: str, max_batch: int, max_wait: float,
-                 max_queue: int, on_batch=lambda n: None, on_queue=lambda n: None):
+                 max_queue: int, on_batch=lambda n: None, on_queue=lambda n: None, parallel: int = 1):
         self.decode, self.max_batch, self.max_wait, self.max_queue = decode, max_batch, max_wait, max_queue
+        self.parallel = parallel
         self.on_batch, self.on_queue = on_batch, on_queue
         self.queue: deque[Pending] = deque()
         self.queued = 0  # sentences waiting
         self.arrival = asyncio.Event()
-        self.thread = ThreadPoolExecutor(1, thread_name_prefix=f"decode-{name}")
+        self.thread = ThreadPoolExecutor(parallel, thread_name_prefix=f"decode-{name}")
         self.collector: asyncio.Task | None = None
+        self.decoding: set[asyncio.Task] = set()  # the batches being decoded
 
     def start(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -68,7 +74,9 @@ class Batcher:
     async def stop(self) -> None:
         if self.collector:
             self.collector.cancel()
-            await asyncio.gather(self.collector, return_exceptions=True)
+            for task in self.decoding:
+                task.cancel()
+            await asyncio.gather(self.collector, *self.decoding, return_exceptions=True)
         self.thread.shutdown(wait=True)
 
     async def predict(self, texts: list[str], options: Hashable) -> list:
@@ -93,8 +101,9 @@ class Batcher:
         self.on_queue(self.queued)
 
     async def _collect(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop, free = asyncio.get_running_loop(), asyncio.Semaphore(self.parallel)
         while True:
+            await free.acquire()  # a batch is taken once a decode thread is free: until then it grows
             while not self.queue:
                 self.arrival.clear()
                 await self.arrival.wait()
@@ -109,21 +118,34 @@ class Batcher:
                     break
             batch = self._take()
             if not batch:
+                free.release()
                 continue
-            texts = [t for item in batch for t in item.texts]
-            self.on_batch(len(texts))
-            try:
-                outputs = await loop.run_in_executor(self.thread, self.decode, texts, batch[0].options)
-            except Exception as e:  # a failed decode fails its requests only
-                for item in batch:
-                    if not item.future.done():
-                        item.future.set_exception(e)
-                continue
-            start = 0
+            decoding = loop.create_task(self._decode(batch))
+            self.decoding.add(decoding)
+
+            def ended(done: asyncio.Task) -> None:
+                self.decoding.discard(done)
+                free.release()
+
+            decoding.add_done_callback(ended)
+
+    async def _decode(self, batch: list[Pending]) -> None:
+        """Decode one batch in a decode thread and give each request its own results."""
+        texts = [t for item in batch for t in item.texts]
+        self.on_batch(len(texts))
+        try:
+            outputs = await asyncio.get_running_loop().run_in_executor(self.thread, self.decode, texts,
+                                                                       batch[0].options)
+        except Exception as e:  # a failed decode fails its requests only
             for item in batch:
-                if not item.future.done():  # its client may have gone
-                    item.future.set_result(outputs[start : start + len(item.texts)])
-                start += len(item.texts)
+                if not item.future.done():
+                    item.future.set_exception(e)
+            return
+        start = 0
+        for item in batch:
+            if not item.future.done():  # its client may have gone
+                item.future.set_result(outputs[start : start + len(item.texts)])
+            start += len(item.texts)
 
     def _take(self) -> list[Pending]:
         """The oldest request and the next ones with its options, up to ``max_batch`` sentences (a

@@ -106,8 +106,8 @@ def decode_threads(runs: dict) -> int:
     keep spinning for a while after each parallel region, and a decode step is a chain of small
     kernels, so a worker on the event loop's core mostly spins there while the loop waits for it
     (docs/benchmarks.md has the measurement). CTranslate2 instead runs one worker of one thread per
-    core (it splits a batch between them), outside the GIL: the event loop takes its share of a core
-    between their steps.
+    core (it splits a batch between them, and the server keeps a batch in flight per worker), outside
+    the GIL: the event loop takes its share of a core between their steps.
     """
     import torch
 
@@ -175,9 +175,10 @@ def command(run_dirs, host, port, max_batch, max_wait_ms, max_inputs, max_chars,
             raise TaskformerError(f"{name}: {e}") from None
     limits = Limits(max_batch=max_batch, max_wait_ms=max_wait_ms, max_inputs=max_inputs, max_chars=max_chars,
                     max_queue=max_queue)
+    # After loading (a run's train.threads sets it too), before the app: CTranslate2's workers follow it.
+    torch.set_num_threads(threads or decode_threads(runs))
     app = create_app(runs, limits, api_key or None)
     sock = bind(host, port)  # a refused address changes nothing in this process
-    torch.set_num_threads(threads or decode_threads(runs))  # after loading: a run's train.threads sets it too
     # What is alive now (the runs, torch, the app) lives as long as the server. Frozen, it is left out of
     # the collector's full passes, each of which would otherwise hold the event loop for a fraction of a
     # second under load (the p99 latency).

@@ -36,7 +36,17 @@ class Served:
     def __init__(self, name: str, run: runner.Run, limits: Limits, metrics: Metrics):
         self.name, self.run = name, run
         self.batcher = Batcher(self.decode, name, limits.max_batch, limits.max_wait_ms / 1000, limits.max_queue,
-                               on_batch=metrics.batch.labels(name).observe, on_queue=metrics.queue.labels(name).set)
+                               on_batch=metrics.batch.labels(name).observe, on_queue=metrics.queue.labels(name).set,
+                               parallel=self.parallel())
+
+    def parallel(self) -> int:
+        """Batches decoded at once: one per CTranslate2 worker (``decode.workers``; each decodes a batch on a
+        core of its own, outside the GIL), so that a batch taken while another decodes finds a free worker;
+        one for our decoder and ONNX Runtime, whose one batch uses every thread."""
+        run = self.run
+        if hooks.engine_choice(run.task, run.model, run.config).engine != "ctranslate2":
+            return 1
+        return decoding.decode_workers(run.config.decode.workers, run.device, 1 << 20)
 
     def describe(self) -> dict:
         run, task = self.run, self.run.task
