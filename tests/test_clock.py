@@ -319,7 +319,7 @@ def busy_probe(monkeypatch, per_example: float, share: float = 0.2) -> None:
     from taskformer.core import budget
     monkeypatch.setattr(budget, "measure_pace", lambda *args: (1_000.0, share))
     monkeypatch.setattr(prepare, "decode_seconds",
-                        lambda run, data: prepare.DecodeTiming(per_example, per_example / 4, 0.0))
+                        lambda run, data: prepare.DecodeTiming(per_example, per_example / 4, 0.0, per_example))
 
 
 COPY = ("--set", "data.train_size=200", "--set", "data.val_size=20", "--set", "data.test_size=20")
