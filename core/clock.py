@@ -150,12 +150,7 @@ class Clock:
         machine shrinks what is kept back; a slower one does not grow it, since a busy stretch in the
         middle of training would then stop the run for an evaluation it may well do at full speed (the
         validations' own re-measures still grow it)."""
-        return min(self.pace_since(self.timed_at), 1.0)
-
-    def pace_since(self, timed_at: float | None) -> float:
-        """How many times longer an update takes now than when it took ``timed_at`` seconds (1 until both
-        are known): what a figure timed then takes now, decoding and training sharing the cores."""
-        return self.per_update / timed_at if self.per_update and timed_at else 1.0
+        return min(self.per_update / self.timed_at, 1.0) if self.per_update and self.timed_at else 1.0
 
     @property
     def kept(self) -> dict[str, float]:

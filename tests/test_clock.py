@@ -319,7 +319,7 @@ def busy_probe(monkeypatch, per_example: float, share: float = 0.2) -> None:
     from taskformer.core import budget
     monkeypatch.setattr(budget, "measure_pace", lambda *args: (1_000.0, share))
     monkeypatch.setattr(prepare, "decode_seconds",
-                        lambda run, data: prepare.DecodeTiming(per_example, per_example / 4, 0.0, per_example))
+                        lambda run, data: prepare.DecodeTiming(per_example, per_example / 4, 0.0))
 
 
 COPY = ("--set", "data.train_size=200", "--set", "data.val_size=20", "--set", "data.test_size=20")
@@ -397,9 +397,9 @@ def test_the_decode_is_timed_on_lengths_spread_as_val_and_side_by_side_as_it_dec
     assert prepare.seconds_per_example(run, sample, config) >= 0
     assert sorted(decoded) == [(2, 4), (4, 2)]  # three words and the end; one word and the end
     # and the final evaluation of val and test is those seconds an example for each, and the conversion once
-    timing = prepare.DecodeTiming(final=0.5, validation=0.25, fixed=3.0, test=0.2)
+    timing = prepare.DecodeTiming(final=0.5, validation=0.25, fixed=3.0)
     both = SimpleNamespace(splits={"val": [("a", "b")] * 10, "test": [("c", "d")] * 20})
-    assert prepare.final_seconds(both, timing) == (3.0 + 0.5 * 10 + 0.2 * 20, 0.25 * 10)
+    assert prepare.final_seconds(both, timing) == (3.0 + 0.5 * 30, 0.25 * 10)
 
 
 def test_the_estimate_counts_the_lengths_a_trained_model_writes():
@@ -416,37 +416,3 @@ def test_the_estimate_counts_the_lengths_a_trained_model_writes():
     assert prepare.length_share(run, [("a", "x y z", "x y z")]) == 1.0
     classifier = SimpleNamespace(**{**vars(run), "task": SimpleNamespace(variant="encoder-only")})
     assert prepare.own_lengths(classifier, [group]) == prepare.length_share(classifier, long_outputs) == 1.0
-
-
-def test_the_final_evaluation_s_estimate_holds_where_test_s_batches_hold_more_rows_than_val_s(monkeypatch):
-    """A batch holds sources of one length: val's 40 rows make batches of 2, test's 800 batches of 8. With
-    a batch costing 1 s and 0.1 s a row, the final evaluation takes 20 x 1.2 + 100 x 1.8 = 204 s; counted
-    at val's cost an example, test's rows alone would be 480 s. The probe times test on its own batches,
-    and a validation (val's batches, here faster than the probe's sample of them: their shapes seen)
-    re-measures val's part only; test's follows the pace of the updates."""
-    from taskformer.app import prepare
-    val = [(" ".join(["w"] * n), "x") for n in range(1, 21) for _ in range(2)]
-    test = [(" ".join(["w"] * n), "x") for n in range(1, 21) for _ in range(40)]
-    data = SimpleNamespace(splits={"val": val, "test": test})
-    truth = 20 * (1.0 + 0.1 * 2) + 100 * (1.0 + 0.1 * 8)
-    run = timed_run(batch_size=8)
-    run.config, run.model = Config(DecodeConfig(batch_size=8, workers=2)), SimpleNamespace(eval=lambda: None)
-    monkeypatch.setattr(prepare, "engine_choice", lambda *args: SimpleNamespace(engine="torch"))
-    monkeypatch.setattr(prepare, "seconds_per_example", lambda run, sample, config:
-                        sum(1.0 + 0.1 * len(group) for group in sample) / sum(map(len, sample)))
-    timing = prepare.decode_seconds(run, data)
-    assert prepare.final_seconds(data, timing)[0] == pytest.approx(truth)
-    assert timing.validation == pytest.approx(0.6)  # a validation decodes val's batches
-    recipe = {"search_ratio": 1.0, "test_per_example": timing.test, "per_update": 2.0}
-    limit = Clock(LIMIT, now=lambda: 0.0)
-    limit.per_update = 2.0
-    after = prepare.final_seconds(data, prepare.revalidated(recipe, 0.4, limit))[0]  # val took 0.4 s an example
-    assert truth <= after * 1.1 and after <= truth * 1.5
-    limit.per_update = 1.0  # the updates now twice as fast: so is test's decode
-    assert prepare.final_seconds(data, prepare.revalidated(recipe, 0.2, limit))[0] == pytest.approx(
-        0.2 * 40 + timing.test * 800 / 2)
-    alike = SimpleNamespace(splits={"val": val, "test": [(source, "y") for source, _ in val]})  # batches as val's
-    timed: list = []
-    monkeypatch.setattr(prepare, "seconds_per_example", lambda run, sample, config: timed.append(sample) or 0.5)
-    assert prepare.final_seconds(alike, prepare.decode_seconds(run, alike))[0] == pytest.approx(0.5 * 80)
-    assert timed and not [row for sample in timed for group in sample for row in group if row[1] == "y"]

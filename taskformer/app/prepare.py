@@ -8,16 +8,16 @@ is :func:`prepare` and a description, so it checks what the run checks and plans
 Under ``--time-limit`` the minutes are the wall time of the whole command, held by the run's
 :class:`~taskformer.core.clock.Clock`. Before training, a probe on a throwaway copy of the model
 measures the training pace (target tokens/s, the median of its updates') and how long the final
-evaluation (val and test, with the run's own search, on the engine that will decode it) and a validation
-will take, on whole groups of val's sources (and of test's, where its batches hold more or fewer rows)
-as the decoder batches them and side by side as its workers decode them, each output written to its
-reference's length (a trained model's: an untrained one writes to the length limit). The clock keeps
-that back, scaled as the pace of the updates changes; figures timed while other processes held the cores
-are kept at what they take with all of them (:func:`~taskformer.core.clock.busy_share`), so a busy start
-is not refused on them; the time left is the training budget, pace x budget picks the task's recipe, and
-the warm-up is cut to a share of the updates the budget buys (a 1,000-update warm-up in a 400-update run
-never reaches its peak rate). A limit that leaves no time to train is refused with the minimum that
-would, and a plan of too few updates to learn is said before training.
+evaluation (val and test, with the run's own search, on the engine that will decode it) and a
+validation will take, on whole groups of val sources as the decoder batches them and side by side as
+its workers decode them, each output written to its reference's length (a trained model's: an
+untrained one writes to the length limit). The clock keeps that back, scaled as the pace of the
+updates changes; figures timed while other processes held the cores are kept at what they take with
+all of them (:func:`~taskformer.core.clock.busy_share`), so a busy start is not refused on them; the
+time left is the training budget, pace x budget picks the task's recipe, and the warm-up is cut to
+a share of the updates the budget buys (a 1,000-update warm-up in a 400-update run never reaches its
+peak rate). A limit that leaves no time to train is refused with the minimum that would, and a plan
+of too few updates to learn is said before training.
 """
 from __future__ import annotations
 
@@ -259,24 +259,24 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
         timer = row_timer(run, layers, probed, shard[1])
         clock = run.clock
 
-        def final(overrides: dict) -> tuple[DecodeTiming, float]:
-            """The row's decode as timed, and what its figures are scaled by to be an idle machine's
-            (:func:`busy_share`; an ensemble's members each decode: they scale the probe's)."""
+        def final(overrides: dict) -> tuple[float, float, float]:
+            """The row's final evaluation and last validation as timed, and what they are scaled by to be
+            an idle machine's (:func:`busy_share`; an ensemble's members each decode: they scale the probe's)."""
             own = timer(overrides)
             if own is not None:
-                return own.timing, busy_share(own.share)
+                return (*final_seconds(run.data, own.timing), busy_share(own.share))
             members = layers.build(overrides).model.members / probed.model.members
-            return DecodeTiming(*(seconds * members for seconds in timing)), busy_share(share)
+            final_at, validation_at = final_seconds(run.data, timing)
+            return final_at * members, validation_at * members, busy_share(share)
 
         def idle(overrides: dict) -> float:  # what the row keeps back, as the timings would take with all the cores
-            timed, had = final(overrides)
-            return reserve_for(sum(final_seconds(run.data, timed)) * had)
+            *seconds, had = final(overrides)
+            return reserve_for(sum(seconds) * had)
 
         plan = budget.choose(task.recipes, table_owner(task), pace, lambda o: (clock.left() or 0.0) - idle(o), source,
                              batching(layers, train_enc, probed, pace, timer))  # left(): a time limit's, never None
         # the decode was timed at the machine's pace then: the clock scales it as the updates speed up or slow down
-        timed, had = final(plan["overrides"])
-        final_then, validation_then = final_seconds(run.data, timed)
+        final_then, validation_then, had = final(plan["overrides"])
         clock.keep(final_then, validation_then, 1 / plan["updates_per_second"] if source == "measured" else None, had)
         training = FEW_UPDATES / plan["updates_per_second"] * had  # the least that learns, with all the cores
         if plan["train_seconds"] <= 0:
@@ -298,7 +298,7 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
                     validation_seconds=round(clock.estimates["last validation"], 1),
                     reserve_seconds=round(clock.reserve(), 1), per_update=clock.timed_at, cpu_share=round(share, 3),
                     search_ratio=round(timing.final / max(timing.validation, 1e-9), 3),
-                    conversion_seconds=round(timing.fixed * had, 1), test_per_example=timed.test * had)
+                    conversion_seconds=round(timing.fixed * had, 1))
         if overridden := yours_over(task, layers, plan["overrides"]):
             plan["overridden"] = overridden
             plan["why"] += f"; overridden by your settings: {', '.join(overridden)}"
@@ -390,46 +390,29 @@ def batching(layers: Layers, train_enc: Encoded, probed: RunConfig, pace: float,
 class DecodeTiming(NamedTuple):
     """What the end of a run's training costs, timed before it trains."""
 
-    final: float  # seconds per example of the final evaluation of val: its search, on the engine that will decode it
+    final: float  # seconds per example of the final evaluation: its search, on the engine that will decode it
     validation: float  # seconds per example of a validation: decode.eval_strategy, on our decoder
     fixed: float  # seconds the final evaluation spends once: converting the weights for a runtime
-    test: float  # seconds per example of the final evaluation of test, on its own batches
 
 
 @torch.no_grad()
 def decode_seconds(run: Run, data: TaskData) -> DecodeTiming:
-    """Time the final evaluation and a validation on a sample of val (:func:`timing_sample`), and the
-    final evaluation of test on a sample of its own where its batches are not val's (:func:`sample_of_test`),
-    each output written to its reference's length (see :func:`seconds_per_example`). The final evaluation
+    """Time the final evaluation and a validation on a sample of val (:func:`timing_sample`), each
+    output written to its reference's length (see :func:`seconds_per_example`). The final evaluation
     is timed on the engine that will decode it (``decode.engine``: a runtime is timed twice, the
     first time converting the weights, into a temporary folder and not the user's cache)."""
     run.model.eval()
     sample, config = timing_sample(run, data), run.config
-    own = sample_of_test(run, data, sample)
     seconds_per_example(run, [sample[0][:4]], validation_config(config))  # untimed: a first decode's one-time costs
     validation = seconds_per_example(run, sample, validation_config(config))
     if engine_choice(run.task, run.model, config).engine == "torch":
         same = config.decode.strategy == config.decode.eval_strategy
-        final = validation if same else seconds_per_example(run, sample, config)
-        return DecodeTiming(final, validation, 0.0, seconds_per_example(run, own, config) if own else final)
+        return DecodeTiming(validation if same else seconds_per_example(run, sample, config), validation, 0.0)
     with uncached():
         first = seconds_per_example(run, sample, config)
-        again = seconds_per_example(run, sample, config)
-        test = seconds_per_example(run, own, config) * own_lengths(run, own) if own else None
+        final = seconds_per_example(run, sample, config)
     # a runtime drops each row as it ends: what it will write is each reference's length, not its group's longest
-    final = again * own_lengths(run, sample)
-    return DecodeTiming(final, validation, max(first - again, 0.0) * sum(map(len, sample)), final if test is None else test)
-
-
-def sample_of_test(run: Run, data: TaskData, val_sample: list[list[tuple]]) -> list[list[tuple]] | None:
-    """Test's own timing sample where its groups hold over a quarter more or fewer rows than val's
-    ``val_sample``, else None (val's stand for them). A batch holds sources of one length and costs
-    about as much with few rows as with many, so an example costs less in a split with many rows of
-    each length (agnews: 47 a batch in its 7,600 test rows, 4 in its 250 val rows)."""
-    if data.splits["test"] == data.splits["val"]:
-        return None
-    own, rows = timing_sample(run, data, "test"), sum(map(len, val_sample))
-    return own if abs(sum(map(len, own)) - rows) > rows / 4 else None
+    return DecodeTiming(final * own_lengths(run, sample), validation, max(first - final, 0.0) * sum(map(len, sample)))
 
 
 def own_lengths(run: Run, sample: list[list[tuple]]) -> float:
@@ -465,20 +448,20 @@ def validation_config(config: RunConfig) -> RunConfig:
     return replace(config, decode=replace(config.decode, strategy=config.decode.eval_strategy, engine="torch"))
 
 
-def timing_sample(run: Run, data: TaskData, split: str = "val") -> list[list[tuple]]:
-    """Rows of ``split`` to time decoding on, as the decoder batches them: it decodes the sources of each
+def timing_sample(run: Run, data: TaskData) -> list[list[tuple]]:
+    """Val rows to time decoding on, as the decoder batches them: it decodes the sources of each
     length as batches of their own (up to ``decode.batch_size``), so the sample is whole groups of one
     source length, one for each of its workers (2 to 8): those of the rows at the middle of as many
-    equal slices of the split sorted by length. Their lengths are spread as the split's are; a group every
-    few distinct lengths would weigh the long tail's few, slow rows as much as the many short ones."""
-    rows, batch = data.splits[split], run.config.decode.batch_size
-    lengths = [len(e.ids) for e in run.tokenizer.encode_batch([str(row[0]) for row in rows])]
+    equal slices of val sorted by length. Their lengths are spread as val's are; a group every few
+    distinct lengths would weigh the long tail's few, slow rows as much as the many short ones."""
+    val, batch = data.splits["val"], run.config.decode.batch_size
+    lengths = [len(e.ids) for e in run.tokenizer.encode_batch([str(row[0]) for row in val])]
     groups: dict[int, list[tuple]] = {}
-    for length, row in zip(lengths, rows):
+    for length, row in zip(lengths, val):
         groups.setdefault(length, []).append(row)
     ordered, slices = sorted(lengths), min(max(decoding.decode_workers(run.config.decode.workers, run.device, 8), 2), 8)
     middles = dict.fromkeys(ordered[(2 * i + 1) * len(ordered) // (2 * slices)] for i in range(slices))
-    return [groups[n][:batch] for n in middles] or [list(rows[:batch])]
+    return [groups[n][:batch] for n in middles] or [list(val[:batch])]
 
 
 def seconds_per_example(run: Run, sample: list[list[tuple]], config: RunConfig) -> float:
@@ -522,18 +505,8 @@ def final_seconds(data: TaskData, timing: DecodeTiming) -> tuple[float, float]:
     """Seconds of the final evaluation of val and test (a test that is val decoded once) and of the
     last validation that may follow the last update, from ``timing``."""
     val, test = data.splits["val"], data.splits["test"]
-    return (timing.fixed + timing.final * len(val) + (0 if test == val else timing.test * len(test)),
+    return (timing.fixed + timing.final * (len(val) + (0 if test == val else len(test))),
             timing.validation * len(val))
-
-
-def revalidated(recipe: dict, per_example: float, clock: Clock) -> DecodeTiming:
-    """The decode's timing after a validation that took ``per_example`` seconds an example of val, at the
-    pace now: val's part is the validation's, scaled to the final search and engine as the probe timed
-    them; test's stays the probe's timing of its own batches (val's, a few rows each in a small split,
-    would count each of test's examples at their cost), scaled by the pace of the updates since."""
-    final, test = per_example * (recipe.get("search_ratio") or 1.0), recipe.get("test_per_example")
-    return DecodeTiming(final, per_example, recipe.get("conversion_seconds") or 0.0,
-                        final if test is None else test * clock.pace_since(recipe.get("per_update")))
 
 
 def table_keys(task: Task) -> list[tuple[str, str]]:
