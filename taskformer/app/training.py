@@ -54,7 +54,7 @@ from taskformer.app.rundir import (
 from taskformer.app.trackers import TrackedLog
 from taskformer.core import checkpoint as ckpt
 from taskformer.core import config as C
-from taskformer.core import precision, progress
+from taskformer.core import inference, precision, progress
 from taskformer.core.clock import Clock
 from taskformer.core.config import RunConfig
 from taskformer.core.data import Encoded, TaskData
@@ -288,6 +288,7 @@ def finish(begun: Begun, state: dict) -> Run:
         "device": str(run.device),
         "precision": f"{'bf16' if bf16 else 'fp32'} ({why})",
         "engine": str(engine_choice(task, model, config)),
+        **inference.compile_record(model, config.decode.compile and model.cfg.kind.decoder),
         "threads": torch.get_num_threads(),
         "parameters": model.num_parameters(),
         "data": {s: len(data.splits[s]) for s in SPLITS},
