@@ -6,6 +6,10 @@ never lost work."""
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_prepared_data import plugin  # noqa: F401 (a fixture: the prepared-reverse task)
+from test_robustness import json_paths, replaced
 
 from conftest import TINY
 
@@ -51,3 +55,142 @@ def test_a_compile_that_failed_is_recorded_as_decoding_without_it(cli, finished,
     assert ran.exit_code == 0, ran.output
     info = json.loads((out / "result.json").read_text())["info"]
     assert info["compile"] == "failed (RuntimeError: no C++ compiler here); decoded without it", info
+
+
+# -- a run's files truncated, swapped in from another run, or a value given another type ----------------------
+
+RUN_FILES = ["result.json", "config.json", "metrics.jsonl", "model.safetensors", "tokenizer.json"]
+COMMANDS = ["report", "predict", "eval", "runs", "serve", "resume"]
+
+
+@pytest.fixture(scope="module")
+def other(tmp_path_factory):
+    """A second tiny copy run of the same shape: the files a swap takes."""
+    from conftest import run_cli
+
+    out = tmp_path_factory.mktemp("other") / "run"
+    assert run_cli("run", "copy", "--out", str(out), *TINY, "--seed", "5").returncode == 0
+    return out
+
+
+def retyped(value, draw):
+    """``value`` with one scalar inside given another type: a string where a number is, a number where a string."""
+    places = [p for p in json_paths(value) if p and isinstance(leaf(value, p), (str, int, float, bool))]
+    if not places:
+        return 7
+    where = draw(st.sampled_from(places))
+    old = leaf(value, where)
+    return replaced(value, where, 7 if isinstance(old, str) else str(old))
+
+
+def leaf(value, path):
+    for key in path:
+        value = value[key]
+    return value
+
+
+def damage(path, how, other_run, draw) -> None:
+    raw = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(raw[: draw(st.integers(0, max(len(raw) - 1, 0)))])
+    elif how == "swapped":
+        path.write_bytes((other_run / path.name).read_bytes())
+    elif path.suffix == ".safetensors":  # a tensor's dtype in the header: one of the same width, another type
+        size = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8:8 + size])
+        name = draw(st.sampled_from(sorted(k for k in header if k != "__metadata__")))
+        header[name]["dtype"] = "I32" if header[name]["dtype"] == "F32" else "I16"
+        text = json.dumps(header).encode().ljust(size)
+        path.write_bytes(raw[:8] + text[:size] if len(text) == size else len(text).to_bytes(8, "little") + text
+                         + raw[8 + size:])
+    elif path.suffix == ".jsonl":
+        lines = path.read_text().splitlines()
+        at = draw(st.integers(0, len(lines) - 1))
+        lines[at] = json.dumps(retyped(json.loads(lines[at]), draw))
+        path.write_text("\n".join(lines) + "\n")
+    else:
+        path.write_text(json.dumps(retyped(json.loads(raw), draw)))
+
+
+def command_line(command: str, run, port: int) -> list[str]:
+    return {"report": ["report", str(run)], "predict": ["predict", str(run), "1 2 3"],
+            "eval": ["eval", str(run), "--split", "val"], "runs": ["runs", str(run.parent)],
+            "serve": ["serve", str(run), "--port", str(port)], "resume": ["run", "--resume", str(run), "--quiet"]}[command]
+
+
+@pytest.mark.slow  # each example runs a command on a copied run
+@settings(max_examples=24, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(name=st.sampled_from(RUN_FILES), how=st.sampled_from(["truncated", "swapped", "retyped"]),
+       command=st.sampled_from(COMMANDS), data=st.data())
+def test_a_run_file_truncated_swapped_or_retyped_is_read_or_named_in_one_line(finished, other, cli, tmp_path_factory,
+                                                                              name, how, command, data):
+    import shutil
+    import socket
+
+
+    run = tmp_path_factory.mktemp("damaged") / "run"
+    shutil.copytree(finished, run)
+    if command == "resume" and name != "result.json":
+        (run / "result.json").unlink()  # a finished run is not resumed
+    damage(run / name, how, other, data.draw)
+    before = {p.relative_to(run) for p in run.rglob("*")}
+    with socket.socket() as taken:  # serve loads its runs, then cannot listen here: it never serves
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        result = cli(*command_line(command, run, taken.getsockname()[1]))
+    assert result.exit_code in (0, 2), result.output
+    assert "Traceback" not in result.output and "internal error" not in result.output, result.output
+    if command == "runs":  # a damaged run is skipped with a warning naming its file, never the whole listing
+        assert result.exit_code == 0, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    if result.exit_code == 2 and not (command == "serve" and "--host/--port" in result.stderr):
+        assert len(errors) == 1 and str(run) in errors[0], result.stderr
+        assert before <= {p.relative_to(run) for p in run.rglob("*")}  # a refusal removes nothing
+
+
+# -- a data cache entry's files truncated, swapped in from another entry, or retyped: the entry is made again ---
+
+@pytest.fixture
+def two_entries(cli, plugin, reverse_data, cache, tmp_path):  # noqa: F811 (the fixture)
+    """A cache holding the entries of two runs (seeds 1 and 4), and what the first run learned."""
+    from test_prepared_data import entries, run, trained
+
+    run(cli, reverse_data, tmp_path / "a")
+    [first] = entries(cache)
+    run(cli, reverse_data, tmp_path / "b", "--seed", "4")
+    [second] = [e for e in entries(cache) if e != first]
+    return (first, second), trained(tmp_path / "a")
+
+
+@pytest.mark.slow  # each example trains a few updates through the command line
+@settings(max_examples=12, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(how=st.sampled_from(["truncated", "swapped", "retyped", "emptied"]), data=st.data())
+def test_a_cache_file_truncated_swapped_or_retyped_is_made_again(cli, plugin, reverse_data, cache, two_entries,  # noqa: F811
+                                                                  tmp_path_factory, monkeypatch, how, data):
+    import shutil
+
+    from test_prepared_data import run, trained, warnings_of
+
+    (first, second), learned = two_entries
+    copy = tmp_path_factory.mktemp("cache")
+    shutil.copytree(cache, copy, dirs_exist_ok=True, symlinks=True)
+    monkeypatch.setenv("TASKFORMER_CACHE", str(copy))
+    entry = copy / "data" / first.name
+    files = sorted(p.relative_to(entry) for p in entry.rglob("*") if p.is_file()
+                   and (how != "retyped" or p.suffix == ".json")
+                   and (how != "swapped" or (second / p.relative_to(entry)).exists()))
+    path = entry / data.draw(st.sampled_from(files))
+    if how == "truncated":
+        path.write_bytes(path.read_bytes()[: data.draw(st.integers(0, max(path.stat().st_size - 1, 0)))])
+    elif how == "swapped":
+        path.write_bytes((copy / "data" / second.name / path.relative_to(entry)).read_bytes())
+    elif how == "emptied":
+        path.write_bytes(b"")
+    else:
+        path.write_text(json.dumps(retyped(json.loads(path.read_text()), data.draw)))
+    out = tmp_path_factory.mktemp("again") / "run"
+    result = run(cli, reverse_data, out)  # exit 0, no traceback
+    assert len(warnings_of(result)) <= 1, result.stderr
+    assert trained(out) == learned  # the entry read or made again, never another seed's rows
