@@ -194,3 +194,18 @@ def test_a_cache_file_truncated_swapped_or_retyped_is_made_again(cli, plugin, re
     result = run(cli, reverse_data, out)  # exit 0, no traceback
     assert len(warnings_of(result)) <= 1, result.stderr
     assert trained(out) == learned  # the entry read or made again, never another seed's rows
+
+
+def test_a_cache_entry_whose_data_json_holds_another_type_is_made_again(cli, plugin, reverse_data, cache,  # noqa: F811
+                                                                         two_entries, tmp_path):
+    """A val row's source given as a number passed the cache's checks and ended the run in an internal
+    ``TypeError`` (the fuzz above found it)."""
+    from test_prepared_data import run, trained, warnings_of
+
+    (entry, _), learned = two_entries
+    saved = json.loads((entry / "data.json").read_text())
+    saved["splits"]["val"][0][0] = 7
+    (entry / "data.json").write_text(json.dumps(saved))
+    result = run(cli, reverse_data, tmp_path / "again")
+    assert trained(tmp_path / "again") == learned
+    assert [w for w in warnings_of(result) if "data.json is not what the cache writes" in w], result.stderr
