@@ -209,3 +209,33 @@ def test_a_cache_entry_whose_data_json_holds_another_type_is_made_again(cli, plu
     result = run(cli, reverse_data, tmp_path / "again")
     assert trained(tmp_path / "again") == learned
     assert [w for w in warnings_of(result) if "data.json is not what the cache writes" in w], result.stderr
+
+
+# -- a language model's report samples, as they ran ------------------------------------------------------------
+
+def test_a_language_models_report_samples_show_whole_distinct_prompts_as_the_model_read_them(tmp_path):
+    """The held-out text began inside a line, whose tail (``?``) was a prompt; two paragraphs that begin
+    alike gave two identical rows; a prompt's characters outside the vocabulary went unmentioned; a
+    continuation's line breaks looked like the table's own wrapping."""
+    from test_robustness_five import LM, text_dir
+
+    from conftest import run_cli
+    from taskformer.app import report, runner
+
+    val = "?\n\nROMEO:\nyes\n\nROMEO:\nno\n\nZoë:\nhi\n\n"
+    line = "Line 1: a small play, said twice\n"
+    train = (line * 100)[: 3 * len(val) - 1] + "x"  # three quarters of the text, ending inside a line
+    data = text_dir(tmp_path, train + val)
+    out = tmp_path / "lm"
+    ran = run_cli("run", "shakespeare-char", "--data-dir", str(data), "--out", str(out), *LM,
+                  "--set", "data.val_fraction=0.25", "--set", "decode.max_new_tokens=40")
+    assert ran.returncode == 0, ran.stderr
+    [table] = [part for title, part in report.sections(runner.load(out)) if title == "Samples"]
+    prompts, continuations = ([str(cell) for cell in column.cells] for column in table.columns)
+
+    def unknown(prompt):
+        return " ".join(c for c in dict.fromkeys(prompt) if c not in train)
+
+    assert prompts == [f"ROMEO:\n(read as [UNK]: {unknown('ROMEO:')})", f"Zoë:\n(read as [UNK]: {unknown('Zoë:')})"]
+    assert all("\n" not in cell.replace("↵\n", "") for cell in continuations), continuations
+    assert "↵ marks a line break" in str(table.caption)
