@@ -239,3 +239,22 @@ def test_a_language_models_report_samples_show_whole_distinct_prompts_as_the_mod
     assert prompts == [f"ROMEO:\n(read as [UNK]: {unknown('ROMEO:')})", f"Zoë:\n(read as [UNK]: {unknown('Zoë:')})"]
     assert all("\n" not in cell.replace("↵\n", "") for cell in continuations), continuations
     assert "↵ marks a line break" in str(table.caption)
+
+
+# -- a CSV that pandas cannot parse: our words, the file and the line ------------------------------------------
+
+@pytest.mark.parametrize("body, said", [
+    ('text,label\n"never closed,a\nfoo,b\n',  # was: Error tokenizing data. C error: EOF inside string starting at row 1
+     'train.csv:2: a quoted cell that is never closed (a " that opens a cell runs to the end of the file)'),
+    ("text,label\nfoo,b\nx,y,z,w\nbar,c\n",  # was: Error tokenizing data. C error: Expected 2 fields in line 3, saw 4
+     "train.csv:3: 4 cells where the first line has 2 (a separator too many, or a cell to quote)"),
+])
+def test_a_csv_that_cannot_be_parsed_is_named_with_its_line_in_our_words(tmp_path, body, said):
+    from conftest import task_data
+    from taskformer.core.errors import TaskformerError
+
+    path = tmp_path / "train.csv"
+    path.write_text(body)
+    with pytest.raises(TaskformerError) as refused:
+        task_data("classify", path)
+    assert str(refused.value) == f"{tmp_path / said}", str(refused.value)
