@@ -258,3 +258,83 @@ def test_a_csv_that_cannot_be_parsed_is_named_with_its_line_in_our_words(tmp_pat
     with pytest.raises(TaskformerError) as refused:
         task_data("classify", path)
     assert str(refused.value) == f"{tmp_path / said}", str(refused.value)
+
+
+# -- a disk that fills while a run writes: one Error line, exit 2, the previous files intact ------------------
+
+@pytest.fixture
+def full_at(monkeypatch):
+    """``full_at(PART)``: the disk fills when a file whose path holds PART is written (the fsync of its
+    atomic write fails with ENOSPC, as on a disk whose blocks are allocated when the data is flushed)."""
+    import errno
+    import os
+
+    sync = os.fsync
+
+    def fill(part):
+        def fsync(fd):
+            if part in os.readlink(f"/proc/self/fd/{fd}"):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return sync(fd)
+        monkeypatch.setattr(os, "fsync", fsync)
+    return fill
+
+
+@pytest.mark.parametrize("part", [".result.json.", ".outputs-val.jsonl.", ".model.safetensors.", "/.tmp-",
+                                  ".report.html."], ids=["result", "outputs", "best weights", "checkpoint", "report"])
+def test_a_disk_that_fills_as_a_run_writes_is_one_error_and_the_run_goes_on_from_what_is_intact(
+        cli, tmp_path, full_at, monkeypatch, part):
+    """The best weights and a checkpoint's files were renamed into place without an fsync: a disk that
+    fills as the data is flushed failed after the rename (and a crash could publish an empty file)."""
+    out = tmp_path / "run"
+    full_at(part)
+    result = cli("run", "copy", "--out", str(out), *TINY)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert result.exit_code == 2 and len(errors) == 1 and "Traceback" not in result.output, result.output
+    assert "No space left on device" in errors[0] or "no space left on" in errors[0], errors
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp") or p.name.startswith(".tmp-")], \
+        "a write cut short left its temporary file"
+    monkeypatch.undo()
+    if (out / "result.json").exists():  # the report failed: the run is finished, its report is made again
+        assert "taskformer report" in errors[0] and cli("report", str(out)).exit_code == 0
+    elif list((out / "checkpoints").glob("step-*")):  # the checkpoint is intact: the run resumes from it
+        assert f"resume with: taskformer run --resume {out}" in errors[0], errors
+        assert cli("run", "--resume", str(out), "--quiet").exit_code == 0
+    else:  # nothing to resume: the same command starts it again
+        assert f"--out {out}" in errors[0], errors
+        assert cli("run", "copy", "--out", str(out), *TINY).exit_code == 0
+    assert (out / "result.json").exists() and (out / "report.html").exists()
+
+
+def test_a_new_run_after_a_resume_in_the_same_process_records_its_own_precision(cli, tmp_path):
+    """A resume pins the precision its run recorded, for the process: a new run after it (the API, a
+    notebook) took that pin and recorded "..., as when the run started" though it had just started."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert cli("run", "copy", "--out", str(first), *TINY).exit_code == 0
+    (first / "result.json").unlink()
+    assert cli("run", "--resume", str(first), "--quiet").exit_code == 0
+    assert "as when the run started" in json.loads((first / "result.json").read_text())["info"]["precision"]
+    assert cli("run", "copy", "--out", str(second), *TINY).exit_code == 0
+    assert "as when the run started" not in json.loads((second / "result.json").read_text())["info"]["precision"]
+
+
+@pytest.mark.slow  # spawns a process: the file size limit binds a whole process
+def test_a_report_larger_than_the_file_size_limit_is_one_error_and_the_earlier_report_stays(finished, tmp_path):
+    """RLIMIT_FSIZE (``ulimit -f``) makes the write of report.html fail with EFBIG, as a full disk would:
+    the report written before is left whole, with no temporary file beside it."""
+    import resource
+    import shutil
+    import subprocess
+    import sys
+
+    run = shutil.copytree(finished, tmp_path / "run")
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    limit = (run / "report.txt").stat().st_size + 1000  # report.txt fits, report.html (its plots inline) does not
+    assert (run / "report.html").stat().st_size > limit
+    result = subprocess.run([sys.executable, "-m", "taskformer", "report", str(run)], capture_output=True, text=True,
+                            timeout=300, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert result.returncode == 2 and errors == [f"Error: cannot write {run} (File too large); once it can be "
+                                                 f"written, make the report again: taskformer report {run}"], result.stderr
+    assert (run / "report.html").read_bytes() == before["report.html"]
+    assert sorted(p.name for p in run.iterdir() if p.is_file()) == sorted(before)  # no temporary file left

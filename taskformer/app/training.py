@@ -359,6 +359,7 @@ class Interrupted(TaskformerError):
 
 def precision_record(device: torch.device) -> dict:
     """What ``train.bf16=auto`` found on this hardware when the run started (kept in config.json)."""
+    precision.unpin()  # a run resumed earlier in this process pinned its own record
     native, why = precision.bf16_native(device.type)
     return {"device": device.type, "bf16_native": native, "why": why}
 
