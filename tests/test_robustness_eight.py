@@ -100,9 +100,9 @@ def damage(path, how, other_run, draw) -> None:
         header = json.loads(raw[8:8 + size])
         name = draw(st.sampled_from(sorted(k for k in header if k != "__metadata__")))
         header[name]["dtype"] = "I32" if header[name]["dtype"] == "F32" else "I16"
-        text = json.dumps(header).encode().ljust(size)
-        path.write_bytes(raw[:8] + text[:size] if len(text) == size else len(text).to_bytes(8, "little") + text
-                         + raw[8 + size:])
+        text = json.dumps(header, separators=(",", ":")).encode()
+        text = text.ljust(size) if len(text) <= size else text  # padded as safetensors pads its header
+        path.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + size:])
     elif path.suffix == ".jsonl":
         lines = path.read_text().splitlines()
         at = draw(st.integers(0, len(lines) - 1))
