@@ -149,6 +149,18 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
+def synced(*paths: Path) -> None:
+    """fsync what a library wrote (safetensors' writer does not), before a rename publishes it: a crash
+    then never leaves a named file whose bytes were not yet on the disk, and a disk that fills late
+    (the error comes when the data is flushed) fails the write here, not after the rename."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 def save_weights(model: torch.nn.Module | dict[str, torch.Tensor], path: Path,
                  stamp: dict[str, str] | None = None) -> None:
     """Atomically save weights; tied matrices are stored once (safetensors refuses aliases).
@@ -164,6 +176,7 @@ def save_weights(model: torch.nn.Module | dict[str, torch.Tensor], path: Path,
             save_model(model, tmp, metadata=stamp)
         else:
             save_file(model, tmp, metadata=stamp)
+        synced(Path(tmp))
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
@@ -377,6 +390,7 @@ def save_training_state(ckpt_root: Path, step: int, model, optimizer, scheduler,
         optimizer_state.save(tmp / optimizer_state.FILE, optimizer, scheduler)
         (tmp / "state.json").write_text(json.dumps(state), encoding="utf-8")
         (tmp / CHECKPOINT_MARK).write_text(json.dumps({"step": step}), encoding="utf-8")
+        synced(*tmp.iterdir(), tmp)
         if final.exists():  # ours (checked above): the same step saved again (its stop reason, a resumed run)
             _remove(final)
         os.replace(tmp, final)

@@ -72,6 +72,7 @@ class Compiled(nn.Module):
         self.model: SequenceModel = model
         self.cfg = model.cfg
         self.gpu = next(model.parameters()).device.type == "cuda"
+        self.failed: str | None = None  # why compiling failed, once it has: a record says the step ran as it is
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_folder()))
         if options is None and backend == "inductor":
             # CPU: Inductor's C++ wrapper calls the kernels without Python; freezing folds the weights into
@@ -109,8 +110,9 @@ class Compiled(nn.Module):
                 return self._step(tgt.clone(memory_format=torch.contiguous_format), memory, memory_mask, cache, start)
             except Exception as error:  # noqa: BLE001 -- any failure of the compiler: decode as before
                 self._step = None
-                warnings.warn(f"decode.compile: compiling the decoding step failed ({type(error).__name__}: "
-                              f"{str(error).splitlines()[0] if str(error) else ''}); decoding without it", stacklevel=2)
+                self.failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+                warnings.warn(f"decode.compile: compiling the decoding step failed ({self.failed}); decoding without it",
+                              stacklevel=2)
         return self.model.decode(tgt, memory, memory_mask, cache, start)
 
     def new_cache(self, steps: int = 0):

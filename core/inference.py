@@ -215,3 +215,14 @@ def for_decoding(model: Transformer | Ensemble, quantize: str, compile: bool = F
             twin = compiled(model, quantize) if compile else int8(model) if quantize == "int8" else packed(model)
             kept = _copies[model] = ((quantize, compile, versions), twin)
     return kept[1]
+
+
+def compile_record(model: Transformer | Ensemble, compile: bool) -> dict[str, str]:
+    """What ``decode.compile`` did for ``model``'s decoding, as a record states it: nothing where it was not
+    asked for; else that the step ran compiled, or that its compiler failed and the step ran as it is
+    (the setting alone would say compiled)."""
+    if not compile:
+        return {}
+    kept = _copies.get(model)
+    failed = getattr(kept[1], "failed", None) if kept else None
+    return {"compile": f"failed ({failed}); decoded without it" if failed else "compiled decoding step"}

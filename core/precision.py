@@ -51,6 +51,11 @@ def pin(device_type: str, native: bool, why: str) -> None:
     _pinned[device_type] = (native, why)
 
 
+def unpin() -> None:
+    """Probe again: a new run in a process that resumed another decides for itself (and records so)."""
+    _pinned.clear()
+
+
 def bf16_native(device_type: str) -> tuple[bool, str]:
     """Whether bf16 runs natively (and faster) on this kind of device, and why in a few words."""
     return _pinned.get(device_type) or _probe(device_type)

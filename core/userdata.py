@@ -296,10 +296,23 @@ def read_table(path: Path, columns: str) -> Part:
         cause = str(e.__cause__ or e).strip().splitlines() or [type(e.__cause__ or e).__name__]
         if reason is None and any(words in cause[0] for words in NO_ROWS):
             reason = f"{path}: holds no rows of data{' (a header at most)' if builder == 'csv' else ''}"
+        if reason is None and builder == "csv":
+            reason = csv_reason(path, cause[0])
         raise DataError(reason or f"{path}: cannot read as {ext[1:]} ({cause[0]})") from None
     if "translation" in table.column_names and hasattr(table.features["translation"], "keys"):
         table = table.flatten().rename_columns({c: c.removeprefix("translation.") for c in table.flatten().column_names})
     return Part(table, path.name, "line" if ext == ".jsonl" else "row", numbered(len(table)))
+
+
+def csv_reason(path: Path, said: str) -> str:
+    """pandas' words for a CSV it cannot parse, in ours: the file, the line where pandas gives it, what is wrong."""
+    if cells := re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", said):
+        expected, line, saw = cells.groups()
+        return f"{path}:{line}: {saw} cells where the first line has {expected} (a separator too many, or a cell to quote)"
+    if quote := re.search(r"EOF inside string starting at row (\d+)", said):
+        return (f"{path}:{int(quote.group(1)) + 1}: a quoted cell that is never closed (a \" that opens a cell runs to "
+                "the end of the file)")
+    return f"{path}: not a CSV file that can be read ({said.removeprefix('Error tokenizing data. C error: ')})"
 
 
 def read_text(paths: list[Path], opts: ReadOptions) -> tuple[dict[str, list[Part]], str]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from taskformer import DataError, Task, TaskData, characters, hookimpl, option, subword
 from taskformer.core import userdata
+from taskformer.core.tokenize import UNK
 
 TEXT = ("text", "content", "document", "body", "sentence")
 
@@ -93,3 +94,45 @@ def taskformer_data(task, config, data_dir, tokenizer):
     source.notes["characters"] = ", ".join(f"{s} {characters_in(splits[s]):,}" for s in userdata.SPLITS)
     userdata.tell(source)
     return TaskData(tokenizer=tokenizer, splits=splits, notes=source.notes)
+
+
+@hookimpl
+def taskformer_report_sections(run):
+    return [("Samples", continuations(run))]
+
+
+def continuations(run, count: int = 3, longest: int = 200) -> Any:
+    """Continuations of a few val lines (the first of each paragraph, then the first paragraph's others),
+    with the run's decode settings (at most ``longest`` tokens each), shown as they ran: each prompt
+    once (a seeded search continues it alike every time), whole lines only (the held-out text may
+    begin inside a line, so the first one is left out), the part of a long prompt the model read,
+    what it read as ``[UNK]`` named, and line breaks marked ``↵``."""
+    from dataclasses import replace
+
+    import torch
+    from rich.table import Table
+
+    from taskformer import search
+
+    texts = [text for _, _, text in run.samples.get("val", [])]
+    lines = [text.split("\n")[0] for text in texts[1:]] + [line for text in texts[:1] for line in text.split("\n")[1:]]
+    prompts = list(dict.fromkeys(line for line in lines if line.strip()))[:count]
+    decode = replace(run.config.decode, max_new_tokens=min(run.config.decode.max_new_tokens, longest))
+    table = Table(show_lines=True)
+    for column in ("prompt", "continuation"):
+        table.add_column(column, overflow="fold")  # a long word is folded, never cut with an ellipsis
+    outputs, notes = [], ["↵ marks a line break"]
+    for prompt in prompts:
+        encoding = run.tokenizer.encode(prompt)
+        read = max(len(encoding.ids) - run.model.cfg.max_len, 0)  # the model reads the last max_len tokens
+        unknown = dict.fromkeys(prompt[a:b] for t, (a, b) in zip(encoding.ids[read:], encoding.offsets[read:]) if t == UNK)
+        src = torch.tensor([encoding.ids[read:]], device=run.device)
+        outputs.append(run.tokenizer.decode(search(run.model.eval(), src, decode)[0]))
+        shown = "…" + prompt[encoding.offsets[read][0]:] if read else prompt
+        table.add_row(shown + (f"\n(read as [UNK]: {' '.join(unknown)})" if unknown else ""),
+                      outputs[-1].replace("\n", "↵\n"))
+    if repeated := len(outputs) - len(set(outputs)):
+        notes.append(f"{repeated} continuation{'s' * (repeated > 1)} repeat{'s' * (repeated == 1)} an earlier one word "
+                     "for word")
+    table.caption = "; ".join(notes)
+    return table

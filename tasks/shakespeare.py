@@ -10,12 +10,10 @@ continues a prompt.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
-
-from rich.table import Table
+from dataclasses import dataclass
 
 from taskformer import DataError, Task, TaskData, characters, find_file, hookimpl, option, read_lines, subword
-from taskformer.tasks.lm import DEFAULTS, METRIC_GROUPS, RECIPES
+from taskformer.tasks.lm import DEFAULTS, METRIC_GROUPS, RECIPES, continuations
 
 
 @dataclass
@@ -81,15 +79,4 @@ def taskformer_data(config, data_dir, tokenizer):
 
 @hookimpl
 def taskformer_report_sections(run):
-    """Continuations of the first line of a few val paragraphs, with the run's decode settings (at
-    most 200 tokens each)."""
-    import torch
-
-    from taskformer import search
-    prompts = [reference.split("\n")[0] for _, _, reference in run.samples.get("val", []) if reference.strip()][:3]
-    decode = replace(run.config.decode, max_new_tokens=min(run.config.decode.max_new_tokens, 200))
-    table = Table("prompt", "continuation", show_lines=True)
-    for prompt in prompts:
-        src = torch.tensor([run.tokenizer.encode(prompt).ids[-run.model.cfg.max_len:]], device=run.device)
-        table.add_row(prompt, run.tokenizer.decode(search(run.model.eval(), src, decode)[0]))
-    return [("Samples", table)]
+    return [("Samples", continuations(run))]

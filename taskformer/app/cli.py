@@ -323,7 +323,7 @@ def predict_cmd(run_dir, text, beam, overrides, as_json, threads, quiet) -> None
 
         torch.set_num_threads(resources.checked_threads(threads))
     runner.set_decoding(run, overrides, "predict --set")
-    config = runner.with_search(run.config, beam)
+    run.config = config = runner.with_search(run.config, beam)  # what search_of then states
     tagger, pairs, cut, done = run.model.cfg.kind.per_word, run.model.cfg.pairs, 0, 0
     engine = hooks.engine_choice(run.task, run.model, config)  # an engine that cannot decode it: refused here
     settings = None if run.model.cfg.kind.encoder else runner.generation_settings(run, config)
@@ -351,6 +351,8 @@ def predict_cmd(run_dir, text, beam, overrides, as_json, threads, quiet) -> None
         sys.exit(141)  # what a shell reports for a filter ended by SIGPIPE
     except OSError as e:  # /dev/full, a file too large, a disk gone: the outputs are not where they should be
         raise TaskformerError(f"cannot write predict's outputs to standard output ({e.strerror or e})") from None
+    if as_json and not run.model.cfg.kind.classifies:  # the search that ran, --set and --beam included
+        click.echo(f"search: {as_json_text(runner.search_of(run))}", err=True)
     if cut:
         click.echo(f"warning: {cut} input(s) longer than the model's {run.model.cfg.max_len} positions were truncated",
                    err=True)

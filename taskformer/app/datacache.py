@@ -188,12 +188,32 @@ def load(task: Task, config: RunConfig, data_dir: str | None, hook: Callable[[],
 def read_entry(entry: Path, hook: Callable[[], TaskData]) -> TaskData:
     check_mark(entry)
     saved = ckpt.read_json(entry / "data.json")
+    if not written_data(saved):
+        raise Unusable("its data.json is not what the cache writes")
     splits: dict[str, Sequence] = {split: [(tuple(row[0]) if isinstance(row[0], list) else row[0], *row[1:])
                                            for row in rows]  # JSON keeps a pair of texts as a list
                                    for split, rows in saved["splits"].items()}
     splits.update({split: Reread(count, hook) for split, count in saved["counts"].items()})
     tokenizer = Tokenizer.from_str(ckpt.read_bytes(entry / TOKENIZER).decode("utf-8"))
     return TaskData(tokenizer=tokenizer, splits=splits, labels=saved["labels"], notes=saved["notes"])
+
+
+def written_data(saved: Any) -> bool:
+    """Whether an entry's data.json holds what :func:`write_entry` writes: rows of texts (a source,
+    or a pair of them, and a target, and a row's fields), whole-number row counts, labels and notes.
+    A value of another type would be trusted, and fail the run far from here."""
+    def row(r: Any) -> bool:
+        source = r[0] if isinstance(r, list) and len(r) in (2, 3) else None
+        return (isinstance(source, str) or isinstance(source, list) and len(source) == 2
+                and all(isinstance(t, str) for t in source)) and isinstance(r[1], str) and (
+                    len(r) == 2 or isinstance(r[2], dict))
+    return (isinstance(saved, dict) and isinstance(splits := saved.get("splits"), dict)
+            and all(isinstance(rows, list) and all(map(row, rows)) for rows in splits.values())
+            and isinstance(counts := saved.get("counts"), dict)
+            and all(type(n) is int and n >= 0 for n in counts.values())
+            and (saved.get("labels") is None or isinstance(saved["labels"], list)
+                 and all(isinstance(label, str) for label in saved["labels"]))
+            and isinstance(saved.get("notes"), dict))
 
 
 def check_mark(entry: Path) -> None:

@@ -187,7 +187,10 @@ def search_of(run: Run) -> dict:
     how = ({"strategy": "sample", "temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p, "seed": d.seed}
            if d.temperature > 0 else {"strategy": d.strategy, "beam": d.beam if d.strategy == "beam" else 1,
                                       "length_penalty": d.length_penalty})
-    return {**how, "max_len_a": d.max_len_a, "max_len_b": d.max_len_b, "quantize": d.quantize}
+    limits = {k: getattr(d, k) for k in ("max_len_a", "max_len_b", "max_new_tokens")
+              if applies(type(d), k, run.task.variant)}  # the ones its variant reads
+    return {**how, **limits, "quantize": d.quantize,
+            **inference.compile_record(run.model, d.compile and run.model.cfg.kind.decoder)}
 
 
 def set_decoding(run: Run, overrides: list[str], option: str) -> None:

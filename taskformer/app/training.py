@@ -54,7 +54,7 @@ from taskformer.app.rundir import (
 from taskformer.app.trackers import TrackedLog
 from taskformer.core import checkpoint as ckpt
 from taskformer.core import config as C
-from taskformer.core import cores, precision, progress
+from taskformer.core import cores, inference, precision, progress
 from taskformer.core.clock import Clock
 from taskformer.core.config import RunConfig
 from taskformer.core.data import Encoded, TaskData
@@ -291,6 +291,7 @@ def finish(begun: Begun, state: dict) -> Run:
         "device": str(run.device),
         "precision": f"{'bf16' if bf16 else 'fp32'} ({why})",
         "engine": str(engine_choice(task, model, config)),
+        **inference.compile_record(model, config.decode.compile and model.cfg.kind.decoder),
         "threads": torch.get_num_threads(),
         "parameters": model.num_parameters(),
         "data": {s: len(data.splits[s]) for s in SPLITS},
@@ -362,6 +363,7 @@ class Interrupted(TaskformerError):
 
 def precision_record(device: torch.device) -> dict:
     """What ``train.bf16=auto`` found on this hardware when the run started (kept in config.json)."""
+    precision.unpin()  # a run resumed earlier in this process pinned its own record
     native, why = precision.bf16_native(device.type)
     return {"device": device.type, "bf16_native": native, "why": why}
 
