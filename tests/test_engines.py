@@ -48,8 +48,10 @@ def test_auto_picks_the_runtime_that_can_decode_each_variant():
     (COPY, DecodeConfig(temperature=0.8), CPU, "sampling: decode.seed"),
     (COPY._replace(variant="encoder-only", members=2), DecodeConfig(), CPU, "ONNX Runtime runs one network"),
     (COPY._replace(variant="tagging"), DecodeConfig(), {"ctranslate2": CPU["ctranslate2"]}, "onnxruntime is not"),
+    (COPY._replace(variant="decoder-only", positions=64), DecodeConfig(max_new_tokens=64), CPU,
+     "decode.max_new_tokens=64 leaves no room for a prompt in the model's 64 positions"),
 ], ids=["ensemble", "decode-hook", "own-head", "compile", "not-installed", "no-cuda", "sampling", "onnx-ensemble",
-        "onnx-not-installed"])
+        "onnx-not-installed", "no-room-for-a-prompt"])
 def test_auto_falls_back_to_torch_and_says_why(facts, decode, found, why):
     choice = engines.choose("auto", facts, decode, False, found)
     assert choice.engine == "torch" and why in choice.reason

@@ -147,6 +147,18 @@ def test_the_server_streams_a_continuation(lm):
     assert len(pieces) > 1 and "".join(pieces) == expected["continuation"]  # token by token, as it was written
 
 
+def test_the_engine_named_beside_a_continuation_is_the_one_that_wrote_it(lm):
+    pytest.importorskip("ctranslate2", reason="the engine tests need the test extra (ctranslate2)")
+    # a context of 16: the default 500 new tokens leave no room for a prompt on CTranslate2, so ours writes it
+    settings = predicted(lm.dir, "--set", "decode.temperature=0")["settings"]
+    assert settings["engine"] == "torch"
+    evaluated = cli("eval", lm.dir, "--split", "val", "--json", "--set", "decode.temperature=0")
+    assert evaluated.exit_code == 0, evaluated.stderr
+    assert "leaves no room for a prompt" in json.loads(evaluated.stdout)["engine"]["reason"]
+    assert predicted(lm.dir, "--set", "decode.temperature=0", "--set", "decode.max_new_tokens=6")["settings"]["engine"] \
+        == "ctranslate2"
+
+
 def test_ctranslate2_generates_the_greedy_continuations_of_taskformer(lm, tmp_path):
     ctranslate2 = pytest.importorskip("ctranslate2", reason="the export tests need the test extra (ctranslate2)")
     from tokenizers import Tokenizer

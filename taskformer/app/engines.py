@@ -59,6 +59,7 @@ class Facts(NamedTuple):
     own_decoder: str | None  # the plugin whose taskformer_decode searches instead of the default
     own_head: str | None  # the class of a plugin's output head, where it is not the variant's own
     device: str  # cpu or cuda
+    positions: int = 0  # model.max_len: a language model's prompt and continuation must fit in them on CTranslate2
 
 
 class Choice(NamedTuple):
@@ -127,6 +128,9 @@ def obstacle(runtime: str, facts: Facts, decode: DecodeConfig, found: dict[str, 
         return "decode.compile=true asks for our compiled decoding step"
     if runtime == "ctranslate2" and decode.no_repeat_ngram:
         return "decode.no_repeat_ngram is our search's rule (the prompt's n-grams count too)"
+    if runtime == "ctranslate2" and not variants.of(facts.variant).encoder and decode.max_new_tokens >= facts.positions > 0:
+        return (f"decode.max_new_tokens={decode.max_new_tokens} leaves no room for a prompt in the model's "
+                f"{facts.positions} positions (model.max_len); CTranslate2 cannot slide the context as our decoder does")
     if runtime not in found:
         if facts.device == "cuda":
             needs = f"; CTranslate2 needs {CUBLAS}" if runtime == "ctranslate2" else ""
@@ -171,6 +175,9 @@ def choose(asked: str, facts: Facts, decode: DecodeConfig, bf16: bool, found: di
         raise EngineError(f"decode.engine={asked}: {why_not}")
     compute, note = compute_type(runtime, decode, bf16, found[runtime])
     what = "this network and its search" if variants.of(facts.variant).decoder else "this network"
+    if runtime == "ctranslate2" and not variants.of(facts.variant).encoder:
+        note += (f"; a prompt whose continuation would pass model.max_len ({facts.positions}) is continued by our "
+                 "decoder, which slides the context")
     return Choice(runtime, compute, f"{'auto: ' if asked == 'auto' else ''}{runtime} is installed and runs {what}{note}")
 
 

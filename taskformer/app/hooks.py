@@ -280,7 +280,7 @@ def engine_choice(task: Task, model: Transformer | Ensemble, config: RunConfig) 
     head = model.members[0].head if isinstance(model, Ensemble) else model.head
     own_head = None if type(head) is DEFAULT_HEADS[model.cfg.variant] else type(head).__name__
     facts = engines.Facts(task.variant, len(model.members) if isinstance(model, Ensemble) else 1, own_decoder(task),
-                          own_head, device.type)
+                          own_head, device.type, model.cfg.max_len)
     bf16, _ = precision.choose(config.train.bf16, device)
     return engines.choose(config.decode.engine, facts, config.decode, bf16, engines.available(device.type))
 
