@@ -127,7 +127,7 @@ def test_output_folder_is_never_clobbered_by_accident(copy_run, cli, tmp_path):
 @needs_ct2
 def test_the_python_example_in_docs_export_md_runs(copy_run, cli, tmp_path, monkeypatch, capsys):
     doc = (Path(__file__).resolve().parents[1] / "docs" / "export.md").read_text(encoding="utf-8")
-    example = re.findall(r"```python\n(.*?)```", doc, flags=re.S)[0]
+    example = next(block for block in re.findall(r"```python\n(.*?)```", doc, flags=re.S) if "copy-ct2" in block)
     monkeypatch.chdir(tmp_path)
     assert cli("export", str(copy_run), "--to", "ctranslate2", "copy-ct2").exit_code == 0
     threads = torch.get_num_threads()

@@ -312,7 +312,7 @@ def save(path: Path, array: np.ndarray) -> str:
         spilled.seek(0)
         blocks: Iterable[bytes | memoryview] = iter(lambda: spilled.read(BLOCK), b"")
     else:
-        flat = memoryview(cast(Any, array)).cast("B")
+        flat = memoryview(cast(Any, array.reshape(-1).view(np.uint8)))  # as bytes, an empty (0, 2) array too
         blocks = (flat[start : start + BLOCK] for start in range(0, len(flat), BLOCK))
     digest = hashlib.sha256()
     with open(path, "wb") as out:
