@@ -3,6 +3,7 @@ file and line (a task's data hook reads its files with these; :mod:`taskformer.c
 what it returns)."""
 from __future__ import annotations
 
+import csv
 import gzip
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
@@ -93,3 +94,20 @@ def read_tsv(path: str | Path, columns: int = 2) -> list[tuple[str, ...]]:
             raise DataError(f"{path}:{i}: empty {empty}")
         rows.append(tuple(cells))
     return rows
+
+
+def first_row_too_wide(path: Path, sep: str, quoted: bool, names: int = 0) -> str | None:
+    """``file:line`` where a table's first row of data has more cells than its header (or than the
+    ``names`` given for a file without one): pandas would silently make the extra cell the rows'
+    index and shift every column by one, where any later row that is too wide is refused."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8-sig", errors="replace", newline="") as f:
+        reader = csv.reader(f, delimiter=sep, quoting=csv.QUOTE_MINIMAL if quoted else csv.QUOTE_NONE)
+        rows = (row for row in reader if row)
+        width = names or len(next(rows, []))
+        first = next(rows, None)
+        if first is not None and len(first) > width:
+            header = "the column names given are" if names else "the first line has"
+            return (f"{path}:{reader.line_num}: {len(first)} cells where {header} {width} (a separator too many, "
+                    "or a cell to quote)")
+    return None

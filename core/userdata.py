@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from taskformer.core.errors import DataError
+from taskformer.core.files import first_row_too_wide
 from taskformer.core.options import option
 from taskformer.core.userlines import BATCH, Part, batches, numbered, quiet_datasets, read_aligned, read_conll, text_part
 from taskformer.core.userlines import read_text as read_running
@@ -284,6 +285,9 @@ def read_table(path: Path, columns: str) -> Part:
             options["quoting"] = 3  # csv.QUOTE_NONE
         if columns:
             options.update(header=None, column_names=[c.strip() for c in columns.split(",")])
+    width = len(options.get("column_names", ())) if builder == "csv" else 0
+    if builder == "csv" and (wide := first_row_too_wide(path, options["sep"], ext != ".tsv", width)):
+        raise DataError(wide)
     if builder == "json" and starts_with_null(path):  # pyarrow's JSON reader ends the process on it (SIGSEGV)
         raise DataError(f"{path}: its first row is null; {'each line' if ext == '.jsonl' else 'it'} must be a JSON "
                         f"object{'' if ext == '.jsonl' else ' or a list of objects'}")

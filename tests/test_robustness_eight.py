@@ -248,6 +248,8 @@ def test_a_language_models_report_samples_show_whole_distinct_prompts_as_the_mod
      'train.csv:2: a quoted cell that is never closed (a " that opens a cell runs to the end of the file)'),
     ("text,label\nfoo,b\nx,y,z,w\nbar,c\n",  # was: Error tokenizing data. C error: Expected 2 fields in line 3, saw 4
      "train.csv:3: 4 cells where the first line has 2 (a separator too many, or a cell to quote)"),
+    ("text,label\nhello world,a,extra\nbye,b\n",  # was: read with "hello world" as an index, every column shifted
+     "train.csv:2: 3 cells where the first line has 2 (a separator too many, or a cell to quote)"),
 ])
 def test_a_csv_that_cannot_be_parsed_is_named_with_its_line_in_our_words(tmp_path, body, said):
     from conftest import task_data
@@ -258,6 +260,16 @@ def test_a_csv_that_cannot_be_parsed_is_named_with_its_line_in_our_words(tmp_pat
     with pytest.raises(TaskformerError) as refused:
         task_data("classify", path)
     assert str(refused.value) == f"{tmp_path / said}", str(refused.value)
+
+
+def test_a_first_row_wider_than_the_column_names_given_is_refused_not_shifted(tmp_path):
+    from conftest import task_data
+    from taskformer.core.errors import TaskformerError
+
+    path = tmp_path / "train.csv"
+    path.write_text("hello world,a,extra\nbye,b\n")
+    with pytest.raises(TaskformerError, match=r"train.csv:1: 3 cells where the column names given are 2"):
+        task_data("classify", path, "data.columns=text,label")
 
 
 # -- a disk that fills while a run writes: one Error line, exit 2, the previous files intact ------------------
