@@ -35,6 +35,9 @@ from taskformer.core.train_config import TrainConfig
 TIME_LIMIT_PATIENCE = 10
 PROBE_SECONDS = 3.0  # timed updates of the pace probe: until this much time has passed ...
 PROBE_UPDATES = (2, 20)  # ... but at least 2 and at most 20 updates, after one untimed one
+# On a GPU an update is a tenth of a second once its kernels are chosen, and the first ones of each new
+# shape cost far more: the probe times this many at least, so that their median is a steady one.
+PROBE_GPU_UPDATES = 10
 RECIPE_SECTIONS = ("model", "train", "decode")
 # The warm-up of a short budget: at most this share of the updates the budget buys. A warm-up longer
 # than the run never reaches the peak rate (a 1,000-update warm-up in a 400-update run).
@@ -165,7 +168,8 @@ def measure_pace(model: Transformer | Ensemble, cfg: TrainConfig, train: Encoded
             counts.append(count)
             seconds.append(time.perf_counter() - begun)
             spent = time.perf_counter() - started
-            if len(counts) >= PROBE_UPDATES[1] or (len(counts) >= PROBE_UPDATES[0] and spent >= PROBE_SECONDS):
+            least = PROBE_UPDATES[0] if device.type == "cpu" else PROBE_GPU_UPDATES
+            if len(counts) >= PROBE_UPDATES[1] or (len(counts) >= least and spent >= PROBE_SECONDS):
                 break
         # on a GPU the processor mostly waits for it: its share says nothing of other processes
         share = 1.0 if device.type != "cpu" else clock.cpu_share(time.process_time() - cpu,

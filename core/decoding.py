@@ -19,6 +19,7 @@ from typing import NamedTuple, Protocol, TypeVar
 import numpy as np
 import torch
 
+from taskformer.core import precision
 from taskformer.core.data import encode_as_text
 from taskformer.core.decode_config import DecodeConfig  # noqa: F401 -- the search's settings, named here too
 from taskformer.core.errors import TaskformerError
@@ -202,16 +203,10 @@ def _next_logprobs(model, ys, memory: Memory, reader: Reader, step, limit, ignor
 
 
 def _steady_attention(search_fn):
-    """Run a search without cuDNN's attention kernels on a GPU. cuDNN builds a plan for every new shape
-    (milliseconds each), and a search's shapes change at every step (the cache grows, ended rows
-    leave): on an H100 a bf16 search spent 6 ms in each attention call, 90% of its time
-    (docs/benchmarks.md). FlashAttention, the memory-efficient kernel and the plain one need no plan."""
+    """Run a search with :func:`precision.steady_attention` on its source's device."""
     @functools.wraps(search_fn)
     def run(model, src: torch.Tensor, *args, **kwargs):
-        if src.device.type != "cuda":
-            return search_fn(model, src, *args, **kwargs)
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+        with precision.steady_attention(src.device):
             return search_fn(model, src, *args, **kwargs)
     return run
 

@@ -331,7 +331,8 @@ class Trainer:
         for i, (src, tgt) in enumerate(micro):
             net, last = self.net, i == len(micro) - 1  # DDP syncs the gradients of the last micro-batch only
             accumulating = net.no_sync() if isinstance(net, DistributedDataParallel) and not last else nullcontext()
-            with accumulating, precision.autocast(self.cfg.bf16, self.device):
+            attention = precision.steady_attention(self.device)
+            with accumulating, precision.autocast(self.cfg.bf16, self.device), attention:
                 loss, _ = batch_loss(self.net, src, tgt, self.cfg.label_smoothing)
             # DDP averages gradients over ranks; scaling by world turns that average into the global sum.
             (loss * self.world / total.clamp(min=1)).backward()

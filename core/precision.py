@@ -101,6 +101,18 @@ def autocast(setting, device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16) if use else nullcontext()
 
 
+def steady_attention(device: torch.device):
+    """Attention without cuDNN's kernels on a GPU. cuDNN builds a plan for every new shape (milliseconds
+    each, more in a backward pass), and the shapes change at every batch of training (bucketed lengths)
+    and every step of a search (the cache grows, ended rows leave): on an H100 a bf16 search spent 6 ms
+    in each attention call, 90% of its time (docs/benchmarks.md). FlashAttention, the memory-efficient
+    kernel and the plain one need no plan."""
+    if device.type != "cuda":
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
 @functools.cache
 def _warn_emulated(why: str) -> None:
     warnings.warn(f"train.bf16=true but bf16 is not native here ({why}): expect it to be much slower than fp32",
