@@ -29,12 +29,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: machine.py, for engine_race
 
 from taskformer.core import decoding, export, inference
 from taskformer.core.compiled import Compiled
