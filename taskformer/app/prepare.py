@@ -403,13 +403,16 @@ def decode_seconds(run: Run, data: TaskData) -> DecodeTiming:
     first time converting the weights, into a temporary folder and not the user's cache)."""
     run.model.eval()
     sample, config = timing_sample(run, data), run.config
-    seconds_per_example(run, [sample[0][:4]], validation_config(config))  # untimed: a first decode's one-time costs
-    validation = seconds_per_example(run, sample, validation_config(config))
+
+    def timed(decode_config: RunConfig) -> float:
+        # untimed first: a first decode's one-time costs, and on a GPU each new shape's choice of kernels
+        seconds_per_example(run, sample if run.device.type == "cuda" else [sample[0][:4]], decode_config)
+        return seconds_per_example(run, sample, decode_config)
+
+    validation = timed(validation_config(config))
     if engine_choice(run.task, run.model, config).engine == "torch":
-        if config.decode.strategy == config.decode.eval_strategy:
-            return DecodeTiming(validation, validation, 0.0)
-        seconds_per_example(run, [sample[0][:4]], config)  # untimed: its search's own first-call costs (a GPU's kernels)
-        return DecodeTiming(seconds_per_example(run, sample, config), validation, 0.0)
+        same = config.decode.strategy == config.decode.eval_strategy
+        return DecodeTiming(validation if same else timed(config), validation, 0.0)
     with uncached():
         first = seconds_per_example(run, sample, config)
         final = seconds_per_example(run, sample, config)
