@@ -233,7 +233,7 @@ def teacher_search(teacher: Run, temperature: float) -> dict:
     its label distributions, softened by ``temperature``."""
     if teacher.model.cfg.kind.classifies:
         return {"strategy": "distribution", "temperature": temperature}
-    return runner.search_of(teacher)
+    return runner.search_of(teacher, teacher.config)
 
 
 def decode(teacher: Run, data: TaskData, run_dir: Path, temperature: float) -> dict:
