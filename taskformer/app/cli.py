@@ -166,7 +166,7 @@ def config_cmd(task, config_file, overrides, as_json) -> None:
                                                 "and write no run directory.")
 def run_cmd(task, data_dir, out, time_limit, seed, config_file, overrides, resume, nproc, quiet, dry_run) -> None:
     """Train TASK, evaluate the best checkpoint on val and test, and print the report."""
-    from taskformer.app import distributed, plan, resources, rundir
+    from taskformer.app import distributed, outdir, plan, resources, rundir
     from taskformer.app.console import ProgressDisplay
     from taskformer.app.prepare import TrainRequest
 
@@ -189,7 +189,7 @@ def run_cmd(task, data_dir, out, time_limit, seed, config_file, overrides, resum
                            started=resources.command_started(), nproc=nproc)
     if nproc > 1:
         if not out and not resume:
-            request.out = str(rundir.default_run_dir(task))  # a TASK is given: --resume is not
+            request.out = str(outdir.default_run_dir(task))  # a TASK is given: --resume is not
         distributed.launch(nproc, train_and_report, request=request, quiet=quiet)
     else:
         train_and_report(request, quiet, shard=distributed.from_environment() or (0, 1))
