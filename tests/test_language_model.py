@@ -71,6 +71,28 @@ def test_top_k_of_one_samples_the_greedy_continuation(lm):
     assert lm.model.predict(["Citizen:"], top_k=1, temperature=1.5)[0] == greedy["continuation"]
 
 
+def test_a_continuations_settings_name_the_search_that_the_search_line_states(lm):
+    """``predict --json`` gives a language model's ``settings`` beside each continuation and the whole
+    ``search`` on stderr: the two say the same, the settings in fewer words (a beam of one is greedy)."""
+    def both(*args):
+        result = cli("predict", lm.dir, "Citizen:", "--json", *args)
+        assert result.exit_code == 0, result.stderr
+        settings = {k: v for k, v in json.loads(result.stdout.splitlines()[0])["settings"].items() if k != "engine"}
+        return settings, json.loads(result.stderr.split("search: ", 1)[1].splitlines()[0])
+
+    settings, search = both("--beam", "1")
+    assert settings == {"strategy": "greedy", "beam": 1, "max_new_tokens": 24}
+    assert (search["strategy"], search["beam"], search["max_new_tokens"]) == ("greedy", 1, 24)
+    settings, search = both("--beam", "3", "--set", "decode.no_repeat_ngram=2")
+    assert settings == {"strategy": "beam", "beam": 3, "no_repeat_ngram": 2, "max_new_tokens": 24}
+    assert (search["strategy"], search["beam"]) == ("beam", 3)
+    settings, search = both("--set", "decode.temperature=0.7", "--set", "decode.top_k=3", "--set", "decode.seed=2",
+                            "--set", "decode.samples=2")
+    assert settings == {"temperature": 0.7, "top_k": 3, "top_p": 1.0, "seed": 2, "samples": 2, "max_new_tokens": 24}
+    assert search == {"strategy": "sample", **{k: settings[k] for k in ("temperature", "top_k", "top_p", "seed")},
+                      "max_new_tokens": 24, "quantize": "none"}
+
+
 def test_a_token_never_sees_the_future(lm):
     net = lm.model.network.eval()
     ids = torch.randint(4, net.cfg.vocab_size, (1, 12))

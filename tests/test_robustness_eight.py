@@ -318,6 +318,21 @@ def test_a_disk_that_fills_as_a_run_writes_is_one_error_and_the_run_goes_on_from
     assert (out / "result.json").exists() and (out / "report.html").exists()
 
 
+@pytest.mark.parametrize("dry", [False, True], ids=["run", "dry run"])
+def test_a_full_disk_at_the_out_probe_refuses_the_run_before_any_work_and_names_out(cli, tmp_path, full_at, dry):
+    """The write check of ``--out`` (a probe file, before the data is read) on a full disk: one error
+    naming the folder and ``--out``, nothing created there, no probe file left behind."""
+    out = tmp_path / "runs" / "run"
+    out.parent.mkdir()
+    full_at(".taskformer-probe.")
+    result = cli("run", "copy", "--out", str(out), *TINY, *(["--dry-run"] if dry else []))
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert result.exit_code == 2 and len(errors) == 1 and "Traceback" not in result.output, result.output
+    assert errors[0] == (f"Error: cannot write {out.parent} (No space left on device); --out must name a folder "
+                         "that can be written"), errors
+    assert list(out.parent.iterdir()) == [], "the refused run created or left a file"
+
+
 def test_a_new_run_after_a_resume_in_the_same_process_records_its_own_precision(cli, tmp_path):
     """A resume pins the precision its run recorded, for the process: a new run after it (the API, a
     notebook) took that pin and recorded "..., as when the run started" though it had just started."""

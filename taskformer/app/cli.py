@@ -166,7 +166,7 @@ def config_cmd(task, config_file, overrides, as_json) -> None:
                                                 "and write no run directory.")
 def run_cmd(task, data_dir, out, time_limit, seed, config_file, overrides, resume, nproc, quiet, dry_run) -> None:
     """Train TASK, evaluate the best checkpoint on val and test, and print the report."""
-    from taskformer.app import distributed, plan, resources, rundir
+    from taskformer.app import distributed, outdir, plan, resources, rundir
     from taskformer.app.console import ProgressDisplay
     from taskformer.app.prepare import TrainRequest
 
@@ -189,7 +189,7 @@ def run_cmd(task, data_dir, out, time_limit, seed, config_file, overrides, resum
                            started=resources.command_started(), nproc=nproc)
     if nproc > 1:
         if not out and not resume:
-            request.out = str(rundir.default_run_dir(task))  # a TASK is given: --resume is not
+            request.out = str(outdir.default_run_dir(task))  # a TASK is given: --resume is not
         distributed.launch(nproc, train_and_report, request=request, quiet=quiet)
     else:
         train_and_report(request, quiet, shard=distributed.from_environment() or (0, 1))
@@ -275,7 +275,7 @@ def eval_cmd(run_dir, split, data_dir, overrides, average, as_json, quiet) -> No
     engine = hooks.engine_choice(run.task, run.model, run.config)  # an engine that cannot decode it: refused here
     with ProgressDisplay(quiet) as display, progress.listening(display):
         results = runner.evaluate_saved(run, split or ("val", "test"), data_dir)
-    search = None if run.model.cfg.kind.classifies else runner.search_of(run)  # what ran, --set included
+    search = None if run.model.cfg.kind.classifies else runner.search_of(run, run.config)  # --set included
     if as_json:
         click.echo(as_json_text({"task": run.task.name, "run_dir": str(run.dir), "weights": weights,
                                "engine": engine.as_dict(), "search": search, "metrics": results},
@@ -323,7 +323,7 @@ def predict_cmd(run_dir, text, beam, overrides, as_json, threads, quiet) -> None
 
         torch.set_num_threads(resources.checked_threads(threads))
     runner.set_decoding(run, overrides, "predict --set")
-    run.config = config = runner.with_search(run.config, beam)  # what search_of then states
+    config = runner.with_search(run.config, beam)
     tagger, pairs, cut, done = run.model.cfg.kind.per_word, run.model.cfg.pairs, 0, 0
     engine = hooks.engine_choice(run.task, run.model, config)  # an engine that cannot decode it: refused here
     settings = None if run.model.cfg.kind.encoder else runner.generation_settings(run, config)
@@ -352,7 +352,7 @@ def predict_cmd(run_dir, text, beam, overrides, as_json, threads, quiet) -> None
     except OSError as e:  # /dev/full, a file too large, a disk gone: the outputs are not where they should be
         raise TaskformerError(f"cannot write predict's outputs to standard output ({e.strerror or e})") from None
     if as_json and not run.model.cfg.kind.classifies:  # the search that ran, --set and --beam included
-        click.echo(f"search: {as_json_text(runner.search_of(run))}", err=True)
+        click.echo(f"search: {as_json_text(runner.search_of(run, config))}", err=True)
     if cut:
         click.echo(f"warning: {cut} input(s) longer than the model's {run.model.cfg.max_len} positions were truncated",
                    err=True)

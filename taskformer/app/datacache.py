@@ -199,21 +199,32 @@ def read_entry(entry: Path, hook: Callable[[], TaskData]) -> TaskData:
 
 
 def written_data(saved: Any) -> bool:
-    """Whether an entry's data.json holds what :func:`write_entry` writes: rows of texts (a source,
-    or a pair of them, and a target, and a row's fields), whole-number row counts, labels and notes.
-    A value of another type would be trusted, and fail the run far from here."""
+    """Whether an entry's data.json holds what :func:`write_entry` writes: rows of texts, whole-number
+    row counts, labels and notes. A value of another type would be trusted, and fail the run far from here."""
+    return (isinstance(saved, dict) and text_splits(saved.get("splits")) and row_counts(saved.get("counts"))
+            and label_names(saved.get("labels")) and isinstance(saved.get("notes"), dict))
+
+
+def text_splits(splits: Any) -> bool:
+    """Splits kept as their rows, each row a list as :func:`write_entry` writes a row: a source (a text,
+    or a pair of texts), a target text, and the row's fields if it has any."""
     def row(r: Any) -> bool:
-        source = r[0] if isinstance(r, list) and len(r) in (2, 3) else None
-        return (isinstance(source, str) or isinstance(source, list) and len(source) == 2
-                and all(isinstance(t, str) for t in source)) and isinstance(r[1], str) and (
-                    len(r) == 2 or isinstance(r[2], dict))
-    return (isinstance(saved, dict) and isinstance(splits := saved.get("splits"), dict)
-            and all(isinstance(rows, list) and all(map(row, rows)) for rows in splits.values())
-            and isinstance(counts := saved.get("counts"), dict)
-            and all(type(n) is int and n >= 0 for n in counts.values())
-            and (saved.get("labels") is None or isinstance(saved["labels"], list)
-                 and all(isinstance(label, str) for label in saved["labels"]))
-            and isinstance(saved.get("notes"), dict))
+        if not (isinstance(r, list) and len(r) in (2, 3)):
+            return False
+        source, target, *fields = r
+        pair = isinstance(source, list) and len(source) == 2 and all(isinstance(t, str) for t in source)
+        return (isinstance(source, str) or pair) and isinstance(target, str) and all(isinstance(f, dict) for f in fields)
+    return isinstance(splits, dict) and all(isinstance(rows, list) and all(map(row, rows)) for rows in splits.values())
+
+
+def row_counts(counts: Any) -> bool:
+    """Splits kept as their row count alone (train, read again from the data when needed)."""
+    return isinstance(counts, dict) and all(type(n) is int and n >= 0 for n in counts.values())
+
+
+def label_names(labels: Any) -> bool:
+    """A classifier's labels, or none."""
+    return labels is None or isinstance(labels, list) and all(isinstance(label, str) for label in labels)
 
 
 def check_mark(entry: Path) -> None:

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from taskformer.app import datacache, rundir, runner, training
+from taskformer.app import datacache, outdir, rundir, runner, training
 from taskformer.app.hooks import decode_texts, load_data
 from taskformer.app.prepare import Layers, TrainRequest, check_budget, check_time_limit
 from taskformer.app.resources import check_memory
@@ -105,16 +105,16 @@ def distill(request: DistillRequest, on_event=lambda e: None) -> Run:
         options = check_student(student)  # a typo in --set is refused now, not after the decode
         if request.resume:
             check_teacher(teacher, asked, run_dir)
-            if not rundir.remove_started(run_dir, FILES):  # a student that stopped before its first checkpoint
+            if not outdir.remove_started(run_dir, FILES):  # a student that stopped before its first checkpoint
                 raise TaskformerError(f"{run_dir} holds files that are not this distillation's (nothing in it was "
                                       "changed); start a new distillation with another --out")
         else:
-            rundir.check_out(request.out, task.name, FILES)
+            outdir.check_out(request.out, task.name, FILES)
             asked["teacher_weights_sha256"] = ckpt.sha256(teacher.dir / ckpt.WEIGHTS)
         data = teacher_data(teacher, data_dir, options)
         check_student_data(teacher, data_dir, options, data)
         if not request.resume:  # made only now: a teacher, settings or data refused leave no folder
-            run_dir = rundir.new_run_dir(task.name, request.out, lock, FILES)
+            run_dir = outdir.new_run_dir(task.name, request.out, lock, FILES)
             ckpt.write_json(run_dir / REQUEST, asked)
         decoded = decode(teacher, data, run_dir, chosen.temperature)
         student.distill = {"teacher": asked["teacher"], "teacher_search": teacher_search(teacher, chosen.temperature),
@@ -233,7 +233,7 @@ def teacher_search(teacher: Run, temperature: float) -> dict:
     its label distributions, softened by ``temperature``."""
     if teacher.model.cfg.kind.classifies:
         return {"strategy": "distribution", "temperature": temperature}
-    return runner.search_of(teacher)
+    return runner.search_of(teacher, teacher.config)
 
 
 def decode(teacher: Run, data: TaskData, run_dir: Path, temperature: float) -> dict:

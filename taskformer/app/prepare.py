@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from taskformer.app import datacache, rundir
+from taskformer.app import datacache, outdir, rundir
 from taskformer.app.hooks import build_model, engine_choice, evaluate_split, load_data
 from taskformer.app.resources import check_memory, pick_device, use_threads
 from taskformer.app.trackers import check_installed
@@ -165,7 +165,7 @@ def prepare(request: TrainRequest, shard: tuple[int, int] = (0, 1)) -> Prepared:
     if footprint:
         check_memory(task, config, **footprint())
     if shard[0] == 0 and request.claimed is None:
-        rundir.check_out(request.out, task.name)  # refused now, not after the data and the probe
+        outdir.check_out(request.out, task.name)  # refused now, not after the data and the probe
     use_threads(config)
     with progress.stage("loading data and training the tokenizer"):
         data = datacache.load(task, config, request.data_dir, lambda: load_data(task, config, request.data_dir))

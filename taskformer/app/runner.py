@@ -148,15 +148,33 @@ def with_search(config: RunConfig, beam: int | None = None, batch_size: int | No
     return replace(config, decode=decode)
 
 
+SAMPLING = ("temperature", "top_k", "top_p", "seed")  # what shapes a sampled output
+
+
+def search_of(run: Run, config: RunConfig) -> dict:
+    """The search ``run`` decodes with under ``config`` (its own, changed by ``--set`` or ``--beam``), as a
+    record names it: a sampling run's temperature, top-k, top-p and seed, a searching one's beam and
+    length penalty, and the limits and weights that shape either."""
+    d = config.decode
+    how = ({"strategy": "sample", **{k: getattr(d, k) for k in SAMPLING}}
+           if d.temperature > 0 else {"strategy": d.strategy, "beam": d.beam if d.strategy == "beam" else 1,
+                                      "length_penalty": d.length_penalty})
+    limits = {k: getattr(d, k) for k in ("max_len_a", "max_len_b", "max_new_tokens")
+              if applies(type(d), k, run.task.variant)}  # the ones its variant reads
+    return {**how, **limits, "quantize": d.quantize,
+            **inference.compile_record(run.model, d.compile and run.model.cfg.kind.decoder)}
+
+
 def generation_settings(run: Run, config: RunConfig) -> dict:
     """The decode settings that shaped a language model's continuation, and the engine that ran them:
-    what ``predict --json`` and the server report beside it."""
-    d = config.decode
-    how = ({"temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p, "seed": d.seed} if d.temperature > 0
-           else {"strategy": d.strategy if d.beam > 1 else "greedy", "beam": d.beam if d.strategy == "beam" else 1})
+    what ``predict --json`` and the server report beside it. Read from :func:`search_of`'s record, in
+    fewer words: a search's strategy and width (a beam of one is greedy), or sampling's settings alone."""
+    search, d = search_of(run, config), config.decode
+    how = ({k: search[k] for k in SAMPLING} if search["strategy"] == "sample"
+           else {"strategy": search["strategy"] if search["beam"] > 1 else "greedy", "beam": search["beam"]})
     extra = {**({"samples": d.samples} if d.samples > 1 else {}),
              **({"no_repeat_ngram": d.no_repeat_ngram} if d.no_repeat_ngram else {})}
-    return {**how, **extra, "max_new_tokens": d.max_new_tokens,
+    return {**how, **extra, "max_new_tokens": search["max_new_tokens"],
             "engine": hooks.engine_choice(run.task, run.model, config).engine}
 
 
@@ -177,20 +195,6 @@ def fit_search(config: RunConfig, vocab: int) -> RunConfig:
         config = replace(config, decode=replace(decode, beam=vocab))
     check_search_memory(config)
     return config
-
-
-def search_of(run: Run) -> dict:
-    """The search a run decodes with as it stands (its own, changed by ``--set``), as a record names
-    it: a sampling run's temperature, top-k, top-p and seed, a searching one's beam and length
-    penalty, and the limits and weights that shape either."""
-    d = run.config.decode
-    how = ({"strategy": "sample", "temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p, "seed": d.seed}
-           if d.temperature > 0 else {"strategy": d.strategy, "beam": d.beam if d.strategy == "beam" else 1,
-                                      "length_penalty": d.length_penalty})
-    limits = {k: getattr(d, k) for k in ("max_len_a", "max_len_b", "max_new_tokens")
-              if applies(type(d), k, run.task.variant)}  # the ones its variant reads
-    return {**how, **limits, "quantize": d.quantize,
-            **inference.compile_record(run.model, d.compile and run.model.cfg.kind.decoder)}
 
 
 def set_decoding(run: Run, overrides: list[str], option: str) -> None:

@@ -14,6 +14,7 @@ import torch
 
 from taskformer.app import datacache, trackers
 from taskformer.app.hooks import build_model, engine_choice, evaluate_split, load_data
+from taskformer.app.outdir import new_run_dir
 from taskformer.app.prepare import (
     DecodeTiming,
     Prepared,
@@ -40,7 +41,6 @@ from taskformer.app.rundir import (
     load_run_weights,
     locked,
     model_digest,
-    new_run_dir,
     read_config,
     read_metrics,
     read_tokenizer,
