@@ -15,7 +15,8 @@
    (exported by ``core.export``), options (each sentence's budget, the specials suppressed, the
    length penalty) and threads, the idiomatic way: one ``translate_batch`` per sentence at batch 1,
    one call with ``max_batch_size=128`` (CTranslate2 sorts and batches itself) at batch 128. Greedy
-   and beam 5, fp32 and int8 (``decode.quantize=int8``), rounds alternating. The ratio raw time /
+   and beam 5, fp32 and int8 (``decode.quantize=int8``); at batch 1 the two alternate sentence by
+   sentence, at batch 128 in rounds of all the sentences. The ratio raw time /
    auto time is the cost of our wrapping (1.0: none); ``cpu_ratios``, the same of the CPU seconds of
    every thread of the process, which a busy machine moves less than the wall time. Our own decoder
    (``decode.engine=torch``, the same ``decode.quantize``: torchao's int8) is timed once per row for
@@ -134,6 +135,22 @@ def per_sentence(name, fn) -> float:
     return (time.perf_counter() - started) / n
 
 
+def one_by_one(calls: dict, count: int, rounds: int) -> dict[str, float]:
+    """Seconds per sentence of each of ``calls`` (name -> ``fn(i)``, decoding sentence ``i`` alone),
+    interleaved sentence by sentence, the order turning with each sentence: a machine whose load
+    changes from one second to the next weighs on both alike. Their CPU seconds go to :data:`CPU`."""
+    wall, cpu, names = dict.fromkeys(calls, 0.0), dict.fromkeys(calls, 0.0), list(calls)
+    for r in range(rounds):
+        for i in range(count):
+            for name in names if (i + r) % 2 == 0 else names[::-1]:
+                started, cpu_started = time.perf_counter(), time.process_time()
+                calls[name](i)
+                wall[name] += time.perf_counter() - started
+                cpu[name] += time.process_time() - cpu_started
+    CPU.update({name: [cpu[name] / (count * rounds)] for name in names})
+    return {name: wall[name] / (count * rounds) for name in names}
+
+
 def race(run: Run, texts: list[str], rounds: int, n: dict[int, int], device: str = "cpu",
          torch_reference: bool = True) -> dict:
     """Sentences/s of ``auto`` and raw CTranslate2 (and once, of torch) for each search, precision and
@@ -172,7 +189,15 @@ def race(run: Run, texts: list[str], rounds: int, n: dict[int, int], device: str
                     ours(None)  # warm-up: the first call converts into the cache and loads the runtime
                     theirs(None)
                     name = f"{search} {precision} batch {size}"
-                    secs = alternate({f"auto {name}": ours, f"ctranslate2 {name}": theirs}, per_sentence, rounds)
+                    if size == 1:  # interleaved sentence by sentence
+                        one = runner.with_search(config, beam, 1)
+                        secs = one_by_one({
+                            f"auto {name}": lambda i, chosen=chosen, one=one: runner.predict(run, [chosen[i]], one),
+                            f"ctranslate2 {name}": lambda i, tokens=tokens, budgets=budgets, options=options, raw=raw:
+                                raw.translate_batch([tokens[i]], max_decoding_length=budgets[i], **options)},
+                            count, rounds)
+                    else:
+                        secs = alternate({f"auto {name}": ours, f"ctranslate2 {name}": theirs}, per_sentence, rounds)
                     if torch_reference:  # one round; a quarter of the sentences at batch 1 (it is the slow one)
                         few = chosen[: max(count // 4, 1)] if size == 1 else chosen
                         secs[f"torch {name}"] = per_sentence(None, partial(
