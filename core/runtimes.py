@@ -82,7 +82,7 @@ class CTranslate2Search:
             budgets = [config.max_new_tokens] * len(rows)
         sampled = config.temperature > 0
         beam = config.beam if config.strategy == "beam" and not sampled else 1
-        options = dict(self.fixed, beam_size=beam, length_penalty=config.length_penalty, max_batch_size=config.batch_size)
+        options = dict(self.fixed, beam_size=beam, length_penalty=config.length_penalty)
         if sampled:  # top_k 0 is every token, as ours; one above the vocabulary is too (CTranslate2 refuses it)
             options.update(sampling_temperature=config.temperature, sampling_topk=min(config.top_k, len(self.ids)),
                            sampling_topp=config.top_p)
@@ -131,22 +131,20 @@ class CTranslate2Search:
         return self.budgets[key]
 
     def _run(self, rows: list[list[str]], budget: int, options: dict) -> tuple[list[list[int]], list[int]]:
-        """Each row's best output ids, and the length of its longest hypothesis returned. CTranslate2 sorts
-        the rows by length and cuts them into batches of at most ``decode.batch_size`` (``max_batch_size``),
-        which its workers decode side by side. When no other call is decoding, the rows are cut so that
-        every worker gets a share; beside another call (a server's next batch) they stay in batches as
-        large as allowed, since CTranslate2's time per sentence falls with the size of its batch."""
-        size = options["max_batch_size"]
-        if self.workers > 1 and self.model.num_active_batches + self.model.num_queued_batches == 0:
-            size = min(size, -(-len(rows) // self.workers))
-        options = dict(options, max_batch_size=size)
+        """Each row's best output ids, and the length of its longest hypothesis returned. A batch of several
+        rows is split across the runtime's workers (each sorts and decodes its share) when no other call
+        is decoding: beside another call (a server's next batch) it stays whole on one worker, where
+        halves would decode less efficiently (CTranslate2's time per sentence falls with the batch)."""
+        alone = self.model.num_active_batches + self.model.num_queued_batches == 0
+        split = -(-len(rows) // self.workers) if self.workers > 1 and len(rows) > 1 and alone else 0
         if self.kind.encoder:
             results = self.model.translate_batch(rows, max_decoding_length=budget, min_decoding_length=0,
-                                                 max_input_length=self.max_len, **options)
+                                                 max_input_length=self.max_len, max_batch_size=split, **options)
             ids = self.ids
             return ([[ids[t] for t in r.hypotheses[0]] for r in results],
                     [max(map(len, r.hypotheses)) for r in results])
-        results = self.model.generate_batch(rows, max_length=budget, include_prompt_in_result=False, **options)
+        results = self.model.generate_batch(rows, max_length=budget, include_prompt_in_result=False,
+                                            max_batch_size=split, **options)
         return [list(r.sequences_ids[0]) for r in results], [max(map(len, r.sequences_ids)) for r in results]
 
 

@@ -179,10 +179,7 @@ def test_the_python_api_picks_and_names_the_engine(copy_run):
 @needs_ct2
 def test_ctranslate2_decodes_sources_of_several_lengths_in_one_batch(copy_run, monkeypatch):
     """A server's batch mixes lengths: CTranslate2 takes it whole (each row cut to its own budget), where
-    our decoder splits it by length into batches of a sentence or two; a call holds a batch of
-    ``decode.batch_size`` for each of its workers, which CTranslate2 cuts itself."""
-    import torch
-
+    our decoder splits it by length into batches of a sentence or two."""
     from taskformer.core.runtimes import CTranslate2Search
 
     calls: list[int] = []
@@ -192,8 +189,7 @@ def test_ctranslate2_decodes_sources_of_several_lengths_in_one_batch(copy_run, m
     texts = held_out(11, 40, (1, 14))  # 14 lengths
     settings = {"beam": 1, "batch_size": 16, "max_len_a": 0.5, "max_len_b": 1}  # budgets that cut most rows
     assert model.predict(texts, **settings) == model.predict(texts, engine="torch", **settings)
-    per_call = 16 * torch.get_num_threads()  # a worker per thread (decode.workers=0)
-    assert calls == [min(per_call, 40 - start) for start in range(0, 40, per_call)]
+    assert calls == [16, 16, 8]
 
 
 @needs_ct2

@@ -136,16 +136,14 @@ def decode_texts(task: Task, model: Transformer | Ensemble, tokenizer: Tokenizer
     # sentence must decode to the same output alone, in eval's batches or beside a stranger's on a server.
     # Longest sources first: workers take batches in turn, and a long batch left for last would leave
     # the other workers idle while it runs.
-    # CTranslate2 takes sources of any length in one call (each row keeps its own budget) and cuts its own
-    # batches of decode.batch_size for its workers: a call gets a batch for each of them, so that it
-    # decodes as a raw loop over the same sentences would, and a server's mixed batch stays one call.
+    # CTranslate2 takes sources of any length in one batch (each row keeps its own budget): its chunks
+    # are the longest-first order cut every decode.batch_size, so a server's mixed batch stays one batch.
     mixed = getattr(runtime, "mixes_lengths", False)
-    size = dc.batch_size * (runtime.workers if mixed else 1)
     chunks: list[list[int]] = []
     for _, group in itertools.groupby(sorted(range(len(todo)), key=lambda j: -len(src[j])),
                                       lambda j: 0 if mixed else len(src[j])):
         same = list(group)
-        chunks += [same[start : start + size] for start in range(0, len(same), size)]
+        chunks += [same[start : start + dc.batch_size] for start in range(0, len(same), dc.batch_size)]
 
     def run(chunk: list[int]) -> list[Prediction]:
         batch = pad([src[j] for j in chunk]).to(device)
