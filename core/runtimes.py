@@ -35,6 +35,12 @@ from taskformer.core.tokenize import SPECIALS
 from taskformer.core.variants import Variant
 
 
+def context_fits(prompt: int, max_new_tokens: int, positions: int) -> bool:
+    """Whether a language model's prompt of ``prompt`` tokens and a continuation of ``max_new_tokens`` fit in
+    its ``positions`` (``model.max_len``) on CTranslate2, which cannot slide the context as our decoder does."""
+    return prompt + max_new_tokens <= positions
+
+
 class CTranslate2Search:
     """A CTranslate2 ``Translator`` (encoder-decoder) or ``Generator`` (decoder-only) over our ids."""
 
@@ -61,7 +67,7 @@ class CTranslate2Search:
         every prompt has a token (our decoder starts an empty one from BOS, CTranslate2 cannot start one)."""
         if self.kind.encoder:
             return True
-        return src.size(1) + config.max_new_tokens <= self.max_len and bool((src != PAD).any(1).all())
+        return context_fits(src.size(1), config.max_new_tokens, self.max_len) and bool((src != PAD).any(1).all())
 
     def search(self, src: torch.Tensor, config: DecodeConfig,
                on_token: Callable[[int], bool] | None = None) -> list[list[int]]:

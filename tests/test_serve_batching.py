@@ -104,3 +104,57 @@ def test_a_runtime_of_two_workers_decodes_a_batch_while_another_decodes_and_queu
     assert batches[:2] == [["1 2 3"], ["4 5"]] and sorted(batches[2]) == ["6", "7 8 9 1"]
     for text, answer in zip(texts, answers):
         assert answer.status_code == 200 and answer.json()["results"][0]["output"] == expected[text]
+
+
+def test_a_worker_freed_beside_another_decode_waits_for_the_clients_its_batch_answered(finished, monkeypatch):
+    """Taken as the first of them arrives, the next batch would hold one sentence and the rest wait for
+    another; it waits for its share of the sentences in flight instead (bounded by a share of the last
+    batch's decode time, made long here so that the test does not depend on the machine's pace)."""
+    pytest.importorskip("ctranslate2", reason="the runtime of several workers is CTranslate2's")
+    from taskformer.app import batching
+
+    monkeypatch.setattr(batching, "COMPANY", 1000.0)
+    run = runner.load(finished)
+    runner.set_decoding(run, ["decode.engine=ctranslate2", "decode.workers=2"], "test")
+    texts = ["1 2 3", "4 5", "6", "7 8 9 1", "2 2"]
+    expected = dict(zip(texts, runner.predict(run, texts)[0]))
+    batches: list[list[str]] = []
+    releases = [threading.Event() for _ in range(3)]
+    predict = runner.predict
+
+    def held(run, lines, *args, **kwargs):  # each of the first three decodes waits until the test lets it finish
+        batches.append(list(lines))
+        if len(batches) <= len(releases):
+            assert releases[len(batches) - 1].wait(60)
+        return predict(run, lines, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "predict", held)
+    with TestClient(create_app({"copy": run}, Limits())) as client, ThreadPoolExecutor(4) as pool:
+        def send(*inputs: str):
+            return pool.submit(client.post, "/v1/models/copy/predict", json={"inputs": list(inputs)})
+
+        def until(condition) -> None:  # polled, not timed
+            for _ in range(600):
+                if condition():
+                    return
+                threading.Event().wait(0.1)
+            raise AssertionError("the server never got there")
+
+        first = send("1 2 3", "4 5")  # two sentences on one worker
+        until(lambda: len(batches) == 1)
+        second = send("6")  # the other worker is free and nothing has ended yet: decoded at once
+        until(lambda: len(batches) == 2)
+        releases[0].set()
+        assert first.result(timeout=120).status_code == 200
+        # The first batch's two clients come back one by one while the second batch still decodes: the
+        # freed worker waits for both (its share of the three sentences in flight) and takes them together.
+        third = send("7 8 9 1")
+        until(lambda: client.app.state.served["copy"].batcher.queued == 1)
+        fourth = send("2 2")
+        until(lambda: len(batches) == 3)
+        releases[1].set()
+        releases[2].set()
+        answers = [f.result(timeout=120) for f in (second, third, fourth)]
+    assert batches == [["1 2 3", "4 5"], ["6"], ["7 8 9 1", "2 2"]]
+    for text, answer in zip(["6", "7 8 9 1", "2 2"], answers):
+        assert answer.status_code == 200 and answer.json()["results"][0]["output"] == expected[text]

@@ -15,10 +15,12 @@
    (exported by ``core.export``), options (each sentence's budget, the specials suppressed, the
    length penalty) and threads, the idiomatic way: one ``translate_batch`` per sentence at batch 1,
    one call with ``max_batch_size=128`` (CTranslate2 sorts and batches itself) at batch 128. Greedy
-   and beam 5, fp32 and int8 (``decode.quantize=int8``), rounds alternating. The ratio raw time /
-   auto time is the cost of our wrapping (1.0: none). Our own decoder (``decode.engine=torch``, the
-   same ``decode.quantize``: torchao's int8) is timed once per row for reference, at batch 1 on a
-   quarter of the sentences.
+   and beam 5, fp32 and int8 (``decode.quantize=int8``); at batch 1 the two alternate sentence by
+   sentence, at batch 128 in rounds of all the sentences. The ratio raw time /
+   auto time is the cost of our wrapping (1.0: none); ``cpu_ratios``, the same of the CPU seconds of
+   every thread of the process, which a busy machine moves less than the wall time. Our own decoder
+   (``decode.engine=torch``, the same ``decode.quantize``: torchao's int8) is timed once per row for
+   reference, at batch 1 on a quarter of the sentences.
 2. ``--classifier RUN`` (a finished encoder-only run of one network, agnews say): the batch-1 latency
    (median of one ``predict`` call per sentence, ``--rounds`` times over the sentences, the engines
    alternating in blocks of 20) with ``decode.engine=onnxruntime``, ``torch`` (the run's own
@@ -121,11 +123,32 @@ def through_predict(run: Run, texts: list[str], config, size: int, _=None) -> in
     return len(texts)
 
 
-def per_sentence(_, fn) -> float:
-    """Seconds per sentence of one round of ``fn`` (which returns how many it decoded)."""
-    started = time.perf_counter()
+CPU: dict[str, list[float]] = {}  # contender -> CPU seconds per sentence of each round (every thread of the process)
+
+
+def per_sentence(name, fn) -> float:
+    """Seconds per sentence of one round of ``fn`` (which returns how many it decoded); its CPU seconds
+    per sentence go to :data:`CPU` (on a busy machine they move less than the wall time does)."""
+    started, cpu = time.perf_counter(), time.process_time()
     n = fn(None)
+    CPU.setdefault(name, []).append((time.process_time() - cpu) / n)
     return (time.perf_counter() - started) / n
+
+
+def one_by_one(calls: dict, count: int, rounds: int) -> dict[str, float]:
+    """Seconds per sentence of each of ``calls`` (name -> ``fn(i)``, decoding sentence ``i`` alone),
+    interleaved sentence by sentence, the order turning with each sentence: a machine whose load
+    changes from one second to the next weighs on both alike. Their CPU seconds go to :data:`CPU`."""
+    wall, cpu, names = dict.fromkeys(calls, 0.0), dict.fromkeys(calls, 0.0), list(calls)
+    for r in range(rounds):
+        for i in range(count):
+            for name in names if (i + r) % 2 == 0 else names[::-1]:
+                started, cpu_started = time.perf_counter(), time.process_time()
+                calls[name](i)
+                wall[name] += time.perf_counter() - started
+                cpu[name] += time.process_time() - cpu_started
+    CPU.update({name: [cpu[name] / (count * rounds)] for name in names})
+    return {name: wall[name] / (count * rounds) for name in names}
 
 
 def race(run: Run, texts: list[str], rounds: int, n: dict[int, int], device: str = "cpu",
@@ -134,7 +157,7 @@ def race(run: Run, texts: list[str], rounds: int, n: dict[int, int], device: str
     batch size in ``n`` (batch size -> sentences decoded), and the ratios auto / raw."""
     from machine import alternate
 
-    out: dict = {"sentences_per_s": {}, "ratios": {}, "engine": {}, "sentences": n}
+    out: dict = {"sentences_per_s": {}, "ratios": {}, "cpu_ratios": {}, "engine": {}, "sentences": n}
     with tempfile.TemporaryDirectory() as folder:
         for quantize in ("none", "int8"):
             config = runner.with_decoding(run, {"quantize": quantize, "engine": "auto"}, "bench")
@@ -166,15 +189,26 @@ def race(run: Run, texts: list[str], rounds: int, n: dict[int, int], device: str
                     ours(None)  # warm-up: the first call converts into the cache and loads the runtime
                     theirs(None)
                     name = f"{search} {precision} batch {size}"
-                    secs = alternate({f"auto {name}": ours, f"ctranslate2 {name}": theirs}, per_sentence, rounds)
+                    if size == 1:  # interleaved sentence by sentence
+                        one = runner.with_search(config, beam, 1)
+                        secs = one_by_one({
+                            f"auto {name}": lambda i, chosen=chosen, one=one: runner.predict(run, [chosen[i]], one),
+                            f"ctranslate2 {name}": lambda i, tokens=tokens, budgets=budgets, options=options, raw=raw:
+                                raw.translate_batch([tokens[i]], max_decoding_length=budgets[i], **options)},
+                            count, rounds)
+                    else:
+                        secs = alternate({f"auto {name}": ours, f"ctranslate2 {name}": theirs}, per_sentence, rounds)
                     if torch_reference:  # one round; a quarter of the sentences at batch 1 (it is the slow one)
                         few = chosen[: max(count // 4, 1)] if size == 1 else chosen
                         secs[f"torch {name}"] = per_sentence(None, partial(
                             through_predict, run, few, runner.with_search(reference, beam, size), size))
                     out["sentences_per_s"] |= {k: 1.0 / v for k, v in secs.items()}
                     out["ratios"][name] = secs[f"ctranslate2 {name}"] / secs[f"auto {name}"]
+                    cpu = {who: statistics.median(CPU[f"{who} {name}"]) for who in ("auto", "ctranslate2")}
+                    out["cpu_ratios"][name] = cpu["ctranslate2"] / cpu["auto"]  # raw's CPU seconds / ours
                     print(f"  {name}: " + ", ".join(f"{k.split()[0]} {1 / v:.1f} sent/s" for k, v in secs.items())
-                          + f"; auto / raw {out['ratios'][name]:.3f}x", file=sys.stderr, flush=True)
+                          + f"; auto / raw {out['ratios'][name]:.3f}x (CPU seconds {out['cpu_ratios'][name]:.3f}x)",
+                          file=sys.stderr, flush=True)
     speeds = out["sentences_per_s"]
     out["int8_speedup"] = {key.replace(" int8", ""): v / speeds[key.replace("int8", "fp32")]  # what int8 buys
                            for key, v in speeds.items() if " int8 " in key and key.replace("int8", "fp32") in speeds}
@@ -235,7 +269,7 @@ def print_race(result: dict) -> None:
         auto, raw = (result["sentences_per_s"][f"{who} {name}"] for who in ("auto", "ctranslate2"))
         ours = result["sentences_per_s"].get(f"torch {name}")
         print(f"decode.engine=auto / raw CTranslate2, {name}: {ratio:.3f}x ({auto:,.1f} vs {raw:,.1f} sent/s"
-              f"{f'; torch {ours:,.1f}' if ours else ''})")
+              f"{f'; torch {ours:,.1f}' if ours else ''}; CPU seconds {result['cpu_ratios'][name]:.3f}x)")
     for name, ratio in result.get("int8_speedup", {}).items():
         print(f"int8 / fp32 speed, {name}: {ratio:.2f}x")
     if "latency_ms" in result.get("classifier", {}):

@@ -156,6 +156,15 @@ async def bad_request(kind: str, url: str, name: str, http: aiohttp.ClientSessio
         return response.status
 
 
+def batch_totals(url: str, name: str) -> tuple[float, float]:
+    """The server's sentences decoded and batches so far (``taskformer_batch_sentences`` on ``/metrics``)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=60) as answer:
+        text = answer.read().decode()
+    found = [re.search(rf'^taskformer_batch_sentences_{part}{{model="{re.escape(name)}"}} (\S+)$', text, flags=re.M)
+             for part in ("sum", "count")]
+    return (float(found[0].group(1)), float(found[1].group(1))) if found[0] and found[1] else (0.0, 0.0)
+
+
 async def load(url: str, name: str, sentences: list[str], clients: int, seconds: float, bad_share: float = 0.0,
                seed: int = 0, latencies: list[float] | None = None) -> dict:
     """``clients`` concurrent clients, each on its own connection, sending one sentence per request
@@ -194,15 +203,18 @@ async def load(url: str, name: str, sentences: list[str], clients: int, seconds:
                 failures += 1
             i += clients
 
+    batched = batch_totals(url, name)
     before, started, cpu = len(latencies), time.perf_counter(), time.process_time()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients),
                                      timeout=aiohttp.ClientTimeout(total=300)) as http:
         await asyncio.gather(*(client(k, http) for k in range(clients)))
     elapsed, mine = time.perf_counter() - started, latencies[before:]  # this load's own requests
+    sentences_batched, batches = (now - then for now, then in zip(batch_totals(url, name), batched))
     q = statistics.quantiles(mine, n=100) if len(mine) > 1 else [float("nan")] * 99
     return {"clients": clients, "requests": len(mine), "failed": failures,
             "sentences_per_s": len(mine) / elapsed, "p50_ms": 1000 * q[49], "p95_ms": 1000 * q[94],
             "p99_ms": 1000 * q[98], "client_cpu": (time.process_time() - cpu) / elapsed,
+            "mean_batch": sentences_batched / batches if batches else float("nan"),
             **({"bad_requests": bad, "bad_answered_5xx": server_errors} if bad_share else {})}
 
 
@@ -296,7 +308,8 @@ def engines_race(run_dir: Path, sentences: list[str], clients: list[int], second
                 row = figures["rows"][f"{engine} {c}"] = asyncio.run(load(server.url, server.name, sentences, c,
                                                                           seconds))
                 print(f"serve decode.engine={engine} ({figures['engine'][engine]['engine']}), {c} clients: "
-                      f"{row['sentences_per_s']:.1f} sent/s, p50 {row['p50_ms']:.1f} ms", flush=True)
+                      f"{row['sentences_per_s']:.1f} sent/s, p50 {row['p50_ms']:.1f} ms, batches of "
+                      f"{row['mean_batch']:.1f} sentences on average", flush=True)
         finally:
             server.stop()
     raw = figures["ctranslate2"] = raw_ctranslate2(run_dir, sentences, 32)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import operator
 import os
 import shutil
 import tempfile
@@ -37,7 +38,7 @@ from taskformer.core.decode_config import DecodeConfig
 from taskformer.core.decoding import best_tags, decode_workers, labels_of
 from taskformer.core.errors import TaskformerError
 from taskformer.core.model import Ensemble, SequenceModel, Transformer
-from taskformer.core.runtimes import CTranslate2Search, OnnxNetwork
+from taskformer.core.runtimes import CTranslate2Search, OnnxNetwork, context_fits
 
 FORMAT = 1  # of a cache entry: a new format is a new key
 KEEP = 8  # cache entries kept, newest first
@@ -59,7 +60,7 @@ class Facts(NamedTuple):
     own_decoder: str | None  # the plugin whose taskformer_decode searches instead of the default
     own_head: str | None  # the class of a plugin's output head, where it is not the variant's own
     device: str  # cpu or cuda
-    positions: int = 0  # model.max_len: a language model's prompt and continuation must fit in them on CTranslate2
+    positions: int = 0  # model.max_len: a language model's prompt and continuation must fit in them on CTranslate2 (context_fits)
 
 
 class Choice(NamedTuple):
@@ -128,7 +129,8 @@ def obstacle(runtime: str, facts: Facts, decode: DecodeConfig, found: dict[str, 
         return "decode.compile=true asks for our compiled decoding step"
     if runtime == "ctranslate2" and decode.no_repeat_ngram:
         return "decode.no_repeat_ngram is our search's rule (the prompt's n-grams count too)"
-    if runtime == "ctranslate2" and not variants.of(facts.variant).encoder and decode.max_new_tokens >= facts.positions > 0:
+    if (runtime == "ctranslate2" and not variants.of(facts.variant).encoder and facts.positions > 0
+            and not context_fits(1, decode.max_new_tokens, facts.positions)):  # not even a one-token prompt
         return (f"decode.max_new_tokens={decode.max_new_tokens} leaves no room for a prompt in the model's "
                 f"{facts.positions} positions (model.max_len); CTranslate2 cannot slide the context as our decoder does")
     if runtime not in found:
@@ -194,6 +196,7 @@ _digests: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (p
 _loaded: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (key, runtime)
 _parameters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its parameters
 _lock = threading.Lock()
+_VERSION = operator.attrgetter("_version")  # a tensor's in-place change counter
 
 
 def weights_digest(model: torch.nn.Module) -> str:
@@ -306,7 +309,7 @@ def runtime(choice: Choice, model: Transformer | Ensemble, tokenizer: Tokenizer,
     # The same weights (their version counters, bumped by every in-place change: an update, a
     # load_state_dict), choice, tokenizer and workers: the loaded runtime, with no digest computed (a
     # server asks for every batch).
-    key = (choice, workers, id(tokenizer), tuple(p._version for p in params))
+    key = (choice, workers, id(tokenizer), tuple(map(_VERSION, params)))
     with _lock:
         kept = _loaded.get(net)
         if kept is not None and kept[0] == key:

@@ -127,7 +127,8 @@ def decode_threads(runs: dict) -> int:
               help="Sentences decoded together across concurrent requests.")
 @click.option("--max-wait-ms", type=click.FloatRange(0, 60_000), default=0.0, show_default=True,
               help="How long a batch waits for others to share it once the decoder is free (0: what arrived "
-              "while the last batch decoded goes at once).")
+              "while the last batch decoded goes at once; beside another batch decoding, a worker waits a "
+              "little for its share, docs/serve.md).")
 @click.option("--max-inputs", type=click.IntRange(1, 10_000), default=64, show_default=True, help="Inputs per request.")
 @click.option("--max-chars", type=click.IntRange(1, 1_000_000), default=2000, show_default=True,
               help="Characters per input.")  # a request body holds at most 1 MiB anyway
