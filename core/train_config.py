@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from taskformer.core.options import check, option
 
 BF16_SETTINGS = ("auto", "true", "false")
-SCHEDULES = ("inverse_sqrt", "linear")
+SCHEDULES = ("inverse_sqrt", "linear", "constant")
 
 
 @dataclass
@@ -26,12 +26,13 @@ class TrainConfig:
     lr: float = option(1e-3, "Peak learning rate, reached after warmup updates.", above=0.0)
     warmup: int = option(400, "Updates of linear warm-up.", at_least=0)
     warmup_share: float = option(0.0, "Under a time limit, the warm-up lasts this share of the training time "
-                                 "instead of train.warmup updates, and the inverse-square-root decay after it "
+                                 "instead of train.warmup updates, and the schedule after it (train.schedule) "
                                  "follows the training seconds: a slow or busy start then does not fix the "
                                  "schedule in updates (0: count updates). Short budgets' recipes set it.",
                                  at_least=0.0, at_most=0.5)
-    schedule: str = option("inverse_sqrt", "After warm-up: the paper's 1/sqrt(step) decay, or linear to zero at "
-                           "the last update.", choices=SCHEDULES)
+    schedule: str = option("inverse_sqrt", "After warm-up: the paper's 1/sqrt(step) decay, linear to zero at "
+                           "the last update, or the peak held (constant: with train.cooldown, warm-up, stable, decay).",
+                           choices=SCHEDULES)
     cooldown: float = option(0.0, "The last fraction of the budget (time limit or planned updates), over which the "
                              "rate falls linearly to zero; 0: off.", at_least=0.0, below=1.0)
     label_smoothing: float = option(0.1, "Share of the target probability spread over the other tokens.",
@@ -44,6 +45,10 @@ class TrainConfig:
                            "10 unless patience is set by you or the task: enough to ride out val noise and plateaus, "
                            "few enough to stop over-fitting early).", at_least=0)
     eval_every: int = option(0, "Updates between evaluations; 0: once per epoch.", at_least=0)
+    eval_at_end: bool = option(False, "Validate only once, when training ends (not every train.eval_every updates "
+                               "nor at each epoch's end): where the rate decays to zero at the end the last weights "
+                               "are the best, and each validation on the way costs updates. Short budgets' recipes "
+                               "set it.")
     accumulate: int = option(1, "Batches whose gradients are summed into one update.", at_least=1)
     save_every: int = option(0, "Updates between resumable checkpoints; 0: at each evaluation only.", at_least=0)
     keep_last: int = option(2, "Resumable checkpoints kept in checkpoints/.", at_least=1)

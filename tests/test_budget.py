@@ -344,11 +344,22 @@ def test_agnews_trains_fewer_members_where_the_budget_cannot_feed_twenty(cli, pa
     assert model.endswith("parameters") and (f", {members} members:" in model) == (members > 1)
 
 
-def test_a_short_translation_budget_ends_its_schedule_and_validates_less_often(cli):
+def test_a_short_translation_budget_ends_its_schedule_and_validates_at_its_end(cli):
     out = translate_plan(cli, "--time-limit", "60", "--set", "train.pace=1000")  # about 3.6 M target tokens
     [line] = [line for line in out.splitlines() if line.startswith("recipe: ")]
-    assert line.startswith("recipe: train.cooldown=0.3, train.average_last=0, train.eval_every=200")
+    assert line.startswith("recipe: train.cooldown=0.3, train.average_last=0, train.eval_at_end=True, "
+                           "train.max_tokens=2048")
     assert "(from 0: a short budget" in line
+
+
+def test_a_row_that_changes_only_the_batches_times_its_pace_but_not_the_decoding_again(cli, monkeypatch):
+    """The short row's smaller batches train at a pace of their own, but its network decodes as the
+    probe's: the final evaluation is timed once, not once more for the row."""
+    from taskformer.app import prepare
+    timed, decode_seconds = [], prepare.decode_seconds
+    monkeypatch.setattr(prepare, "decode_seconds", lambda *args: timed.append(1) or decode_seconds(*args))
+    out = translate_plan(cli, "--time-limit", "60", "--set", "train.pace=1000")
+    assert "train.max_tokens=2048" in out and len(timed) == 1
 
 
 def test_a_run_stopped_by_its_budget_finishes_when_its_last_evaluation_exhausts_the_patience(cli, tmp_path):
