@@ -187,7 +187,7 @@ class Clock:
     # -- the decay and the plan -------------------------------------------------------------------
     def training_time(self, trained: float) -> float:
         """The training seconds of the whole budget after ``trained`` of them: those and those left. A
-        warm-up that is a share of it (``train.warmup_share``, on :func:`core.engine.warmed`) is as long
+        warm-up that is a share of it (``train.warmup_share``, on :func:`core.engine.inverse_sqrt`) is as long
         in seconds whatever the pace, so a busy stretch slows the updates but not the schedule."""
         left = self.for_training()
         assert left is not None, "a clock without a limit has no schedule in seconds"

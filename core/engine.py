@@ -32,27 +32,24 @@ from taskformer.core.train_config import TrainConfig
 def lr_factor(step: int, warmup: int, schedule: str = "inverse_sqrt", total: int = 0) -> float:
     """The learning rate of update ``step`` (from 1) as a fraction of ``train.lr``.
 
-    Linear warm-up to 1, then the paper's decay with the inverse square root of the step (eq. 3,
-    :func:`warmed`), which suits open-ended training, the peak held (``constant``, for a cool-down to
-    end), or a linear decay that reaches zero after update ``total``: with a known number of updates
-    it lets a short run settle instead of ending at a still-high rate.
+    Linear warm-up to 1, then either the paper's decay with the inverse square root of the step
+    (eq. 3, :func:`inverse_sqrt`), which suits open-ended training, or a linear decay that reaches
+    zero after update ``total``: with a known number of updates it lets a short run settle instead
+    of ending at a still-high rate.
     """
     step = max(step, 1)
     if schedule == "linear" and total > warmup and step >= warmup:
         return max(total - step + 1, 0) / (total - warmup + 1)
-    return warmed(step, warmup, schedule)
+    return inverse_sqrt(step, warmup)
 
 
-def warmed(position: float, warmup: float, schedule: str = "inverse_sqrt") -> float:
-    """The schedule as a fraction of its peak at ``position``, counted in updates or in seconds of
-    training alike: a linear warm-up over ``warmup``, then the paper's inverse square root of the
-    position (eq. 3), or the peak held (``constant``: the warm-up, stable, decay schedule, whose decay
-    is ``train.cooldown``); 1 throughout without a warm-up."""
+def inverse_sqrt(position: float, warmup: float) -> float:
+    """The paper's schedule (eq. 3) as a fraction of its peak at ``position``, counted in updates or in
+    seconds of training alike: a linear warm-up over ``warmup``, then the inverse square root of the
+    position; 1 throughout without a warm-up."""
     if warmup <= 0:
         return 1.0
-    if position < warmup:
-        return position / warmup
-    return 1.0 if schedule == "constant" else math.sqrt(warmup / position)
+    return position / warmup if position < warmup else math.sqrt(warmup / position)
 
 
 def epoch_updates(cfg: TrainConfig, lengths: Indices, epoch: int = 0, rank: int = 0,
@@ -240,14 +237,14 @@ class Trainer:
         share = clock.step_share(st.step, self.total_steps, cfg.cooldown)
         decays_by_time = timer is not None and bool(st.decay if after_warmup else cfg.cooldown)
         # the schedule on the clock (train.warmup_share), held where the final decay began as the count's is
-        on_clock = timer is not None and bool(cfg.warmup_share) and cfg.schedule != "linear"
+        on_clock = timer is not None and bool(cfg.warmup_share) and cfg.schedule == "inverse_sqrt"
         held = on_clock and len(st.decay) > 2
         by_time = base = 1.0
         if timer and (decays_by_time or on_clock and not held):
             trained = st.elapsed
             figures = torch.tensor(  # rank 0's clock decides for every rank: one broadcast for both
                 [timer.decay(trained, cfg.cooldown, st.decay[1] if after_warmup else None) if decays_by_time else 1.0,
-                 warmed(trained, cfg.warmup_share * timer.training_time(trained), cfg.schedule) if on_clock else 1.0],
+                 inverse_sqrt(trained, cfg.warmup_share * timer.training_time(trained)) if on_clock else 1.0],
                 device=self.device)
             if self.world > 1:
                 torch.distributed.broadcast(figures, src=0)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from taskformer.core.options import check, option
 
 BF16_SETTINGS = ("auto", "true", "false")
-SCHEDULES = ("inverse_sqrt", "linear", "constant")
+SCHEDULES = ("inverse_sqrt", "linear")
 
 
 @dataclass
@@ -26,13 +26,12 @@ class TrainConfig:
     lr: float = option(1e-3, "Peak learning rate, reached after warmup updates.", above=0.0)
     warmup: int = option(400, "Updates of linear warm-up.", at_least=0)
     warmup_share: float = option(0.0, "Under a time limit, the warm-up lasts this share of the training time "
-                                 "instead of train.warmup updates, and the schedule after it (train.schedule) "
+                                 "instead of train.warmup updates, and the inverse-square-root decay after it "
                                  "follows the training seconds: a slow or busy start then does not fix the "
                                  "schedule in updates (0: count updates). Short budgets' recipes set it.",
                                  at_least=0.0, at_most=0.5)
-    schedule: str = option("inverse_sqrt", "After warm-up: the paper's 1/sqrt(step) decay, linear to zero at "
-                           "the last update, or the peak held (constant: with train.cooldown, warm-up, stable, decay).",
-                           choices=SCHEDULES)
+    schedule: str = option("inverse_sqrt", "After warm-up: the paper's 1/sqrt(step) decay, or linear to zero at "
+                           "the last update.", choices=SCHEDULES)
     cooldown: float = option(0.0, "The last fraction of the budget (time limit or planned updates), over which the "
                              "rate falls linearly to zero; 0: off.", at_least=0.0, below=1.0)
     label_smoothing: float = option(0.1, "Share of the target probability spread over the other tokens.",

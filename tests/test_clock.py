@@ -418,22 +418,6 @@ def test_the_estimate_counts_the_lengths_a_trained_model_writes():
     assert prepare.own_lengths(classifier, [group]) == prepare.length_share(classifier, long_outputs) == 1.0
 
 
-def test_a_constant_schedule_holds_the_peak_from_the_warm_up_to_the_cool_down(tmp_path):
-    """``train.schedule=constant`` on the clock: the rate climbs over the warm-up's share of the time,
-    stays at the peak until the cool-down's share begins, then falls to zero at the end of the time,
-    also through a busy start (the warm-up is seconds, not updates)."""
-    time = FakeTime(lambda step: 2.0 if time.t < budget_end() / 5 else 0.5)
-    seen, state = rates_by_time(tmp_path / "run", time, warmup=1, warmup_share=0.1, cooldown=0.3, schedule="constant",
-                                lr=1e-3)
-    assert state["stopped"].startswith("time limit") and state["elapsed"] >= budget_end() - 2.0
-    rising = [lr for s, lr in sorted(seen.items()) if s < 0.1 * budget_end() - 2.0]
-    stable = [lr for s, lr in sorted(seen.items()) if 0.1 * budget_end() + 0.5 < s < 0.7 * budget_end() - 2.0]
-    falling = [lr for s, lr in sorted(seen.items()) if s > 0.7 * budget_end() + 2.0]
-    assert rising and all(a < b for a, b in zip(rising, rising[1:])) and rising[-1] < 1e-3
-    assert len(stable) >= 10 and all(lr == pytest.approx(1e-3) for lr in stable)
-    assert all(a > b for a, b in zip(falling, falling[1:])) and falling[-1] == 0.0
-
-
 @pytest.mark.parametrize("at_end", [False, True], ids=["every-10", "at-end"])
 def test_a_run_validated_at_its_end_validates_once(tmp_path, at_end):
     """``train.eval_at_end`` leaves out the validations every ``train.eval_every`` updates (their time

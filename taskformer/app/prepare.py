@@ -325,8 +325,8 @@ def probe(run: Prepared, probed: RunConfig, train_enc: Encoded, ranks: int, what
     share of its cores the process had while the pace was measured (1 where it was not). ``decoded``:
     the decoding time of this same network already timed, and the share of the cores then (a row
     that changes only its batches), which are returned instead of timing it again."""
-    timing = "" if decoded else " and the decoding time"
-    with progress.stage(f"measuring the training pace{timing} of {what}"):
+    also = "" if decoded else " and the decoding time"
+    with progress.stage(f"measuring the training pace{also} of {what}"):
         with torch.random.fork_rng(devices=[]):
             model = build_model(run.task, probed, run.data.tokenizer.get_vocab_size(), run.data.labels,
                                 training=True).to(run.device)
