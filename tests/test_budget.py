@@ -353,13 +353,16 @@ def test_a_short_translation_budget_ends_its_schedule_and_validates_at_its_end(c
 
 
 def test_a_row_that_changes_only_the_batches_times_its_pace_but_not_the_decoding_again(cli, monkeypatch):
-    """The short row's smaller batches train at a pace of their own, but its network decodes as the
-    probe's: the final evaluation is timed once, not once more for the row."""
+    """The short row's smaller batches train at a pace of their own, timed once (the warm-up the plan
+    then cuts changes neither network nor batches), but its network decodes as the probe's: the final
+    evaluation is timed once, not once more for the row."""
     from taskformer.app import prepare
-    timed, decode_seconds = [], prepare.decode_seconds
+    paced, timed, decode_seconds = [], [], prepare.decode_seconds
+    monkeypatch.setattr(budget, "measure_pace", lambda model, cfg, *rest: paced.append(cfg.max_tokens) or (1000.0, 1.0))
     monkeypatch.setattr(prepare, "decode_seconds", lambda *args: timed.append(1) or decode_seconds(*args))
-    out = translate_plan(cli, "--time-limit", "60", "--set", "train.pace=1000")
-    assert "train.max_tokens=2048" in out and len(timed) == 1
+    out = translate_plan(cli, "--time-limit", "60")  # about 3.6 M target tokens: the short row, its warm-up cut
+    assert "train.max_tokens=2048, train.warmup=" in out
+    assert paced == [4096, 2048] and len(timed) == 1
 
 
 def test_a_run_stopped_by_its_budget_finishes_when_its_last_evaluation_exhausts_the_patience(cli, tmp_path):

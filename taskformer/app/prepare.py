@@ -362,21 +362,23 @@ def row_timer(run: Prepared, layers: Layers, probed: RunConfig, ranks: int, deco
     model, a longer context, smaller batches) has its own pace, timed once on a throwaway model of it,
     and, where its network differs, its own final evaluation (else the probe's, ``decoded``, holds);
     ``None`` for a row that changes neither (the probe's figures hold, scaled by the members)."""
-    timed: dict[str, RowTiming | None] = {}  # by the row's overrides: each row is looked at once
+    timed: dict[str, RowTiming | None] = {}  # by the network and batches: each is timed once (a warm-up cut is not)
+    batches = ("max_tokens", "accumulate", "bf16")
 
     def of(overrides: dict) -> RowTiming | None:
-        if repr(overrides) not in timed:
-            cfg, batches = layers.build(overrides), ("max_tokens", "accumulate", "bf16")
+        cfg = layers.build(overrides)
+        key = repr((cfg.model, [getattr(cfg.train, k) for k in batches]))
+        if key not in timed:
             if replace(cfg.model, members=probed.model.members) == probed.model and \
                     all(getattr(cfg.train, k) == getattr(probed.train, k) for k in batches):
-                timed[repr(overrides)] = None
+                timed[key] = None
             else:
                 encoded = datacache.encoded(run.data, "train", cfg.model.max_len, run.task.variant)
                 network = cfg.model == probed.model and cfg.train.bf16 == probed.train.bf16
                 pace, _, timing, share = probe(run, cfg, encoded, ranks, f"recipe {budget.describe(overrides)}",
                                                decoded if network else None)
-                timed[repr(overrides)] = RowTiming(pace, timing, encoded, share)
-        return timed[repr(overrides)]
+                timed[key] = RowTiming(pace, timing, encoded, share)
+        return timed[key]
     return of
 
 
