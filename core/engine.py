@@ -443,7 +443,7 @@ class Trainer:
                                  tokens_per_s=tokens_since / max(logged - last_log, 1e-9),
                                  progress=st.batch / len(updates), elapsed=round(st.elapsed, 2))
                         last_log, tokens_since = logged, 0
-                    if cfg.eval_every and not cfg.eval_at_end and st.step % cfg.eval_every == 0:
+                    if cfg.eval_every and st.step % cfg.eval_every == 0:
                         self._evaluate()
                         self.save()
                     elif cfg.save_every and st.step % cfg.save_every == 0:
@@ -453,7 +453,7 @@ class Trainer:
                         raise Stop(reason)
                 st.epoch += 1
                 st.batch = 0
-                if not (cfg.eval_every or cfg.eval_at_end):
+                if not cfg.eval_every:
                     self._evaluate()
                 self.save()
                 st.elapsed = now() - started  # the limit counts validation too

@@ -45,10 +45,6 @@ class TrainConfig:
                            "10 unless patience is set by you or the task: enough to ride out val noise and plateaus, "
                            "few enough to stop over-fitting early).", at_least=0)
     eval_every: int = option(0, "Updates between evaluations; 0: once per epoch.", at_least=0)
-    eval_at_end: bool = option(False, "Validate only once, when training ends (not every train.eval_every updates "
-                               "nor at each epoch's end): where the rate decays to zero at the end the last weights "
-                               "are the best, and each validation on the way costs updates. Short budgets' recipes "
-                               "set it.")
     accumulate: int = option(1, "Batches whose gradients are summed into one update.", at_least=1)
     save_every: int = option(0, "Updates between resumable checkpoints; 0: at each evaluation only.", at_least=0)
     keep_last: int = option(2, "Resumable checkpoints kept in checkpoints/.", at_least=1)

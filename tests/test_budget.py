@@ -344,10 +344,10 @@ def test_agnews_trains_fewer_members_where_the_budget_cannot_feed_twenty(cli, pa
     assert model.endswith("parameters") and (f", {members} members:" in model) == (members > 1)
 
 
-def test_a_short_translation_budget_ends_its_schedule_and_validates_at_its_end(cli):
+def test_a_short_translation_budget_ends_its_schedule_on_smaller_batches(cli):
     out = translate_plan(cli, "--time-limit", "60", "--set", "train.pace=1000")  # about 3.6 M target tokens
     [line] = [line for line in out.splitlines() if line.startswith("recipe: ")]
-    assert line.startswith("recipe: train.cooldown=0.3, train.average_last=0, train.eval_at_end=True, "
+    assert line.startswith("recipe: train.cooldown=0.3, train.average_last=0, train.eval_every=400, "
                            "train.max_tokens=2048")
     assert "(from 0: a short budget" in line
 

@@ -418,15 +418,3 @@ def test_the_estimate_counts_the_lengths_a_trained_model_writes():
     classifier = SimpleNamespace(**{**vars(run), "task": SimpleNamespace(variant="encoder-only")})
     assert prepare.own_lengths(classifier, [group]) == prepare.length_share(classifier, long_outputs) == 1.0
 
-
-@pytest.mark.parametrize("at_end", [False, True], ids=["every-10", "at-end"])
-def test_a_run_validated_at_its_end_validates_once(tmp_path, at_end):
-    """``train.eval_at_end`` leaves out the validations every ``train.eval_every`` updates (their time
-    goes to updates): one validation, after the last update, and its weights are the ones kept."""
-    time = FakeTime(lambda step: 0.5)
-    t, limit, _ = trainer(tmp_path / "run", time, eval_at_end=at_end)
-    validated: list[int] = []
-    t.evaluate = lambda: validated.append(t.state.step) or {"score": float(t.state.step)}
-    state = t.fit(limit)
-    assert state["step"] > 30 and validated[-1] == state["step"] == state["best_step"]
-    assert validated == [state["step"]] if at_end else validated[:3] == [10, 20, 30]
