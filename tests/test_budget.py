@@ -274,9 +274,12 @@ def short(register):
     return "budget-short"
 
 
-def test_a_short_budget_cuts_the_warm_up_to_a_share_of_the_updates_it_buys(cli, short, tmp_path):
-    out = tmp_path / "run"
-    _, recipe = paced_run(cli, short, out, 10)
+def test_a_short_budget_cuts_the_warm_up_to_a_share_of_the_updates_it_buys(cli, register, tmp_path):
+    """...and the row's network is timed once: the warm-up it cuts is no new network to time."""
+    out, plugin = tmp_path / "run", ShortBudget()
+    register(plugin, "budget-short-plugin")
+    _, recipe = paced_run(cli, "budget-short", out, 10)
+    assert plugin.widths.count(96) == 2  # the row's probe, then the run's own network
     warmup = saved(out, "config.json")["config"]["train"]["warmup"]
     assert 1 <= warmup == recipe["overrides"]["train"]["warmup"] <= 0.1 * max(recipe["planned_updates"], 100) + 1 < 4000
     assert recipe["name"] == f"model.d_ff=96, train.warmup={warmup}, train.warmup_share=0.1"
@@ -352,17 +355,15 @@ def test_a_short_translation_budget_ends_its_schedule_on_smaller_batches(cli):
     assert "(from 0: a short budget" in line
 
 
-def test_a_row_that_changes_only_the_batches_times_its_pace_but_not_the_decoding_again(cli, monkeypatch):
-    """The short row's smaller batches train at a pace of their own, timed once (the warm-up the plan
-    then cuts changes neither network nor batches), but its network decodes as the probe's: the final
-    evaluation is timed once, not once more for the row."""
+def test_a_row_that_changes_only_the_batches_is_not_timed_again_on_a_cpu(cli, monkeypatch):
+    """The short row's smaller batches train at about the probe's tokens per second on a CPU: neither
+    its pace nor its decoding is timed again."""
     from taskformer.app import prepare
     paced, timed, decode_seconds = [], [], prepare.decode_seconds
     monkeypatch.setattr(budget, "measure_pace", lambda model, cfg, *rest: paced.append(cfg.max_tokens) or (1000.0, 1.0))
     monkeypatch.setattr(prepare, "decode_seconds", lambda *args: timed.append(1) or decode_seconds(*args))
-    out = translate_plan(cli, "--time-limit", "60")  # about 3.6 M target tokens: the short row, its warm-up cut
-    assert "train.max_tokens=2048, train.warmup=" in out
-    assert paced == [4096, 2048] and len(timed) == 1
+    out = translate_plan(cli, "--time-limit", "60")  # about 3.6 M target tokens: the short row
+    assert "train.max_tokens=2048, train.warmup=" in out and paced == [4096] and len(timed) == 1
 
 
 def test_a_run_stopped_by_its_budget_finishes_when_its_last_evaluation_exhausts_the_patience(cli, tmp_path):

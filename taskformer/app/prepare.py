@@ -256,7 +256,7 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
         probed = layers.build(leave_out=set(table_keys(task)))
         train_enc = datacache.encoded(run.data, "train", probed.model.max_len, task.variant)
         pace, source, timing, share = probe(run, probed, train_enc, shard[1])
-        timer = row_timer(run, layers, probed, shard[1], (timing, share))
+        timer = row_timer(run, layers, probed, shard[1])
         clock = run.clock
 
         def final(overrides: dict) -> tuple[float, float, float]:
@@ -317,16 +317,13 @@ def keep_planned(clock: Clock, plan: dict) -> None:
     clock.start_pace, clock.start_share = plan.get("pace"), plan.get("cpu_share")
 
 
-def probe(run: Prepared, probed: RunConfig, train_enc: Encoded, ranks: int, what: str = "the task's network",
-          decoded: tuple[DecodeTiming, float] | None = None) -> tuple[float, str, DecodeTiming, float]:
+def probe(run: Prepared, probed: RunConfig, train_enc: Encoded, ranks: int,
+          what: str = "the task's network") -> tuple[float, str, DecodeTiming, float]:
     """On a throwaway model of ``probed``, built and trained under a forked random generator (so the
     run's weights and batches are those it would have had without it): the pace (``train.pace`` if
     set, else measured; all ranks together), where it came from, :func:`decode_seconds`, and the
-    share of its cores the process had while the pace was measured (1 where it was not). ``decoded``:
-    the decoding time of this same network already timed, and the share of the cores then (a row
-    that changes only its batches), which are returned instead of timing it again."""
-    also = "" if decoded else " and the decoding time"
-    with progress.stage(f"measuring the training pace{also} of {what}"):
+    share of its cores the process had while the pace was measured (1 where it was not)."""
+    with progress.stage(f"measuring the training pace and the decoding time of {what}"):
         with torch.random.fork_rng(devices=[]):
             model = build_model(run.task, probed, run.data.tokenizer.get_vocab_size(), run.data.labels,
                                 training=True).to(run.device)
@@ -334,8 +331,6 @@ def probe(run: Prepared, probed: RunConfig, train_enc: Encoded, ranks: int, what
         if not pace:
             pace, share = budget.measure_pace(model, probed.train, train_enc, run.device)
             pace, source = pace * ranks, "measured"
-        if decoded:
-            return pace, source, *decoded
         # a probe's run has no directory (nothing of it is written)
         probe_run = Run(None, run.task, probed, run.data.tokenizer, run.data.labels, model)  # type: ignore[arg-type]
         timing = decode_seconds(probe_run, run.data)
@@ -357,13 +352,14 @@ class RowTiming(NamedTuple):
     share: float  # of its cores the process had while they were timed
 
 
-def row_timer(run: Prepared, layers: Layers, probed: RunConfig, ranks: int, decoded: tuple[DecodeTiming, float]):
+def row_timer(run: Prepared, layers: Layers, probed: RunConfig, ranks: int):
     """``overrides -> RowTiming | None``: a recipe row that changes the network or its batches (a wider
-    model, a longer context, smaller batches) has its own pace, timed once on a throwaway model of it,
-    and, where its network differs, its own final evaluation (else the probe's, ``decoded``, holds);
-    ``None`` for a row that changes neither (the probe's figures hold, scaled by the members)."""
+    model, a longer context) has its own pace and final evaluation, timed once on a throwaway model
+    of it; ``None`` for a row that does not (the probe's figures hold, scaled by the members). On a
+    CPU the size of the batches is not counted as a change: the tokens per second hardly depend on it
+    (a GPU's grow with it), and timing it again would cost the updates of a busy start's slow probe."""
     timed: dict[str, RowTiming | None] = {}  # by the network and batches: each is timed once (a warm-up cut is not)
-    batches = ("max_tokens", "accumulate", "bf16")
+    batches = ("bf16",) if run.device.type == "cpu" else ("max_tokens", "accumulate", "bf16")
 
     def of(overrides: dict) -> RowTiming | None:
         cfg = layers.build(overrides)
@@ -374,9 +370,7 @@ def row_timer(run: Prepared, layers: Layers, probed: RunConfig, ranks: int, deco
                 timed[key] = None
             else:
                 encoded = datacache.encoded(run.data, "train", cfg.model.max_len, run.task.variant)
-                network = cfg.model == probed.model and cfg.train.bf16 == probed.train.bf16
-                pace, _, timing, share = probe(run, cfg, encoded, ranks, f"recipe {budget.describe(overrides)}",
-                                               decoded if network else None)
+                pace, _, timing, share = probe(run, cfg, encoded, ranks, f"recipe {budget.describe(overrides)}")
                 timed[key] = RowTiming(pace, timing, encoded, share)
         return timed[key]
     return of
