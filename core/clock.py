@@ -185,13 +185,16 @@ class Clock:
         self.per_update = saved.get("per_update") or self.per_update
 
     # -- the decay and the plan -------------------------------------------------------------------
-    def training_time(self, trained: float) -> float:
-        """The training seconds of the whole budget after ``trained`` of them: those and those left. A
-        warm-up that is a share of it (``train.warmup_share``, on :func:`core.engine.inverse_sqrt`) is as long
-        in seconds whatever the pace, so a busy stretch slows the updates but not the schedule."""
+    def updates_in_budget(self, made: int) -> float:
+        """The updates of the whole budget after ``made`` of them: those and those the training time left
+        buys at the faster of the pace now and the one the estimates were timed at with all the cores (a
+        busy stretch is not taken to last). A warm-up that is a share of them (``train.warmup_share``, on
+        :func:`core.engine.inverse_sqrt`) then spans as many updates, and the decay after it falls with
+        the updates as at an even pace, whatever a busy start did to the seconds they took."""
         left = self.for_training()
-        assert left is not None, "a clock without a limit has no schedule in seconds"
-        return trained + max(left, 0.0)
+        assert left is not None, "a clock without a limit has no schedule by the time"
+        paces = [seconds for seconds in (self.per_update, self.timed_at) if seconds]
+        return made + (max(left, 0.0) / min(paces) if paces else 0.0)
 
     def decay(self, trained: float, fraction: float, begun: float | None = None) -> float:
         """The share of the scheduled learning rate the next update keeps after ``trained`` seconds of

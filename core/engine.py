@@ -155,7 +155,7 @@ class Trainer:
         self.total_steps = cfg.max_steps  # the planned number of updates, known once fit() sees the data
         self.state = TrainState()
         self.share = 1.0  # of the scheduled rate, the share the final decay leaves the next update
-        self.timed_base: float | None = None  # the schedule's factor on the clock, where it follows the time
+        self.timed_base: float | None = None  # the schedule's factor on the clock, where it follows the budget
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: self._rate_factor(s + 1))
         self.stop_reason = ""  # set from outside (signal handler) to stop after the current step
         self.clock: clock.Clock | None = None  # the time limit's clock, where one is given (fit)
@@ -228,6 +228,9 @@ class Trainer:
         runs out whatever the pace was before, and a resumed run (its training seconds are saved)
         decays as an uninterrupted one would. A ``linear`` schedule with no count of updates (no
         epoch cap or step limit under a time limit) decays over all the training time after its warm-up.
+        With ``train.warmup_share`` the warm-up spans that share of the updates the whole budget buys
+        (:meth:`clock.Clock.updates_in_budget`, asked after every update) and the paper's decay after it
+        counts updates: a busy start's slow updates each get the rate an update gets at an even pace.
         """
         cfg, st, timer = self.cfg, self.state, self.clock if self.clock and self.clock.limit else None
         after_warmup = cfg.schedule == "linear" and not self.total_steps and timer is not None
@@ -244,7 +247,7 @@ class Trainer:
             trained = st.elapsed
             figures = torch.tensor(  # rank 0's clock decides for every rank: one broadcast for both
                 [timer.decay(trained, cfg.cooldown, st.decay[1] if after_warmup else None) if decays_by_time else 1.0,
-                 inverse_sqrt(trained, cfg.warmup_share * timer.training_time(trained)) if on_clock else 1.0],
+                 inverse_sqrt(st.step + 1, cfg.warmup_share * timer.updates_in_budget(st.step)) if on_clock else 1.0],
                 device=self.device)
             if self.world > 1:
                 torch.distributed.broadcast(figures, src=0)

@@ -25,10 +25,11 @@ class TrainConfig:
     max_tokens: int = option(4096, "Padded tokens per batch (source or target, whichever is longer).", at_least=1)
     lr: float = option(1e-3, "Peak learning rate, reached after warmup updates.", above=0.0)
     warmup: int = option(400, "Updates of linear warm-up.", at_least=0)
-    warmup_share: float = option(0.0, "Under a time limit, the warm-up lasts this share of the training time "
-                                 "instead of train.warmup updates, and the inverse-square-root decay after it "
-                                 "follows the training seconds: a slow or busy start then does not fix the "
-                                 "schedule in updates (0: count updates). Short budgets' recipes set it.",
+    warmup_share: float = option(0.0, "Under a time limit, the warm-up lasts this share of the updates the time buys "
+                                 "(those made and those the time left buys at the idle pace) instead of "
+                                 "train.warmup updates, and the inverse-square-root decay after it scales with "
+                                 "them: a slow or busy start then does not fix the schedule from its few updates "
+                                 "(0: count train.warmup). Short budgets' recipes set it.",
                                  at_least=0.0, at_most=0.5)
     schedule: str = option("inverse_sqrt", "After warm-up: the paper's 1/sqrt(step) decay, or linear to zero at "
                            "the last update.", choices=SCHEDULES)

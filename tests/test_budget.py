@@ -103,7 +103,8 @@ def test_a_given_pace_picks_the_translation_recipe_its_budget_reaches(cli, pace,
 
 def test_without_a_time_limit_there_is_no_recipe_and_the_epochs_stay(cli):
     out = translate_plan(cli, "--set", "train.pace=10100")
-    assert "recipe" not in out and "40 epochs of" in out and "stop after" not in out
+    assert not [line for line in out.splitlines() if line.startswith("recipe")]  # (a path may hold the word)
+    assert "40 epochs of" in out and "stop after" not in out
 
 
 def test_a_time_limited_run_records_its_recipe_and_why(cli, sorting, tmp_path):
@@ -274,9 +275,12 @@ def short(register):
     return "budget-short"
 
 
-def test_a_short_budget_cuts_the_warm_up_to_a_share_of_the_updates_it_buys(cli, short, tmp_path):
-    out = tmp_path / "run"
-    _, recipe = paced_run(cli, short, out, 10)
+def test_a_short_budget_cuts_the_warm_up_to_a_share_of_the_updates_it_buys(cli, register, tmp_path):
+    """...and the row's network is timed once: the warm-up it cuts is no new network to time."""
+    out, plugin = tmp_path / "run", ShortBudget()
+    register(plugin, "budget-short-plugin")
+    _, recipe = paced_run(cli, "budget-short", out, 10)
+    assert plugin.widths.count(96) == 2  # the row's probe, then the run's own network
     warmup = saved(out, "config.json")["config"]["train"]["warmup"]
     assert 1 <= warmup == recipe["overrides"]["train"]["warmup"] <= 0.1 * max(recipe["planned_updates"], 100) + 1 < 4000
     assert recipe["name"] == f"model.d_ff=96, train.warmup={warmup}, train.warmup_share=0.1"
@@ -344,11 +348,23 @@ def test_agnews_trains_fewer_members_where_the_budget_cannot_feed_twenty(cli, pa
     assert model.endswith("parameters") and (f", {members} members:" in model) == (members > 1)
 
 
-def test_a_short_translation_budget_ends_its_schedule_and_validates_less_often(cli):
+def test_a_short_translation_budget_ends_its_schedule_on_smaller_batches(cli):
     out = translate_plan(cli, "--time-limit", "60", "--set", "train.pace=1000")  # about 3.6 M target tokens
     [line] = [line for line in out.splitlines() if line.startswith("recipe: ")]
-    assert line.startswith("recipe: train.cooldown=0.3, train.average_last=0, train.eval_every=200")
+    assert line.startswith("recipe: train.cooldown=0.3, train.average_last=0, train.eval_every=400, "
+                           "train.max_tokens=2048")
     assert "(from 0: a short budget" in line
+
+
+def test_a_row_that_changes_only_the_batches_is_not_timed_again_on_a_cpu(cli, monkeypatch):
+    """The short row's smaller batches train at about the probe's tokens per second on a CPU: neither
+    its pace nor its decoding is timed again."""
+    from taskformer.app import prepare
+    paced, timed, decode_seconds = [], [], prepare.decode_seconds
+    monkeypatch.setattr(budget, "measure_pace", lambda model, cfg, *rest: paced.append(cfg.max_tokens) or (1000.0, 1.0))
+    monkeypatch.setattr(prepare, "decode_seconds", lambda *args: timed.append(1) or decode_seconds(*args))
+    out = translate_plan(cli, "--time-limit", "60")  # about 3.6 M target tokens: the short row
+    assert "train.max_tokens=2048, train.warmup=" in out and paced == [4096] and len(timed) == 1
 
 
 def test_a_run_stopped_by_its_budget_finishes_when_its_last_evaluation_exhausts_the_patience(cli, tmp_path):

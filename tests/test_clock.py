@@ -251,32 +251,33 @@ def test_the_final_evaluation_is_timed_on_the_engine_that_decodes_it_outside_the
     assert not list((cache / "engines").glob("*")) and os.environ["TASKFORMER_CACHE"] == str(cache)
 
 
-def rates_by_time(run_dir, time, **cfg):
-    """The rate each update's successor uses, by the training seconds after that update."""
-    t, limit, _ = trainer(run_dir, time, **cfg)
-    seen: dict[float, float] = {}
-    t.on_event = lambda e: seen.__setitem__(round(e["elapsed"], 6), e["lr"]) if e["event"] == "train" else None
+def rates_by_update(run_dir, time, per_update=None, **cfg):
+    """The rate each update's successor uses, by update, and the final state; ``per_update``: the seconds
+    an update took when the estimates were timed, with all the cores (the probe's)."""
+    t, limit, lrs = trainer(run_dir, time, **cfg)
+    limit.keep(FINAL, per_update=per_update)
     state = t.fit(limit)
-    return seen, state
+    return lrs, state
 
 
-def test_with_a_warm_up_share_the_schedule_follows_the_seconds_not_the_updates(tmp_path):
+def test_with_a_warm_up_share_the_schedule_follows_the_updates_the_budget_buys(tmp_path):
     """A busy start (four times slower for the first third) and a warm-up count a slow probe would plan
-    (one update) leave the rate at each second of training as it is at an even pace: the warm-up is a
-    share of the time and the inverse-square-root decay runs on seconds. Counting updates, they do not."""
+    (one update): the warm-up still spans a tenth of the updates the run makes, as at an even pace, and
+    the inverse-square-root decay after it counts updates, so the slow updates are not spent at a rate
+    that the seconds they took have already decayed (a tenth of the *time* would be its first four
+    updates). Counting train.warmup instead, the rate falls from the first update on."""
     def busy_start():
         time = FakeTime(lambda step: 2.0 if time.t < budget_end() / 3 else 0.5)
         return time
-    even, _ = rates_by_time(tmp_path / "even", FakeTime(lambda step: 0.5), warmup=40, warmup_share=0.1, cooldown=0.3)
-    slow, state = rates_by_time(tmp_path / "busy", busy_start(), warmup=1, warmup_share=0.1, cooldown=0.3)
-    assert state["elapsed"] >= budget_end() - 2.0  # the busy run used its time too
-    decay_at = 0.7 * budget_end()
-    shared = [s for s in slow if budget_end() / 3 < s < decay_at - 2.0 and s in even]
-    assert len(shared) >= 10
-    assert all(slow[s] == pytest.approx(even[s]) for s in shared)
-    assert slow[shared[0]] > slow[shared[-1]]  # it falls with the seconds
-    counted, _ = rates_by_time(tmp_path / "counted", busy_start(), warmup=1, warmup_share=0.0, cooldown=0.3)
-    assert any(counted[s] != pytest.approx(even[s]) for s in shared if s in counted)
+    for run, time in (("even", FakeTime(lambda step: 0.5)), ("busy", busy_start())):
+        lrs, state = rates_by_update(tmp_path / run, time, 0.5, warmup=1, warmup_share=0.1, cooldown=0.3)
+        assert state["elapsed"] >= budget_end() - 2.0  # the busy run used its time too
+        peak = max(lrs, key=lambda step: lrs[step]) + 1  # the update that used the highest rate
+        assert abs(peak - 0.1 * state["step"]) <= 2, (run, peak, state["step"])
+        before_decay = [step for step in lrs if peak <= step < state["decay"][0] - 1]
+        assert all(lrs[s] == pytest.approx(lrs[peak - 1] * (peak / (s + 1)) ** 0.5, rel=0.1) for s in before_decay)
+    counted, _ = rates_by_update(tmp_path / "counted", busy_start(), 0.5, warmup=1, warmup_share=0.0, cooldown=0.3)
+    assert all(counted[s] < lrs[s] for s in before_decay if s in counted)
 
 
 def test_a_slow_stretch_does_not_multiply_what_is_kept_back():
@@ -416,3 +417,4 @@ def test_the_estimate_counts_the_lengths_a_trained_model_writes():
     assert prepare.length_share(run, [("a", "x y z", "x y z")]) == 1.0
     classifier = SimpleNamespace(**{**vars(run), "task": SimpleNamespace(variant="encoder-only")})
     assert prepare.own_lengths(classifier, [group]) == prepare.length_share(classifier, long_outputs) == 1.0
+

@@ -355,20 +355,24 @@ class RowTiming(NamedTuple):
 def row_timer(run: Prepared, layers: Layers, probed: RunConfig, ranks: int):
     """``overrides -> RowTiming | None``: a recipe row that changes the network or its batches (a wider
     model, a longer context) has its own pace and final evaluation, timed once on a throwaway model
-    of it; ``None`` for a row that does not (the probe's figures hold, scaled by the members)."""
-    timed: dict[str, RowTiming | None] = {}  # by the row's overrides: each row is looked at once
+    of it; ``None`` for a row that does not (the probe's figures hold, scaled by the members). On a
+    CPU the size of the batches is not counted as a change: the tokens per second hardly depend on it
+    (a GPU's grow with it), and timing it again would cost the updates of a busy start's slow probe."""
+    timed: dict[str, RowTiming | None] = {}  # by the network and batches: each is timed once (a warm-up cut is not)
+    batches = ("bf16",) if run.device.type == "cpu" else ("max_tokens", "accumulate", "bf16")
 
     def of(overrides: dict) -> RowTiming | None:
-        if repr(overrides) not in timed:
-            cfg, batches = layers.build(overrides), ("max_tokens", "accumulate", "bf16")
+        cfg = layers.build(overrides)
+        key = repr((cfg.model, [getattr(cfg.train, k) for k in batches]))
+        if key not in timed:
             if replace(cfg.model, members=probed.model.members) == probed.model and \
                     all(getattr(cfg.train, k) == getattr(probed.train, k) for k in batches):
-                timed[repr(overrides)] = None
+                timed[key] = None
             else:
                 encoded = datacache.encoded(run.data, "train", cfg.model.max_len, run.task.variant)
                 pace, _, timing, share = probe(run, cfg, encoded, ranks, f"recipe {budget.describe(overrides)}")
-                timed[repr(overrides)] = RowTiming(pace, timing, encoded, share)
-        return timed[repr(overrides)]
+                timed[key] = RowTiming(pace, timing, encoded, share)
+        return timed[key]
     return of
 
 
