@@ -107,7 +107,7 @@ def continue_prompt(run: Run, text: str, config: RunConfig, on_text) -> str:
 
     choice = hooks.engine_choice(run.task, run.model, config)
     runtime = None if choice.engine == "torch" else engines.runtime(choice, run.model, run.tokenizer, config.decode)
-    if runtime is not None and runtime.fits(src, config.decode):  # CTranslate2's generation callback
+    if runtime is not None and runtime.fits(ids, config.decode):  # CTranslate2's generation callback
         chosen: list[int] = []
         stopped: list[BaseException] = []
 
@@ -119,7 +119,7 @@ def continue_prompt(run: Run, text: str, config: RunConfig, on_text) -> str:
                 stopped.append(e)
             return bool(stopped)
 
-        out_ids = runtime.search(src, config.decode, on_token)[0]
+        out_ids = runtime.search(ids, config.decode, on_token)[0]
         if stopped:
             raise stopped[0]
     else:
