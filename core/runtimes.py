@@ -137,14 +137,14 @@ class CTranslate2Search:
         rows is split across the runtime's workers (each sorts and decodes its share) when no other call
         is decoding: beside another call (a server's next batch) it stays whole on one worker, where
         halves would decode less efficiently (CTranslate2's time per sentence falls with the batch)."""
-        alone = self.model.num_active_batches + self.model.num_queued_batches == 0
-        split = -(-len(rows) // self.workers) if self.workers > 1 and len(rows) > 1 and alone else 0
+        split = -(-len(rows) // self.workers) if self.workers > 1 and len(rows) > 1 and (
+            self.model.num_active_batches + self.model.num_queued_batches == 0) else 0
         if self.kind.encoder:
             results = self.model.translate_batch(rows, max_decoding_length=budget, min_decoding_length=0,
                                                  max_input_length=self.max_len, max_batch_size=split, **options)
-            ids = self.ids
-            return ([[ids[t] for t in r.hypotheses[0]] for r in results],
-                    [max(map(len, r.hypotheses)) for r in results])
+            found = [r.hypotheses for r in results]  # each read makes its lists anew
+            ids = self.ids.__getitem__
+            return [list(map(ids, h[0])) for h in found], [max(map(len, h)) for h in found]
         results = self.model.generate_batch(rows, max_length=budget, include_prompt_in_result=False,
                                             max_batch_size=split, **options)
         return [list(r.sequences_ids[0]) for r in results], [max(map(len, r.sequences_ids)) for r in results]
