@@ -199,8 +199,9 @@ def test_a_remembered_engine_follows_a_change_of_decode_engine_of_the_weights_an
         generator = torch.Generator().manual_seed(0)
         for p in run.model.parameters():
             p.add_(torch.randn(p.shape, generator=generator) * p.std().nan_to_num(0.1))
+    expected = runner.predict(run, texts, ours)[0]
     after = runner.predict(run, texts, auto)[0]
-    assert after != before and after == runner.predict(run, texts, ours)[0]  # the new weights, in CTranslate2 too
+    assert after != before and after == expected  # the new weights, in CTranslate2 too
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # uninstalled, as far as this process can tell
     assert hooks.engine_choice(run.task, run.model, auto).reason.startswith("auto: ctranslate2 is not installed")
 

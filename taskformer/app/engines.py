@@ -306,7 +306,8 @@ def prune(base: Path, keep: int = KEEP) -> None:
 
 def parameters(model: torch.nn.Module) -> tuple[torch.nn.Parameter, ...]:
     """``model``'s parameters, listed once: walking the modules for them costs more than a small
-    classifier's batch, and a server asks for every batch."""
+    classifier's batch, and a server asks for every batch. A module keeps its parameter objects for
+    its life here (moved, loaded and updated in place)."""
     params = _parameters.get(model)
     if params is None:
         params = _parameters[model] = tuple(model.parameters())
