@@ -1,7 +1,9 @@
 """Decoding outside torch: a converted model run by CTranslate2 or ONNX Runtime, fed our token ids.
 
 Both runtimes take batches as our decoder does (:func:`taskformer.app.hooks.decode_texts` groups
-sources of one length, except for a CTranslate2 translator, which batches any lengths) and give
+sources of one length, except for a CTranslate2 translator, which batches any lengths), as lists of
+id rows, unpadded (no padded tensor is built for a runtime that reads lists: at batch 1 that costs
+a tenth of a millisecond of a call of a few), and give
 back what it gives: token ids per row for a search, logits for a classifier or tagger, so that
 tokenizing, detokenizing and labelling stay ours.
 
@@ -30,7 +32,7 @@ import torch
 
 from taskformer.core.decode_config import DecodeConfig
 from taskformer.core.decoding import NEVER_WRITTEN, max_lengths
-from taskformer.core.model import PAD, UNK
+from taskformer.core.model import UNK
 from taskformer.core.tokenize import SPECIALS
 from taskformer.core.variants import Variant
 
@@ -61,20 +63,20 @@ class CTranslate2Search:
         self.fixed = dict(disable_unk=True, suppress_sequences=[[SPECIALS[i]] for i in NEVER_WRITTEN if i != UNK])
         self.budgets: dict[tuple[int, float, int], int] = {}  # (source length, max_len_a, max_len_b) -> budget
 
-    def fits(self, src: torch.Tensor, config: DecodeConfig) -> bool:
+    def fits(self, src: list[list[int]], config: DecodeConfig) -> bool:
         """Whether the outputs stay within the model's positions: a decoder-only model's prompt and
         continuation must, since CTranslate2 cannot slide the context as our decoder does; and whether
         every prompt has a token (our decoder starts an empty one from BOS, CTranslate2 cannot start one)."""
         if self.kind.encoder:
             return True
-        return context_fits(src.size(1), config.max_new_tokens, self.max_len) and bool((src != PAD).any(1).all())
+        return context_fits(max(map(len, src)), config.max_new_tokens, self.max_len) and all(src)
 
-    def search(self, src: torch.Tensor, config: DecodeConfig,
+    def search(self, src: list[list[int]], config: DecodeConfig,
                on_token: Callable[[int], bool] | None = None) -> list[list[int]]:
-        """The output ids of each row of ``src`` (padded; for a decoder-only model one length a batch) under
-        ``config``'s search. ``on_token(id)`` (one greedy or sampled row) is called with each token as it
-        is chosen and stops the search by returning True."""
-        rows = [[self.vocabulary[i] for i in row if i != PAD] for row in src.tolist()]
+        """The output ids of each id row of ``src`` (unpadded; for a decoder-only model one length a batch)
+        under ``config``'s search. ``on_token(id)`` (one greedy or sampled row) is called with each token
+        as it is chosen and stops the search by returning True."""
+        rows = [list(map(self.vocabulary.__getitem__, row)) for row in src]
         if self.kind.encoder:
             budgets = [self.budget(len(row), config) for row in rows]
             rows = [row[:-1] for row in rows]  # the export frames sources itself (add_source_eos): ours end in EOS
@@ -135,14 +137,14 @@ class CTranslate2Search:
         rows is split across the runtime's workers (each sorts and decodes its share) when no other call
         is decoding: beside another call (a server's next batch) it stays whole on one worker, where
         halves would decode less efficiently (CTranslate2's time per sentence falls with the batch)."""
-        alone = self.model.num_active_batches + self.model.num_queued_batches == 0
-        split = -(-len(rows) // self.workers) if self.workers > 1 and len(rows) > 1 and alone else 0
+        split = -(-len(rows) // self.workers) if self.workers > 1 and len(rows) > 1 and (
+            self.model.num_active_batches + self.model.num_queued_batches == 0) else 0
         if self.kind.encoder:
             results = self.model.translate_batch(rows, max_decoding_length=budget, min_decoding_length=0,
                                                  max_input_length=self.max_len, max_batch_size=split, **options)
-            ids = self.ids
-            return ([[ids[t] for t in r.hypotheses[0]] for r in results],
-                    [max(map(len, r.hypotheses)) for r in results])
+            found = [r.hypotheses for r in results]  # each read makes its lists anew
+            ids = self.ids.__getitem__
+            return [list(map(ids, h[0])) for h in found], [max(map(len, h)) for h in found]
         results = self.model.generate_batch(rows, max_length=budget, include_prompt_in_result=False,
                                             max_batch_size=split, **options)
         return [list(r.sequences_ids[0]) for r in results], [max(map(len, r.sequences_ids)) for r in results]
@@ -163,18 +165,19 @@ class OnnxNetwork:
         self.cfg = cfg
         self.session = session(path, device, max(torch.get_num_threads() // max(workers, 1), 1))
 
-    def fits(self, src: torch.Tensor, config: DecodeConfig) -> bool:
+    def fits(self, src: list[list[int]], config: DecodeConfig) -> bool:
         """Any batch our model reads: the export's length is dynamic up to ``model.max_len``."""
         return True
 
-    def logits(self, src: torch.Tensor) -> np.ndarray:
-        return self.session.run(None, {"src": src.cpu().numpy()})[0]
+    def logits(self, src: torch.Tensor | np.ndarray) -> np.ndarray:
+        return self.session.run(None, {"src": src.cpu().numpy() if isinstance(src, torch.Tensor) else src})[0]
 
     def __call__(self, src: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(self.logits(src))
 
-    def probabilities(self, src: torch.Tensor) -> np.ndarray:
-        """Class probabilities (B, C), as :func:`taskformer.core.decoding.classify` gives ours."""
-        logits = self.logits(src)
+    def probabilities(self, src: list[list[int]]) -> np.ndarray:
+        """Class probabilities (B, C) of id rows of one length, as :func:`taskformer.core.decoding.classify`
+        gives ours: the rows go to the session as one array, with no torch tensor between."""
+        logits = self.logits(np.array(src, dtype=np.int64))
         exp = np.exp(logits - logits.max(-1, keepdims=True))
         return exp / exp.sum(-1, keepdims=True)

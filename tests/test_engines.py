@@ -177,6 +177,36 @@ def test_the_python_api_picks_and_names_the_engine(copy_run):
 
 
 @needs_ct2
+def test_a_remembered_engine_follows_a_change_of_decode_engine_of_the_weights_and_of_what_is_installed(
+        copy_run, monkeypatch):
+    """The engine's choice and its loaded runtime are kept between predict calls, never past a change
+    of what they were made of."""
+    import torch
+
+    from taskformer.app import hooks, runner
+
+    run = runner.load(copy_run)
+    auto, ours = (runner.with_search(runner.with_decoding(run, {"engine": e}, "test"), 1) for e in ("auto", "torch"))
+    texts = held_out(10, 30, (1, 12))
+    before = runner.predict(run, texts, auto)[0]
+    assert hooks.engine_choice(run.task, run.model, auto).engine == "ctranslate2"
+    assert hooks.engine_choice(run.task, run.model, ours).engine == "torch"  # the same model, another config
+    calls = []
+    monkeypatch.setattr(engines, "decode", lambda *a: calls.append(1) or pytest.fail("a runtime decoded"))
+    assert runner.predict(run, texts, ours)[0] == before  # decoded by torch: no runtime call
+    monkeypatch.undo()
+    with torch.no_grad():  # new weights, changed in place (as an update or load_state_dict changes them)
+        generator = torch.Generator().manual_seed(0)
+        for p in run.model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * p.std().nan_to_num(0.1))
+    expected = runner.predict(run, texts, ours)[0]
+    after = runner.predict(run, texts, auto)[0]
+    assert after != before and after == expected  # the new weights, in CTranslate2 too
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # uninstalled, as far as this process can tell
+    assert hooks.engine_choice(run.task, run.model, auto).reason.startswith("auto: ctranslate2 is not installed")
+
+
+@needs_ct2
 def test_ctranslate2_decodes_sources_of_several_lengths_in_one_batch(copy_run, monkeypatch):
     """A server's batch mixes lengths: CTranslate2 takes it whole (each row cut to its own budget), where
     our decoder splits it by length into batches of a sentence or two."""

@@ -22,6 +22,7 @@ import json
 import operator
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import warnings
@@ -34,6 +35,7 @@ from tokenizers import Tokenizer
 
 from taskformer.app import datacache
 from taskformer.core import variants
+from taskformer.core.data import pad
 from taskformer.core.decode_config import DecodeConfig
 from taskformer.core.decoding import best_tags, decode_workers, labels_of
 from taskformer.core.errors import TaskformerError
@@ -108,6 +110,12 @@ def available(device: str) -> dict[str, frozenset[str]]:
     except ImportError:
         pass
     return found
+
+
+def installed() -> tuple:
+    """What :func:`available` finds that can change within a process: the runtimes' modules as imported
+    (one put into or taken out of ``sys.modules``). A remembered choice is made anew when it changes."""
+    return tuple(map(sys.modules.get, ("ctranslate2", *ONNX_PACKAGES)))
 
 
 def runtime_of(variant: str) -> str:
@@ -296,23 +304,34 @@ def prune(base: Path, keep: int = KEEP) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def parameters(model: torch.nn.Module) -> tuple[torch.nn.Parameter, ...]:
+    """``model``'s parameters, listed once: walking the modules for them costs more than a small
+    classifier's batch, and a server asks for every batch. A module keeps its parameter objects for
+    its life here (moved, loaded and updated in place)."""
+    params = _parameters.get(model)
+    if params is None:
+        params = _parameters[model] = tuple(model.parameters())
+    return params
+
+
 def runtime(choice: Choice, model: Transformer | Ensemble, tokenizer: Tokenizer, decode: DecodeConfig) -> Any:
     """The loaded runtime of ``choice`` for ``model`` (its :class:`CTranslate2Search` or :class:`OnnxNetwork`),
     converted through the cache on first use and kept while the weights are unchanged; CTranslate2 gets
     as many workers as our decoder would run (``decode.workers``)."""
     net = cast(Transformer, model)
-    params = _parameters.get(net)
-    if params is None:  # walking the modules for them costs more than a small classifier's batch
-        params = _parameters[net] = tuple(net.parameters())
+    params = parameters(net)
     device = params[0].device.type
     workers = decode_workers(decode.workers, params[0].device, 1 << 20)
     # The same weights (their version counters, bumped by every in-place change: an update, a
     # load_state_dict), choice, tokenizer and workers: the loaded runtime, with no digest computed (a
     # server asks for every batch).
     key = (choice, workers, id(tokenizer), tuple(map(_VERSION, params)))
+    kept = _loaded.get(net)
+    if kept is not None and kept[0] == key:
+        return kept[1]
     with _lock:
         kept = _loaded.get(net)
-        if kept is not None and kept[0] == key:
+        if kept is not None and kept[0] == key:  # another thread loaded it meanwhile
             return kept[1]
         base = root()
         with tempfile.TemporaryDirectory(prefix="taskformer-engine-") as scratch:  # the cache is off: loaded, then gone
@@ -339,12 +358,12 @@ def runtime(choice: Choice, model: Transformer | Ensemble, tokenizer: Tokenizer,
         return loaded
 
 
-def decode(loaded: Any, src: torch.Tensor, words: list[list[int]] | None, labels: list[str] | None,
+def decode(loaded: Any, src: list[list[int]], words: list[list[int]] | None, labels: list[str] | None,
            config: DecodeConfig, tokenizer: Tokenizer) -> list:
-    """What the default decoder gives for ``src``, from the runtime: texts, labels or tags."""
+    """What the default decoder gives for the id rows ``src`` (unpadded), from the runtime: texts, labels or tags."""
     if isinstance(loaded, CTranslate2Search):
         return [tokenizer.decode(ids) for ids in loaded.search(src, config)]
     net = cast(OnnxNetwork, loaded)
     if net.cfg.kind.per_word:
-        return best_tags(cast(SequenceModel, net), src, words or [], labels or [])
+        return best_tags(cast(SequenceModel, net), pad(src), words or [], labels or [])
     return labels_of(net.probabilities(src), labels or [])

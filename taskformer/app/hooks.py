@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import weakref
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -112,7 +113,7 @@ def decode_texts(task: Task, model: Transformer | Ensemble, tokenizer: Tokenizer
     """
     kind, dc = model.cfg.kind, config.decode
     choice = engine_choice(task, model, config)
-    device = next(model.parameters()).device
+    device = engines.parameters(model)[0].device
     runtime = None if choice.engine == "torch" else engines.runtime(choice, model, tokenizer, dc)
     copies: list = []  # the torch model decodes where no runtime does: made on first use
 
@@ -146,10 +147,11 @@ def decode_texts(task: Task, model: Transformer | Ensemble, tokenizer: Tokenizer
         chunks += [same[start : start + dc.batch_size] for start in range(0, len(same), dc.batch_size)]
 
     def run(chunk: list[int]) -> list[Prediction]:
-        batch = pad([src[j] for j in chunk]).to(device)
+        ids = [src[j] for j in chunk]
         starts = None if words is None else [words[j] for j in chunk]
-        if runtime is not None and runtime.fits(batch, dc):
-            return engines.decode(runtime, batch, starts, labels, dc, tokenizer)
+        if runtime is not None and runtime.fits(ids, dc):  # it reads the id rows: no padded tensor
+            return engines.decode(runtime, ids, starts, labels, dc, tokenizer)
+        batch = pad(ids).to(device)
         with autocast(config.train.bf16 if dc.quantize == "none" else False, device):
             plugin, outs = plugins().first("taskformer_decode", task, model=network(), src=batch, tokenizer=tokenizer,
                                            labels=labels, words=starts, config=config, purpose=purpose)
@@ -273,16 +275,35 @@ def own_decoder(task: Task) -> str | None:
     return first if first and first != default_decoder.__name__ else None
 
 
+_choices: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (what its choice was made of, the choice)
+
+
 def engine_choice(task: Task, model: Transformer | Ensemble, config: RunConfig) -> engines.Choice:
     """Which engine decodes ``task``'s ``model`` under ``config`` (``decode.engine``), and why: what
-    ``predict --json``, ``eval --json``, the server and the report say."""
-    device = next(model.parameters()).device
+    ``predict --json``, ``eval --json``, the server and the report say.
+
+    Remembered per model with everything it is made of that can change: the task, the decode options,
+    the precision setting, the output head, the device, the plugins that hear ``taskformer_decode`` for
+    the task and the runtimes' modules (:func:`engines.installed`). A call with all of them unchanged (a
+    server's every batch) reuses it: making it anew cost about a tenth of a millisecond a call, cold
+    after the runtime's own."""
     head = model.members[0].head if isinstance(model, Ensemble) else model.head
+    device = engines.parameters(model)[0].device
+    listening = plugins().listeners("taskformer_decode", task)  # own_decoder's answer comes from these
+
+    def made_of() -> tuple:
+        return task, config.decode, config.train.bf16, type(head), device, listening, engines.installed()
+
+    kept = _choices.get(model)
+    if kept is not None and kept[0] == made_of():
+        return kept[1]
     own_head = None if type(head) is DEFAULT_HEADS[model.cfg.variant] else type(head).__name__
     facts = engines.Facts(task.variant, len(model.members) if isinstance(model, Ensemble) else 1, own_decoder(task),
                           own_head, device.type, model.cfg.max_len)
     bf16, _ = precision.choose(config.train.bf16, device)
-    return engines.choose(config.decode.engine, facts, config.decode, bf16, engines.available(device.type))
+    choice = engines.choose(config.decode.engine, facts, config.decode, bf16, engines.available(device.type))
+    _choices[model] = (made_of(), choice)  # after available(), which may have imported a runtime
+    return choice
 
 
 def label_network(task: Task, model: Transformer | Ensemble, tokenizer: Tokenizer, config: RunConfig):

@@ -5,6 +5,7 @@ directory :mod:`taskformer.app.rundir`'s, the machine :mod:`taskformer.app.resou
 """
 from __future__ import annotations
 
+import time
 import warnings
 from dataclasses import Field, fields, replace
 from functools import partial
@@ -107,7 +108,7 @@ def continue_prompt(run: Run, text: str, config: RunConfig, on_text) -> str:
 
     choice = hooks.engine_choice(run.task, run.model, config)
     runtime = None if choice.engine == "torch" else engines.runtime(choice, run.model, run.tokenizer, config.decode)
-    if runtime is not None and runtime.fits(src, config.decode):  # CTranslate2's generation callback
+    if runtime is not None and runtime.fits(ids, config.decode):  # CTranslate2's generation callback
         chosen: list[int] = []
         stopped: list[BaseException] = []
 
@@ -119,7 +120,7 @@ def continue_prompt(run: Run, text: str, config: RunConfig, on_text) -> str:
                 stopped.append(e)
             return bool(stopped)
 
-        out_ids = runtime.search(src, config.decode, on_token)[0]
+        out_ids = runtime.search(ids, config.decode, on_token)[0]
         if stopped:
             raise stopped[0]
     else:
@@ -186,14 +187,24 @@ def whole_number(name: str, value: object) -> int | None:
     return value
 
 
+MEMORY_RECHECK_S = 1.0  # the same config's search memory is checked again after this long
+_memory_checked: list = [None, 0.0]  # the config last checked, and when
+
+
 def fit_search(config: RunConfig, vocab: int) -> RunConfig:
     """A beam wider than the vocabulary is cut to it, with a warning (its first step has no more distinct
-    tokens to keep, and each wider row costs memory); a search whose cache cannot fit is refused."""
+    tokens to keep, and each wider row costs memory); a search whose cache cannot fit is refused.
+
+    The memory is read once a second for the same config: reading it costs up to a twentieth of a
+    millisecond, which a lone sentence's ``predict`` on CTranslate2 (a few) would pay on every call."""
     decode = config.decode
     if decode.strategy == "beam" and decode.beam > vocab:
         warnings.warn(f"beam {decode.beam} is wider than the vocabulary ({vocab} tokens); it was cut to {vocab}", stacklevel=2)
         config = replace(config, decode=replace(decode, beam=vocab))
-    check_search_memory(config)
+    now = time.monotonic()
+    if _memory_checked[0] is not config or now - _memory_checked[1] > MEMORY_RECHECK_S:
+        check_search_memory(config)
+        _memory_checked[:] = config, now
     return config
 
 
