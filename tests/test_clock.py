@@ -416,6 +416,11 @@ def test_the_estimate_counts_the_lengths_a_trained_model_writes():
     long_outputs = [("a", "x " * 15, "x y z")] * 4  # 16 tokens written where the references hold 4
     assert prepare.length_share(run, long_outputs) == pytest.approx(4 / 16)
     assert prepare.length_share(run, [("a", "x y z", "x y z")]) == 1.0
+    # a batch (sources of one length) runs until its longest output ends: one long row holds up the rest
+    held_up = [("a", "x y z", "x y z")] * 3 + [("a", "x " * 7, "x y z")]
+    assert prepare.length_share(run, held_up) == pytest.approx(4 * 4 / (4 * 8))
+    apart = [("a", "x y z", "x y z"), ("a b", "x " * 7, "x y z")]  # two source lengths: two batches
+    assert prepare.length_share(run, apart) == pytest.approx((4 + 4) / (4 + 8))
     classifier = SimpleNamespace(**{**vars(run), "task": SimpleNamespace(variant="encoder-only")})
     assert prepare.own_lengths(classifier, [group]) == prepare.length_share(classifier, long_outputs) == 1.0
 

@@ -440,15 +440,27 @@ def own_lengths(run: Run, sample: list[list[tuple]]) -> float:
 
 
 def length_share(run: Run, outputs: list) -> float:
-    """The references' length over what a decode of ``outputs`` wrote, in tokens (each with its end),
-    between 1/4 and 4; 1 for a network that writes nothing. The probe times decoding on outputs of the
-    references' length, which a trained model writes; a validation early in training writes on to the
-    length limit, and its time, scaled to the final evaluation, would keep back several times what
-    that takes."""
+    """The steps a decode of ``outputs`` would take writing its references over those it took, between 1/4
+    and 4; 1 for a network that writes nothing. Our decoder batches the sources of one length (up to
+    ``decode.batch_size``) and a batch runs until its longest output ends, so each batch counts its rows
+    times its longest output, as the probe's timing writes each group to its longest reference. A
+    validation early in training writes on to the length limit, and one such row holds up its whole
+    batch: counted by the mean length, its time, scaled to the final evaluation, kept back about twice
+    what that takes."""
     if not variants.of(run.task.variant).decoder or not outputs:
         return 1.0
-    wrote = sum(written(run, [prediction for _, prediction, _ in outputs]))
-    return min(max(sum(written(run, [reference for _, _, reference in outputs])) / wrote, 0.25), 4.0)
+    sources = written(run, [row[0] for row in outputs])
+    wrote, references = written(run, [row[1] for row in outputs]), written(run, [row[2] for row in outputs])
+    batches: dict[int, list[int]] = {}
+    for i, length in enumerate(sources):
+        batches.setdefault(length, []).append(i)
+    size, steps = max(run.config.decode.batch_size, 1), [0, 0]  # the references', then what was written
+    for rows in batches.values():
+        for start in range(0, len(rows), size):
+            batch = rows[start : start + size]
+            steps[0] += len(batch) * max(references[i] for i in batch)
+            steps[1] += len(batch) * max(wrote[i] for i in batch)
+    return min(max(steps[0] / max(steps[1], 1), 0.25), 4.0)
 
 
 def written(run: Run, texts: list) -> list[int]:
