@@ -19,6 +19,15 @@ from taskformer.app import runner  # noqa: E402
 from taskformer.app.server import Limits, create_app  # noqa: E402
 
 
+def until(condition) -> None:
+    """Wait until ``condition()`` holds: polled, not timed (a busy machine only takes longer)."""
+    for _ in range(600):
+        if condition():
+            return
+        threading.Event().wait(0.1)
+    raise AssertionError("the server never got there")
+
+
 def test_a_lone_request_is_decoded_alone_and_those_arriving_meanwhile_share_the_next_batch(finished, monkeypatch):
     run = runner.load(finished)
     runner.set_decoding(run, ["decode.workers=1"], "test")  # one batch at a time, whatever decodes it
@@ -84,13 +93,6 @@ def test_a_runtime_of_two_workers_decodes_a_batch_while_another_decodes_and_queu
         def send(text: str):
             return pool.submit(client.post, "/v1/models/copy/predict", json={"inputs": [text]})
 
-        def until(condition) -> None:  # polled, not timed
-            for _ in range(600):
-                if condition():
-                    return
-                threading.Event().wait(0.1)
-            raise AssertionError("the server never got there")
-
         first = send("1 2 3")
         until(lambda: len(batches) == 1)
         second = send("4 5")  # the other worker is free: decoded at once, beside the first
@@ -132,13 +134,6 @@ def test_a_worker_freed_beside_another_decode_waits_for_the_clients_its_batch_an
     with TestClient(create_app({"copy": run}, Limits())) as client, ThreadPoolExecutor(4) as pool:
         def send(*inputs: str):
             return pool.submit(client.post, "/v1/models/copy/predict", json={"inputs": list(inputs)})
-
-        def until(condition) -> None:  # polled, not timed
-            for _ in range(600):
-                if condition():
-                    return
-                threading.Event().wait(0.1)
-            raise AssertionError("the server never got there")
 
         first = send("1 2 3", "4 5")  # two sentences on one worker
         until(lambda: len(batches) == 1)
