@@ -155,6 +155,7 @@ def measure_pace(model: Transformer | Ensemble, cfg: TrainConfig, train: Encoded
             raise TaskformerError("no training batches to measure the pace on")
         counts: list[int] = []
         seconds: list[float] = []
+        least = PROBE_UPDATES[0] if device.type == "cpu" else PROBE_GPU_UPDATES
         started, cpu = time.perf_counter(), time.process_time()
         for number, group in enumerate(itertools.cycle(updates)):  # a tiny train split is gone over again
             micro = [(src.to(device), tgt.to(device)) for src, tgt in (collate(train, b) for b in group)]
@@ -168,7 +169,6 @@ def measure_pace(model: Transformer | Ensemble, cfg: TrainConfig, train: Encoded
             counts.append(count)
             seconds.append(time.perf_counter() - begun)
             spent = time.perf_counter() - started
-            least = PROBE_UPDATES[0] if device.type == "cpu" else PROBE_GPU_UPDATES
             if len(counts) >= PROBE_UPDATES[1] or (len(counts) >= least and spent >= PROBE_SECONDS):
                 break
         # on a GPU the processor mostly waits for it: its share says nothing of other processes

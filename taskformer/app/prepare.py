@@ -410,9 +410,12 @@ def decode_seconds(run: Run, data: TaskData) -> DecodeTiming:
     run.model.eval()
     sample, config = timing_sample(run, data), run.config
 
-    def timed(decode_config: RunConfig) -> float:
-        # untimed first: a first decode's one-time costs, and on a GPU each new shape's choice of kernels
+    def warm(decode_config: RunConfig) -> None:
+        """An untimed decode: a first decode's one-time costs, and on a GPU each new shape's choice of kernels."""
         seconds_per_example(run, sample if run.device.type == "cuda" else [sample[0][:4]], decode_config)
+
+    def timed(decode_config: RunConfig) -> float:
+        warm(decode_config)
         return seconds_per_example(run, sample, decode_config)
 
     validation = timed(validation_config(config))
@@ -420,7 +423,7 @@ def decode_seconds(run: Run, data: TaskData) -> DecodeTiming:
         same = config.decode.strategy == config.decode.eval_strategy
         return DecodeTiming(validation if same else timed(config), validation, 0.0)
     with uncached():
-        timed(config)  # the runtime's one-time costs in this process (on a GPU its context), which the end does not pay
+        warm(config)  # the runtime's one-time costs in this process (on a GPU its context), which the end does not pay
         for weight in run.model.parameters():  # new weights, as the end's: the next decode converts them again
             weight.mul_(1.0)
         first = seconds_per_example(run, sample, config)
