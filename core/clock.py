@@ -13,14 +13,14 @@ Two rules make a run use its minutes whatever the machine does around it:
   training time the learning rate keeps the share :func:`decay_share` of its scheduled value: the
   seconds left over the decay's length, asked after every update. However fast or slow the updates
   were before, the rate reaches zero as the time for training runs out, and not before.
-- **Estimates follow the machine.** The final evaluation is timed before training (and again at each
-  validation) while the machine trains at some pace; if it later trains faster or slower (a busy
+- **Estimates follow the machine.** The final evaluation is timed before training (the last
+  validation again at each validation) while the machine trains at some pace; if it later trains faster or slower (a busy
   start, then an idle machine), the estimate is scaled by the same factor: decoding and training
   share the cores (:meth:`Clock.observe`).
 - **A busy start is not the budget.** Figures timed while other processes held the cores (the share
   of its cores this process had, :func:`cpu_share`, is under ``BUSY_SHARE``) are kept at what they
   would take with all of them: a run is refused only if even those leave no time to train, and what
-  is kept back follows the pace of the updates and the validations' re-measures from there.
+  is kept back follows the pace of the updates from there.
 
 The time source is injectable (``now``): tests drive slow and fast stretches without waiting.
 """
@@ -140,6 +140,13 @@ class Clock:
         timed = per_update or self.per_update
         self.timed_at = timed * share if timed else None
 
+    def validated(self, seconds: float) -> None:
+        """A validation just took ``seconds`` at the pace now: the last one is kept at that, stored at the
+        pace the estimates were timed at so that :meth:`scale` brings it back (what the final evaluation
+        keeps is left as it was timed)."""
+        then = self.timed_at / self.per_update if self.timed_at and self.per_update else 1.0
+        self.estimates["last validation"] = seconds * then
+
     def busy(self) -> bool:
         """Whether the machine was busy while the pace was probed (see ``BUSY_SHARE``)."""
         return self.start_share is not None and self.start_share < BUSY_SHARE
@@ -148,8 +155,7 @@ class Clock:
         """How many times longer the estimates take now than when they were timed: the ratio of the
         seconds an update takes now to those it took then (1 until both are known), at most 1. A faster
         machine shrinks what is kept back; a slower one does not grow it, since a busy stretch in the
-        middle of training would then stop the run for an evaluation it may well do at full speed (the
-        validations' own re-measures still grow it)."""
+        middle of training would then stop the run for an evaluation it may well do at full speed."""
         return min(self.per_update / self.timed_at, 1.0) if self.per_update and self.timed_at else 1.0
 
     @property

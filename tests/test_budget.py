@@ -348,6 +348,30 @@ def test_agnews_trains_fewer_members_where_the_budget_cannot_feed_twenty(cli, pa
     assert model.endswith("parameters") and (f", {members} members:" in model) == (members > 1)
 
 
+def test_an_ensemble_row_is_timed_decoding_with_its_own_members(cli, monkeypatch):
+    """An ensemble's members decode together (and one network may decode on a runtime an ensemble cannot):
+    each row of other members than the probe's twenty is timed on a throwaway of its own, once, not the
+    probe's figure scaled by the members. The final evaluation kept is the chosen row's own timing."""
+    from taskformer.app import prepare
+    from taskformer.app.decodetime import DecodeTiming
+    timed = []
+
+    def decode_seconds(run, data):
+        members = run.config.model.members
+        timed.append(members)
+        return DecodeTiming(final=members**2 / 100, validation=0.0, fixed=0.0)  # not linear in the members
+    monkeypatch.setattr(prepare, "decode_seconds", decode_seconds)
+    result = cli("run", "agnews", "--data-dir", str(DATA / "ag_news"), "--dry-run", "--time-limit", "10",
+                 "--set", "train.pace=10", "--set", "train.threads=1")
+    assert result.exit_code == 0, result.output
+    assert timed == [20, 5, 3]  # the probe's network, then the rows tried from the largest down to the one chosen
+    [model] = [line for line in result.stdout.splitlines() if line.startswith("model: ")]
+    [data] = [line for line in result.stdout.splitlines() if line.startswith("data: ")]
+    val, test = (re.search(rf"\b{split} (\d+)", data)[1] for split in ("val", "test"))
+    [final] = re.findall(r"final evaluation: about (\d+) s", result.stdout)  # 14 s if scaled from twenty members
+    assert ", 3 members:" in model and int(final) == round(3**2 / 100 * (int(val) + int(test)))
+
+
 def test_a_short_translation_budget_ends_its_schedule_on_smaller_batches(cli):
     out = translate_plan(cli, "--time-limit", "60", "--set", "train.pace=1000")  # about 3.6 M target tokens
     [line] = [line for line in out.splitlines() if line.startswith("recipe: ")]

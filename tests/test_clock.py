@@ -16,6 +16,7 @@ from typing import NamedTuple
 import pytest
 import torch
 
+from taskformer.app import decodetime
 from taskformer.core import clock
 from taskformer.core.clock import Clock
 from taskformer.core.data import Encoded
@@ -219,6 +220,35 @@ def test_a_run_that_used_little_of_its_limit_says_why_and_that_the_machine_was_b
     assert "short_of_limit" not in over and "took 110 s of the" in over["over_limit"]
 
 
+def test_a_validation_replaces_the_last_validations_estimate_and_leaves_the_final_evaluations():
+    """A validation's greedy decode on our decoder tells little of the final evaluation's search on a
+    runtime, which batches the split differently: it replaces only what the last validation keeps. Kept
+    at the pace the estimates were timed at, it follows the pace from there as the final evaluation does."""
+    limit = Clock(300.0, now=FakeTime(lambda step: 0.0))
+    limit.keep(40.0, 2.0, per_update=1.0)
+    limit.per_update = 0.5  # the updates sped up: what is kept back halves
+    limit.validated(3.0)
+    assert limit.kept["last validation"] == pytest.approx(3.0) and limit.kept["final evaluation"] == 20.0
+    limit.per_update = 2.0  # a busy stretch: neither grows past what it takes at the pace they were timed at
+    assert limit.kept["last validation"] == pytest.approx(6.0) and limit.kept["final evaluation"] == 40.0
+    assert Clock(None).validated(1.0) is None
+
+
+@pytest.mark.slow
+def test_the_final_evaluation_keeps_the_probes_figure_whatever_a_validation_takes(cli, tmp_path, monkeypatch):
+    """The probe timed the validation at a ten-thousandth of the final evaluation's time an example; the
+    real validations take longer than that, and the final evaluation is still kept at the probe's figure
+    (the pace is given, so it is not scaled by one measured)."""
+    from taskformer.app import prepare
+    monkeypatch.setattr(prepare, "decode_seconds", lambda run, data: decodetime.DecodeTiming(1e-2, 1e-6, 0.0))
+    out = tmp_path / "run"
+    result = cli("run", "copy", "--out", str(out), "--time-limit", "1", "--set", "train.pace=100", "--set",
+                 "train.max_steps=4", "--set", "train.eval_every=2", *COPY)
+    assert result.exit_code == 0, result.output
+    info = json.loads((out / "result.json").read_text())["info"]
+    assert info["recipe"]["final_seconds"] == info["clock"]["final_estimate"] == 0.4  # 40 examples at 10 ms
+
+
 @pytest.mark.slow
 def test_a_plan_too_small_to_learn_says_so_before_training_and_in_the_report(cli, tmp_path):
     out = tmp_path / "run"
@@ -321,7 +351,7 @@ def busy_probe(monkeypatch, per_example: float, share: float = 0.2) -> None:
     from taskformer.core import budget
     monkeypatch.setattr(budget, "measure_pace", lambda *args: (1_000.0, share))
     monkeypatch.setattr(prepare, "decode_seconds",
-                        lambda run, data: prepare.DecodeTiming(per_example, per_example / 4, 0.0))
+                        lambda run, data: decodetime.DecodeTiming(per_example, per_example / 4, 0.0))
 
 
 COPY = ("--set", "data.train_size=200", "--set", "data.val_size=20", "--set", "data.test_size=20")
@@ -380,12 +410,11 @@ def test_the_decode_is_timed_on_lengths_spread_as_val_and_side_by_side_as_it_dec
     equal slices of val sorted by length (not one every few distinct lengths, which weighs a long tail
     of a few rows as much as the many short ones), decoded side by side as the decoder's workers do,
     each group written to its longest reference and its end."""
-    from taskformer.app import prepare
     short, middle = [("a b", "x y z")] * 60, [("a b c d", "x")] * 30
     tail = [(" ".join(["w"] * n), "x") for n in range(10, 20)]  # ten long rows, each of a length of its own
     data = SimpleNamespace(splits={"val": short + middle + tail})
     run = timed_run()
-    sample = prepare.timing_sample(run, data)
+    sample = decodetime.timing_sample(run, data)
     assert [sorted({len(row[0].split()) for row in group}) for group in sample] == [[2], [4]]
     assert [len(group) for group in sample] == [8, 8]  # cut to a decoding batch
     together = threading.Barrier(2, timeout=10)  # each group waits for the other: side by side, or it fails
@@ -394,14 +423,14 @@ def test_the_decode_is_timed_on_lengths_spread_as_val_and_side_by_side_as_it_dec
     def evaluate(run, group, config, name):
         together.wait()
         decoded.append((len(group[0][0].split()), config.decode.max_len_b))
-    monkeypatch.setattr(prepare, "evaluate_split", evaluate)
+    monkeypatch.setattr(decodetime, "evaluate_split", evaluate)
     config = Config(DecodeConfig(workers=2))
-    assert prepare.seconds_per_example(run, sample, config) >= 0
+    assert decodetime.seconds_per_example(run, sample, config) >= 0
     assert sorted(decoded) == [(2, 4), (4, 2)]  # three words and the end; one word and the end
     # and the final evaluation of val and test is those seconds an example for each, and the conversion once
-    timing = prepare.DecodeTiming(final=0.5, validation=0.25, fixed=3.0)
+    timing = decodetime.DecodeTiming(final=0.5, validation=0.25, fixed=3.0)
     both = SimpleNamespace(splits={"val": [("a", "b")] * 10, "test": [("c", "d")] * 20})
-    assert prepare.final_seconds(both, timing) == (3.0 + 0.5 * 30, 0.25 * 10)
+    assert decodetime.final_seconds(both, timing) == (3.0 + 0.5 * 30, 0.25 * 10)
 
 
 def test_the_estimate_counts_the_lengths_a_trained_model_writes():
@@ -409,18 +438,17 @@ def test_the_estimate_counts_the_lengths_a_trained_model_writes():
     reference, are scaled to their references' own lengths; a validation whose outputs ran longer
     than its references (a model early in training, on to the length limit) is scaled to theirs, so
     neither keeps back what the trained model's final evaluation will not take."""
-    from taskformer.app import prepare
     run = timed_run()
     group = [("a", "x"), ("a", "x y z"), ("a", "x y z w v u t")]  # 2, 4 and 8 tokens with the end
-    assert prepare.own_lengths(run, [group]) == pytest.approx((2 + 4 + 8) / (3 * 8))
+    assert decodetime.own_lengths(run, [group]) == pytest.approx((2 + 4 + 8) / (3 * 8))
     long_outputs = [("a", "x " * 15, "x y z")] * 4  # 16 tokens written where the references hold 4
-    assert prepare.length_share(run, long_outputs) == pytest.approx(4 / 16)
-    assert prepare.length_share(run, [("a", "x y z", "x y z")]) == 1.0
+    assert decodetime.length_share(run, long_outputs) == pytest.approx(4 / 16)
+    assert decodetime.length_share(run, [("a", "x y z", "x y z")]) == 1.0
     # a batch (sources of one length) runs until its longest output ends: one long row holds up the rest
     held_up = [("a", "x y z", "x y z")] * 3 + [("a", "x " * 7, "x y z")]
-    assert prepare.length_share(run, held_up) == pytest.approx(4 * 4 / (4 * 8))
+    assert decodetime.length_share(run, held_up) == pytest.approx(4 * 4 / (4 * 8))
     apart = [("a", "x y z", "x y z"), ("a b", "x " * 7, "x y z")]  # two source lengths: two batches
-    assert prepare.length_share(run, apart) == pytest.approx((4 + 4) / (4 + 8))
+    assert decodetime.length_share(run, apart) == pytest.approx((4 + 4) / (4 + 8))
     classifier = SimpleNamespace(**{**vars(run), "task": SimpleNamespace(variant="encoder-only")})
-    assert prepare.own_lengths(classifier, [group]) == prepare.length_share(classifier, long_outputs) == 1.0
+    assert decodetime.own_lengths(classifier, [group]) == decodetime.length_share(classifier, long_outputs) == 1.0
 

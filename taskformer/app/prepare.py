@@ -22,10 +22,7 @@ of too few updates to learn is said before training.
 from __future__ import annotations
 
 import math
-import os
-import time
 from collections.abc import Collection
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -33,10 +30,11 @@ from typing import Any, NamedTuple
 import torch
 
 from taskformer.app import datacache, outdir, rundir
-from taskformer.app.hooks import build_model, engine_choice, evaluate_split, load_data
+from taskformer.app.decodetime import DecodeTiming, decode_seconds, final_seconds
+from taskformer.app.hooks import build_model, load_data
 from taskformer.app.resources import check_memory, pick_device, use_threads
 from taskformer.app.trackers import check_installed
-from taskformer.core import budget, decoding, progress, variants
+from taskformer.core import budget, progress, variants
 from taskformer.core import checkpoint as ckpt
 from taskformer.core import config as C
 from taskformer.core.clock import FEW_UPDATES, Clock, busy_share, reserve_for
@@ -259,15 +257,22 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
         timer = row_timer(run, layers, probed, shard[1])
         clock = run.clock
 
+        decoded = {probed.model.members: timing}  # by the members: an ensemble's timing, once each
+
         def final(overrides: dict) -> tuple[float, float, float]:
             """The row's final evaluation and last validation as timed, and what they are scaled by to be
-            an idle machine's (:func:`busy_share`; an ensemble's members each decode: they scale the probe's)."""
+            an idle machine's (:func:`busy_share`). An ensemble of other members than the probe's is timed
+            on a throwaway of its own: the members decode together, with the engine it decodes on (one
+            network may run on a runtime that an ensemble cannot), so neither is the probe's figure times
+            the members."""
             own = timer(overrides)
             if own is not None:
                 return (*final_seconds(run.data, own.timing), busy_share(own.share))
-            members = layers.build(overrides).model.members / probed.model.members
-            final_at, validation_at = final_seconds(run.data, timing)
-            return final_at * members, validation_at * members, busy_share(share)
+            cfg = layers.build(overrides)
+            if cfg.model.members not in decoded:
+                with progress.stage(f"timing the decoding of {count(cfg.model.members, 'member')}"):
+                    decoded[cfg.model.members] = decode_seconds(throwaway(run, cfg), run.data)
+            return (*final_seconds(run.data, decoded[cfg.model.members]), busy_share(share))
 
         def idle(overrides: dict) -> float:  # what the row keeps back, as the timings would take with all the cores
             *seconds, had = final(overrides)
@@ -296,9 +301,7 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
                            "(a machine that frees up later trains more: the decay follows the time, not this count)")
         plan.update(final_seconds=round(clock.estimates["final evaluation"], 1),
                     validation_seconds=round(clock.estimates["last validation"], 1),
-                    reserve_seconds=round(clock.reserve(), 1), per_update=clock.timed_at, cpu_share=round(share, 3),
-                    search_ratio=round(timing.final / max(timing.validation, 1e-9), 3),
-                    conversion_seconds=round(timing.fixed * had, 1))
+                    reserve_seconds=round(clock.reserve(), 1), per_update=clock.timed_at, cpu_share=round(share, 3))
         if overridden := yours_over(task, layers, plan["overrides"]):
             plan["overridden"] = overridden
             plan["why"] += f"; overridden by your settings: {', '.join(overridden)}"
@@ -324,17 +327,22 @@ def probe(run: Prepared, probed: RunConfig, train_enc: Encoded, ranks: int,
     set, else measured; all ranks together), where it came from, :func:`decode_seconds`, and the
     share of its cores the process had while the pace was measured (1 where it was not)."""
     with progress.stage(f"measuring the training pace and the decoding time of {what}"):
-        with torch.random.fork_rng(devices=[]):
-            model = build_model(run.task, probed, run.data.tokenizer.get_vocab_size(), run.data.labels,
-                                training=True).to(run.device)
+        probe_run = throwaway(run, probed)
         pace, source, share = probed.train.pace, "train.pace", 1.0
         if not pace:
-            pace, share = budget.measure_pace(model, probed.train, train_enc, run.device)
+            pace, share = budget.measure_pace(probe_run.model, probed.train, train_enc, run.device)
             pace, source = pace * ranks, "measured"
-        # a probe's run has no directory (nothing of it is written)
-        probe_run = Run(None, run.task, probed, run.data.tokenizer, run.data.labels, model)  # type: ignore[arg-type]
         timing = decode_seconds(probe_run, run.data)
     return pace, source, timing, share
+
+
+def throwaway(run: Prepared, config: RunConfig) -> Run:
+    """A run of a new model of ``config`` with no directory (nothing of it is written), built under a
+    forked random generator: the run's own weights and batches are those it would have had without it."""
+    with torch.random.fork_rng(devices=[]):
+        model = build_model(run.task, config, run.data.tokenizer.get_vocab_size(), run.data.labels,
+                            training=True).to(run.device)
+    return Run(None, run.task, config, run.data.tokenizer, run.data.labels, model)  # type: ignore[arg-type]
 
 
 def yours_over(task: Task, layers: Layers, overrides: dict) -> list[str]:
@@ -355,9 +363,10 @@ class RowTiming(NamedTuple):
 def row_timer(run: Prepared, layers: Layers, probed: RunConfig, ranks: int):
     """``overrides -> RowTiming | None``: a recipe row that changes the network or its batches (a wider
     model, a longer context) has its own pace and final evaluation, timed once on a throwaway model
-    of it; ``None`` for a row that does not (the probe's figures hold, scaled by the members). On a
-    CPU the size of the batches is not counted as a change: the tokens per second hardly depend on it
-    (a GPU's grow with it), and timing it again would cost the updates of a busy start's slow probe."""
+    of it; ``None`` for a row that does not (the probe's pace holds, scaled by the members: an
+    ensemble's decoding is timed apart, see :func:`plan_time`). On a CPU the size of the batches is
+    not counted as a change: the tokens per second hardly depend on it (a GPU's grow with it), and
+    timing it again would cost the updates of a busy start's slow probe."""
     timed: dict[str, RowTiming | None] = {}  # by the network and batches: each is timed once (a warm-up cut is not)
     batches = ("bf16",) if run.device.type == "cpu" else ("max_tokens", "accumulate", "bf16")
 
@@ -389,153 +398,6 @@ def batching(layers: Layers, train_enc: Encoded, probed: RunConfig, pace: float,
             return per_token * probed.model.members / cfg.model.members, cfg.train.warmup
         return per_token * own.pace / pace, cfg.train.warmup
     return of
-
-
-class DecodeTiming(NamedTuple):
-    """What the end of a run's training costs, timed before it trains."""
-
-    final: float  # seconds per example of the final evaluation: its search, on the engine that will decode it
-    validation: float  # seconds per example of a validation: decode.eval_strategy, on our decoder
-    fixed: float  # seconds the final evaluation spends once: converting the weights for a runtime
-
-
-@torch.no_grad()
-def decode_seconds(run: Run, data: TaskData) -> DecodeTiming:
-    """Time the final evaluation and a validation on a sample of val (:func:`timing_sample`), each
-    output written to its reference's length (see :func:`seconds_per_example`). The final evaluation
-    is timed on the engine that will decode it (``decode.engine``: a runtime is timed twice, the
-    first time converting the weights, into a temporary folder and not the user's cache, after an
-    untimed decode that pays what a process pays once). Each search is timed after an untimed decode:
-    of a few rows on a CPU, of the same groups on a GPU, whose first call of each shape picks kernels."""
-    run.model.eval()
-    sample, config = timing_sample(run, data), run.config
-
-    def warm(decode_config: RunConfig) -> None:
-        """An untimed decode: a first decode's one-time costs, and on a GPU each new shape's choice of kernels."""
-        seconds_per_example(run, sample if run.device.type == "cuda" else [sample[0][:4]], decode_config)
-
-    def timed(decode_config: RunConfig) -> float:
-        warm(decode_config)
-        return seconds_per_example(run, sample, decode_config)
-
-    validation = timed(validation_config(config))
-    if engine_choice(run.task, run.model, config).engine == "torch":
-        same = config.decode.strategy == config.decode.eval_strategy
-        return DecodeTiming(validation if same else timed(config), validation, 0.0)
-    with uncached():
-        warm(config)  # the runtime's one-time costs in this process (on a GPU its context), which the end does not pay
-        for weight in run.model.parameters():  # new weights, as the end's: the next decode converts them again
-            weight.mul_(1.0)
-        first = seconds_per_example(run, sample, config)
-        final = seconds_per_example(run, sample, config)
-    # a runtime drops each row as it ends: what it will write is each reference's length, not its group's longest
-    return DecodeTiming(final * own_lengths(run, sample), validation, max(first - final, 0.0) * sum(map(len, sample)))
-
-
-def own_lengths(run: Run, sample: list[list[tuple]]) -> float:
-    """The tokens of the references of ``sample``'s groups (each with its end) over those of the timing,
-    which writes each group's rows to its longest reference (:func:`seconds_per_example`); 1 for a
-    network that writes nothing."""
-    if not variants.of(run.task.variant).decoder:
-        return 1.0
-    groups = [written(run, [row[1] for row in group]) for group in sample]
-    return sum(map(sum, groups)) / max(sum(max(g) * len(g) for g in groups if g), 1)
-
-
-def length_share(run: Run, outputs: list) -> float:
-    """The steps a decode of ``outputs`` would take writing its references over those it took, between 1/4
-    and 4; 1 for a network that writes nothing. Our decoder batches the sources of one length (up to
-    ``decode.batch_size``) and a batch runs until its longest output ends, so each batch counts its rows
-    times its longest output, as the probe's timing writes each group to its longest reference. A
-    validation early in training writes on to the length limit, and one such row holds up its whole
-    batch: counted by the mean length, its time, scaled to the final evaluation, kept back about twice
-    what that takes."""
-    if not variants.of(run.task.variant).decoder or not outputs:
-        return 1.0
-    sources = written(run, [row[0] for row in outputs])
-    wrote, references = written(run, [row[1] for row in outputs]), written(run, [row[2] for row in outputs])
-    batches: dict[int, list[int]] = {}
-    for i, length in enumerate(sources):
-        batches.setdefault(length, []).append(i)
-    size, steps = max(run.config.decode.batch_size, 1), [0, 0]  # the references', then what was written
-    for rows in batches.values():
-        for start in range(0, len(rows), size):
-            batch = rows[start : start + size]
-            steps[0] += len(batch) * max(references[i] for i in batch)
-            steps[1] += len(batch) * max(wrote[i] for i in batch)
-    return min(max(steps[0] / max(steps[1], 1), 0.25), 4.0)
-
-
-def written(run: Run, texts: list) -> list[int]:
-    """The tokens a decoder writes for each of ``texts``, its end included."""
-    return [len(e.ids) + 1 for e in run.tokenizer.encode_batch([str(text) for text in texts])]
-
-
-def validation_config(config: RunConfig) -> RunConfig:
-    """``config`` as validations decode: the cheaper search, on our decoder (a runtime would convert
-    the weights anew after every update)."""
-    return replace(config, decode=replace(config.decode, strategy=config.decode.eval_strategy, engine="torch"))
-
-
-def timing_sample(run: Run, data: TaskData) -> list[list[tuple]]:
-    """Val rows to time decoding on, as the decoder batches them: it decodes the sources of each
-    length as batches of their own (up to ``decode.batch_size``), so the sample is whole groups of one
-    source length, one for each of its workers (2 to 8): those of the rows at the middle of as many
-    equal slices of val sorted by length. Their lengths are spread as val's are; a group every few
-    distinct lengths would weigh the long tail's few, slow rows as much as the many short ones."""
-    val, batch = data.splits["val"], run.config.decode.batch_size
-    lengths = [len(e.ids) for e in run.tokenizer.encode_batch([str(row[0]) for row in val])]
-    groups: dict[int, list[tuple]] = {}
-    for length, row in zip(lengths, val):
-        groups.setdefault(length, []).append(row)
-    ordered, slices = sorted(lengths), min(max(decoding.decode_workers(run.config.decode.workers, run.device, 8), 2), 8)
-    middles = dict.fromkeys(ordered[(2 * i + 1) * len(ordered) // (2 * slices)] for i in range(slices))
-    return [groups[n][:batch] for n in middles] or [list(val[:batch])]
-
-
-def seconds_per_example(run: Run, sample: list[list[tuple]], config: RunConfig) -> float:
-    """Seconds per example of scoring and decoding the groups of ``sample`` with ``config``'s search
-    and engine, side by side as the decoder's workers decode a split's batches (one group alone would
-    leave the other workers' cores idle), each group's outputs written to its longest reference (an
-    untrained model writes to the length limit, several times what a trained one writes)."""
-    kind = variants.of(run.task.variant)
-
-    def evaluate(group: list[tuple]) -> None:
-        decode = config.decode
-        if kind.decoder:
-            longest = max(written(run, [row[1] for row in group]))
-            decode = (replace(decode, max_len_a=0.0, max_len_b=longest) if kind.shifted
-                      else replace(decode, max_new_tokens=longest))
-        with torch.no_grad():  # a worker's grad mode is its own
-            evaluate_split(run, group, replace(config, decode=decode), "timing the final evaluation")
-
-    begun = time.perf_counter()
-    for _ in decoding.parallel_map(evaluate, sample, decoding.decode_workers(config.decode.workers, run.device,
-                                                                             len(sample))):
-        pass
-    return (time.perf_counter() - begun) / max(sum(map(len, sample)), 1)
-
-
-@contextmanager
-def uncached():
-    """Runtimes convert a throwaway model into a temporary folder, not into the user's engine cache."""
-    before = os.environ.get("TASKFORMER_CACHE")
-    os.environ["TASKFORMER_CACHE"] = "off"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["TASKFORMER_CACHE"]
-        else:
-            os.environ["TASKFORMER_CACHE"] = before
-
-
-def final_seconds(data: TaskData, timing: DecodeTiming) -> tuple[float, float]:
-    """Seconds of the final evaluation of val and test (a test that is val decoded once) and of the
-    last validation that may follow the last update, from ``timing``."""
-    val, test = data.splits["val"], data.splits["test"]
-    return (timing.fixed + timing.final * (len(val) + (0 if test == val else len(test))),
-            timing.validation * len(val))
 
 
 def table_keys(task: Task) -> list[tuple[str, str]]:

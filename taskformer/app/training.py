@@ -13,20 +13,10 @@ from pathlib import Path
 import torch
 
 from taskformer.app import datacache, trackers
+from taskformer.app.decodetime import length_share, validation_config
 from taskformer.app.hooks import build_model, engine_choice, evaluate_split, load_data
 from taskformer.app.outdir import new_run_dir
-from taskformer.app.prepare import (
-    DecodeTiming,
-    Prepared,
-    TrainRequest,
-    check_batches,
-    distilled,
-    final_seconds,
-    keep_planned,
-    length_share,
-    prepare,
-    validation_config,
-)
+from taskformer.app.prepare import Prepared, TrainRequest, check_batches, distilled, keep_planned, prepare
 from taskformer.app.resources import pick_device, use_threads
 from taskformer.app.rundir import (
     CONFIG,
@@ -218,22 +208,23 @@ def resumed(request: TrainRequest, shard: tuple[int, int], lock: ExitStack) -> B
 def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
     """Train ``begun``'s model under its signals until its budget is spent; returns the trainer's final state.
 
-    Under a time limit the clock keeps back the final evaluation's time: first the probe's estimate,
-    then after every validation the time it took, scaled to outputs of the references' length (a model
-    early in training writes on to the length limit), to val and test, and to the final search and
-    engine as the probe timed them on outputs of the references' length."""
+    Under a time limit the clock keeps back the final evaluation's time as the probe timed it (its own
+    search and engine, on outputs of the references' length), scaled as the pace of the updates
+    changes, and after every validation the last validation's time as that one took, scaled to
+    outputs of the references' length (a model early in training writes on to the length limit). A
+    validation's greedy decode on our decoder is not scaled to the final evaluation: the two batch
+    the split differently (our decoder one source length at a time, a runtime any lengths), so their
+    ratio on the probe's groups does not hold on the whole split."""
     run, data, config = begun.run, begun.data, begun.run.config
     device, task, train_enc, val_enc = run.device, run.task, begun.train, begun.val
     assert train_enc is not None and val_enc is not None  # encoded as it began
-    eval_config, clock, recipe = validation_config(config), begun.clock, begun.recipe or {}
-    ratio, fixed = recipe.get("search_ratio") or 1.0, recipe.get("conversion_seconds") or 0.0
+    eval_config, clock = validation_config(config), begun.clock
 
     def evaluate() -> dict:
         begun_at = clock.now()
         metrics, outputs = evaluate_split(run, data.splits["val"], eval_config, "validating", val_enc)
-        if clock.limit:  # timed at the pace of the updates now: the clock scales it as that changes
-            per_example = (clock.now() - begun_at) / len(data.splits["val"]) * length_share(run, outputs)
-            clock.keep(*final_seconds(data, DecodeTiming(per_example * ratio, per_example, fixed)))
+        if clock.limit:
+            clock.validated((clock.now() - begun_at) * length_share(run, outputs))
         return metrics
 
     # under a time limit the threads follow a busy machine: without one, a seeded run's numbers stay those of any other

@@ -1,0 +1,170 @@
+"""How long decoding will take at the end of a time-limited run, timed before it trains.
+
+A probe decodes whole groups of val sources (:func:`timing_sample`) with the final evaluation's
+search, on the engine that will decode it, and with a validation's, each output written to its
+reference's length (a trained model's: an untrained one writes to the length limit). The seconds per
+example are scaled to the splits by :func:`final_seconds`; a validation during training is scaled
+to the references' lengths by :func:`length_share`.
+"""
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import NamedTuple
+
+import torch
+
+from taskformer.app.hooks import engine_choice, evaluate_split
+from taskformer.core import decoding, variants
+from taskformer.core.config import RunConfig
+from taskformer.core.data import TaskData
+from taskformer.plugins.run import Run
+
+
+class DecodeTiming(NamedTuple):
+    """What the end of a run's training costs, timed before it trains."""
+
+    final: float  # seconds per example of the final evaluation: its search, on the engine that will decode it
+    validation: float  # seconds per example of a validation: decode.eval_strategy, on our decoder
+    fixed: float  # seconds the final evaluation spends once: converting the weights for a runtime
+
+
+@torch.no_grad()
+def decode_seconds(run: Run, data: TaskData) -> DecodeTiming:
+    """Time the final evaluation and a validation on a sample of val (:func:`timing_sample`), each
+    output written to its reference's length (see :func:`seconds_per_example`). The final evaluation
+    is timed on the engine that will decode it (``decode.engine``: a runtime is timed twice, the
+    first time converting the weights, into a temporary folder and not the user's cache, after an
+    untimed decode that pays what a process pays once). Each search is timed after an untimed decode:
+    of a few rows on a CPU, of the same groups on a GPU, whose first call of each shape picks kernels."""
+    run.model.eval()
+    sample, config = timing_sample(run, data), run.config
+
+    def warm(decode_config: RunConfig) -> None:
+        """An untimed decode: a first decode's one-time costs, and on a GPU each new shape's choice of kernels."""
+        seconds_per_example(run, sample if run.device.type == "cuda" else [sample[0][:4]], decode_config)
+
+    def timed(decode_config: RunConfig) -> float:
+        warm(decode_config)
+        return seconds_per_example(run, sample, decode_config)
+
+    validation = timed(validation_config(config))
+    if engine_choice(run.task, run.model, config).engine == "torch":
+        same = config.decode.strategy == config.decode.eval_strategy
+        return DecodeTiming(validation if same else timed(config), validation, 0.0)
+    with uncached():
+        warm(config)  # the runtime's one-time costs in this process (on a GPU its context), which the end does not pay
+        for weight in run.model.parameters():  # new weights, as the end's: the next decode converts them again
+            weight.mul_(1.0)
+        first = seconds_per_example(run, sample, config)
+        final = seconds_per_example(run, sample, config)
+    # a runtime drops each row as it ends: what it will write is each reference's length, not its group's longest
+    return DecodeTiming(final * own_lengths(run, sample), validation, max(first - final, 0.0) * sum(map(len, sample)))
+
+
+def own_lengths(run: Run, sample: list[list[tuple]]) -> float:
+    """The tokens of the references of ``sample``'s groups (each with its end) over those of the timing,
+    which writes each group's rows to its longest reference (:func:`seconds_per_example`); 1 for a
+    network that writes nothing."""
+    if not variants.of(run.task.variant).decoder:
+        return 1.0
+    groups = [written(run, [row[1] for row in group]) for group in sample]
+    return sum(map(sum, groups)) / max(sum(max(g) * len(g) for g in groups if g), 1)
+
+
+def length_share(run: Run, outputs: list) -> float:
+    """The steps a decode of ``outputs`` would take writing its references over those it took, between 1/4
+    and 4; 1 for a network that writes nothing. Our decoder batches the sources of one length (up to
+    ``decode.batch_size``) and a batch runs until its longest output ends, so each batch counts its rows
+    times its longest output, as the probe's timing writes each group to its longest reference. A
+    validation early in training writes on to the length limit, and one such row holds up its whole
+    batch: counted by the mean length, its time, scaled to the final evaluation, kept back about twice
+    what that takes."""
+    if not variants.of(run.task.variant).decoder or not outputs:
+        return 1.0
+    sources = written(run, [row[0] for row in outputs])
+    wrote, references = written(run, [row[1] for row in outputs]), written(run, [row[2] for row in outputs])
+    batches: dict[int, list[int]] = {}
+    for i, length in enumerate(sources):
+        batches.setdefault(length, []).append(i)
+    size, steps = max(run.config.decode.batch_size, 1), [0, 0]  # the references', then what was written
+    for rows in batches.values():
+        for start in range(0, len(rows), size):
+            batch = rows[start : start + size]
+            steps[0] += len(batch) * max(references[i] for i in batch)
+            steps[1] += len(batch) * max(wrote[i] for i in batch)
+    return min(max(steps[0] / max(steps[1], 1), 0.25), 4.0)
+
+
+def written(run: Run, texts: list) -> list[int]:
+    """The tokens a decoder writes for each of ``texts``, its end included."""
+    return [len(e.ids) + 1 for e in run.tokenizer.encode_batch([str(text) for text in texts])]
+
+
+def validation_config(config: RunConfig) -> RunConfig:
+    """``config`` as validations decode: the cheaper search, on our decoder (a runtime would convert
+    the weights anew after every update)."""
+    return replace(config, decode=replace(config.decode, strategy=config.decode.eval_strategy, engine="torch"))
+
+
+def timing_sample(run: Run, data: TaskData) -> list[list[tuple]]:
+    """Val rows to time decoding on, as the decoder batches them: it decodes the sources of each
+    length as batches of their own (up to ``decode.batch_size``), so the sample is whole groups of one
+    source length, one for each of its workers (2 to 8): those of the rows at the middle of as many
+    equal slices of val sorted by length. Their lengths are spread as val's are; a group every few
+    distinct lengths would weigh the long tail's few, slow rows as much as the many short ones."""
+    val, batch = data.splits["val"], run.config.decode.batch_size
+    lengths = [len(e.ids) for e in run.tokenizer.encode_batch([str(row[0]) for row in val])]
+    groups: dict[int, list[tuple]] = {}
+    for length, row in zip(lengths, val):
+        groups.setdefault(length, []).append(row)
+    ordered, slices = sorted(lengths), min(max(decoding.decode_workers(run.config.decode.workers, run.device, 8), 2), 8)
+    middles = dict.fromkeys(ordered[(2 * i + 1) * len(ordered) // (2 * slices)] for i in range(slices))
+    return [groups[n][:batch] for n in middles] or [list(val[:batch])]
+
+
+def seconds_per_example(run: Run, sample: list[list[tuple]], config: RunConfig) -> float:
+    """Seconds per example of scoring and decoding the groups of ``sample`` with ``config``'s search
+    and engine, side by side as the decoder's workers decode a split's batches (one group alone would
+    leave the other workers' cores idle), each group's outputs written to its longest reference (an
+    untrained model writes to the length limit, several times what a trained one writes)."""
+    kind = variants.of(run.task.variant)
+
+    def evaluate(group: list[tuple]) -> None:
+        decode = config.decode
+        if kind.decoder:
+            longest = max(written(run, [row[1] for row in group]))
+            decode = (replace(decode, max_len_a=0.0, max_len_b=longest) if kind.shifted
+                      else replace(decode, max_new_tokens=longest))
+        with torch.no_grad():  # a worker's grad mode is its own
+            evaluate_split(run, group, replace(config, decode=decode), "timing the final evaluation")
+
+    begun = time.perf_counter()
+    for _ in decoding.parallel_map(evaluate, sample, decoding.decode_workers(config.decode.workers, run.device,
+                                                                             len(sample))):
+        pass
+    return (time.perf_counter() - begun) / max(sum(map(len, sample)), 1)
+
+
+@contextmanager
+def uncached():
+    """Runtimes convert a throwaway model into a temporary folder, not into the user's engine cache."""
+    before = os.environ.get("TASKFORMER_CACHE")
+    os.environ["TASKFORMER_CACHE"] = "off"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["TASKFORMER_CACHE"]
+        else:
+            os.environ["TASKFORMER_CACHE"] = before
+
+
+def final_seconds(data: TaskData, timing: DecodeTiming) -> tuple[float, float]:
+    """Seconds of the final evaluation of val and test (a test that is val decoded once) and of the
+    last validation that may follow the last update, from ``timing``."""
+    val, test = data.splits["val"], data.splits["test"]
+    return (timing.fixed + timing.final * (len(val) + (0 if test == val else len(test))),
+            timing.validation * len(val))
