@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import Tokenizer
 
@@ -107,25 +107,29 @@ def attention_on_widths(model: onnx.ModelProto, heads: int) -> None:
             readers.setdefault(name, []).append(node)
     outputs = {o.name for o in model.graph.output}
 
-    def heads_swap(node) -> bool:  # a Transpose of axes 1 and 2 of four
-        return (node is not None and node.op_type == "Transpose"
-                and [list(a.ints) for a in node.attribute if a.name == "perm"] == [[0, 2, 1, 3]])
+    def maker(name: str) -> Any:
+        return made.get(name)
 
-    def only_reader(name: str):
+    def reader(name: str) -> Any:  # the one node that reads ``name``, or None
         found = readers.get(name, [])
         return found[0] if len(found) == 1 and name not in outputs else None
 
+    def is_op(node: Any, op: str) -> bool:
+        return node is not None and node.op_type == op
+
+    def is_swap(node: Any) -> bool:  # a Transpose of axes 1 and 2 of four
+        return is_op(node, "Transpose") and [list(a.ints) for a in node.attribute if a.name == "perm"] == [[0, 2, 1, 3]]
+
     gone: set[int] = set()
     for attention in [n for n in nodes if n.op_type == "Attention" and n.domain in ("", "ai.onnx")]:
-        if len(attention.input) < 3 or len(attention.output) != 1 or any(a.name.endswith("num_heads")
-                                                                            for a in attention.attribute):
+        if len(attention.input) < 3 or any(a.name.endswith("num_heads") for a in attention.attribute):
             continue
-        swaps = [made.get(name) for name in attention.input[:3]]
-        splits = [made.get(s.input[0]) if heads_swap(s) else None for s in swaps]
-        back = only_reader(attention.output[0])
-        merge = only_reader(back.output[0]) if heads_swap(back) else None
-        if (merge is None or merge.op_type != "Reshape" or any(r is None or r.op_type != "Reshape" for r in splits)
-                or any(only_reader(n.output[0]) is None for n in [*swaps, *splits])):
+        swaps = [maker(name) for name in attention.input[:3]]
+        splits: list[Any] = [maker(swap.input[0]) if is_swap(swap) else None for swap in swaps]
+        back = reader(attention.output[0])
+        merge: Any = reader(back.output[0]) if is_swap(back) else None
+        if not (is_op(merge, "Reshape") and all(is_op(split, "Reshape") for split in splits)
+                and all(reader(node.output[0]) is not None for node in [*swaps, *splits])):
             continue
         for i, split in enumerate(splits):
             attention.input[i] = split.input[0]
