@@ -141,8 +141,8 @@ def encode_as_text(tokenizer: Tokenizer, texts: list, is_pretokenized: bool = Fa
     The tokenizer's matching of its special tokens in raw text is turned off, and a control id a
     tokenizer still makes of a word (a fixed vocabulary lists ``[EOS]`` as a word) becomes ``[UNK]``.
     The encodings know which word each token came from (``Encoding.word_ids``) only with ``word_ids``:
-    without, the tokenizer keeps no offsets (``encode_batch_fast``, the same ids a fifth sooner: a
-    classifier's one sentence spent about a tenth of its ``predict`` here).
+    without, the tokenizer keeps no offsets (``encode_batch_fast``: the same ids, a fifth sooner, for one
+    text as for a batch).
     """
     tokenizer.encode_special_tokens = True
     encode = tokenizer.encode_batch if word_ids else tokenizer.encode_batch_fast
