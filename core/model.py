@@ -195,6 +195,10 @@ class MultiHeadAttention(nn.Module):
                 out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
                                                      is_causal=causal, dropout_p=dropout).to(q.dtype)
         else:
+            if mask is not None and torch.onnx.is_in_onnx_export():
+                # Exported (opset 23) as ONNX's Attention, whose CPU kernel in ONNX Runtime takes a mask
+                # with a row per query: it does not broadcast our one row of keys as the operator allows.
+                mask = mask.expand(-1, -1, q.size(-2), -1)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout)
         if group > 1:
             out = out.unflatten(2, (group, -1)).transpose(1, 2).flatten(0, 1)  # back to (B * K, H, T, D/H)

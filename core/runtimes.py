@@ -170,7 +170,8 @@ class OnnxNetwork:
         return True
 
     def logits(self, src: torch.Tensor | np.ndarray) -> np.ndarray:
-        return self.session.run(None, {"src": src.cpu().numpy() if isinstance(src, torch.Tensor) else src})[0]
+        # The output named: with None, ONNX Runtime's wrapper reads every output's metadata anew each call.
+        return self.session.run(["logits"], {"src": src.cpu().numpy() if isinstance(src, torch.Tensor) else src})[0]
 
     def __call__(self, src: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(self.logits(src))

@@ -61,6 +61,7 @@ def predicted(cli, run: Path, texts: list[str], *args: str) -> tuple[list, dict]
 
 
 def test_export_writes_a_model_whose_logits_are_ours_for_any_batch_and_length(cli, runs, tmp_path):
+    import onnx
     import onnxruntime
 
     for name, run in runs.items():
@@ -71,6 +72,10 @@ def test_export_writes_a_model_whose_logits_are_ours_for_any_batch_and_length(cl
         manifest = json.loads((out / "taskformer.json").read_text())
         assert manifest["opset"] == onnx_export.OPSET and manifest["largest_logit_difference"] <= onnx_export.TOLERANCE
         network = taskformer.load(run).network
+        graph = onnx.load(str(out / "model.onnx")).graph
+        attention = [{a.name for a in node.attribute} for node in graph.node if node.op_type == "Attention"]
+        assert len(attention) == network.cfg.enc_layers and "Softmax" not in [node.op_type for node in graph.node]
+        assert all({"q_num_heads", "kv_num_heads"} <= names for names in attention)  # on widths: no transposes
         session = onnxruntime.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
         for batch, length in [(1, 3), (7, 30), (2, network.cfg.max_len)]:
             src = onnx_export.probe(network, batch, length, padded=True, seed=batch)

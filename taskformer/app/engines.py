@@ -42,7 +42,7 @@ from taskformer.core.errors import TaskformerError
 from taskformer.core.model import Ensemble, SequenceModel, Transformer
 from taskformer.core.runtimes import CTranslate2Search, OnnxNetwork, context_fits
 
-FORMAT = 1  # of a cache entry: a new format is a new key
+FORMAT = 3  # of a cache entry: a new format is a new key
 KEEP = 8  # cache entries kept, newest first
 ENTRY = "entry.json"  # an entry's record: what it holds and each file's SHA-256, written last
 INSTALL = "pip install taskformer[export]"
