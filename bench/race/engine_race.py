@@ -19,10 +19,9 @@
    sentence, at batch 128 in rounds of all the sentences. The ratio raw time /
    auto time is the cost of our wrapping (1.0: none); ``cpu_ratios``, the same of the CPU seconds of
    every thread of the process, which a busy machine moves less than the wall time. ``same_ratios``
-   (and ``same_cpu_ratios``): the same against the very translator ``auto`` loaded, called as raw is:
-   two translators of the same weights in one process may differ in speed for their whole life (up
-   to 1.7x in CPU seconds, int8, docs/benchmarks.md), which ``ratios`` then measures along with our
-   wrapping; ``same_ratios`` measures the wrapping alone. Our own decoder
+   (and ``same_cpu_ratios``): the same against the very translator ``auto`` loaded, called as raw is,
+   which measures our wrapping alone, whatever the two translators were built from (raw's is
+   exported here, auto's comes from the user's cache). Our own decoder
    (``decode.engine=torch``, the same ``decode.quantize``: torchao's int8) is timed once per row for
    reference, at batch 1 on a quarter of the sentences.
 2. ``--classifier RUN`` (a finished encoder-only run of one network, agnews say): the batch-1 latency
@@ -199,10 +198,7 @@ def race(run: Run, texts: list[str], rounds: int, n: dict[int, int], device: str
                     ours = partial(through_predict, run, chosen, runner.with_search(config, beam, size), size)
                     ours(None)  # warm-up: the first call converts into the cache and loads the runtime
                     theirs(None)
-                    # The very translator auto loaded, called as raw is: only our wrapping differs. Two
-                    # translators of the same weights in one process can differ by 1.7x in CPU seconds for
-                    # the same work, for their whole life (docs/benchmarks.md), so ``ratios`` alone may
-                    # measure that draw; ``same_ratios`` cannot.
+                    # The very translator auto loaded, called as raw is: only our wrapping differs.
                     mine = engines.runtime(choice, run.model, run.tokenizer, config.decode).model
                     same = partial(theirs, raw=mine)
                     same(None)
