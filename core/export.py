@@ -50,7 +50,9 @@ class ExportExists(ExportError):
 
 
 def _numpy(t: torch.Tensor):
-    return t.detach().cpu().float().numpy()
+    """A copy of ``t`` in fp32 numpy: CTranslate2's quantizer scales the arrays it is given in place,
+    and a view of an fp32 CPU parameter would hand it the model's own weights."""
+    return t.detach().cpu().float().numpy().copy()
 
 
 def check_exportable(model: Transformer | Ensemble) -> Transformer:

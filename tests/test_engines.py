@@ -177,6 +177,19 @@ def test_the_python_api_picks_and_names_the_engine(copy_run):
 
 
 @needs_ct2
+def test_an_int8_conversion_leaves_the_models_weights_as_they_were(copy_run, tmp_path, monkeypatch):
+    """CTranslate2's quantizer scales the arrays it converts in place: they must be copies, or converting
+    a served or loaded model to int8 would rescale its own weights (every later decode wrong)."""
+    monkeypatch.setenv("TASKFORMER_CACHE", str(tmp_path / "cache"))  # converted now, not found in a cache
+    model = taskformer.load(copy_run)
+    texts = held_out(13, 30, (1, 12))
+    before = model.predict(texts, beam=1, engine="torch")
+    model.predict(texts, beam=1, engine="ctranslate2", quantize="int8")
+    assert model.predict(texts, beam=1, engine="torch") == before
+    assert model.predict(texts, beam=1, engine="ctranslate2") == before  # fp32, converted after it: the same weights
+
+
+@needs_ct2
 def test_a_remembered_engine_follows_a_change_of_decode_engine_of_the_weights_and_of_what_is_installed(
         copy_run, monkeypatch):
     """The engine's choice and its loaded runtime are kept between predict calls, never past a change

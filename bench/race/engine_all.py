@@ -81,6 +81,9 @@ def summary(out: Path) -> list[tuple[str, str, str]]:
     if race:
         for name, ratio in race.get("ratios", {}).items():
             rows.append((f"auto / raw CTranslate2, {name}", f"{ratio:.3f}x", "yes" if ratio >= 0.95 else "no (>= 0.95)"))
+        for name, ratio in race.get("same_ratios", {}).items():
+            rows.append((f"auto / its own CTranslate2 translator called raw, {name}", f"{ratio:.3f}x",
+                         "yes" if ratio >= 0.95 else "no (>= 0.95)"))
         for name, ratio in race.get("int8_speedup", {}).items():
             rows.append((f"int8 / fp32 speed, {name}", f"{ratio:.2f}x", "(item 5)"))
         if not race.get("ratios"):

@@ -18,7 +18,10 @@
    and beam 5, fp32 and int8 (``decode.quantize=int8``); at batch 1 the two alternate sentence by
    sentence, at batch 128 in rounds of all the sentences. The ratio raw time /
    auto time is the cost of our wrapping (1.0: none); ``cpu_ratios``, the same of the CPU seconds of
-   every thread of the process, which a busy machine moves less than the wall time. Our own decoder
+   every thread of the process, which a busy machine moves less than the wall time. ``same_ratios``
+   (and ``same_cpu_ratios``): the same against the very translator ``auto`` loaded, called as raw is,
+   which measures our wrapping alone, whatever the two translators were built from (raw's is
+   exported here, auto's comes from the user's cache). Our own decoder
    (``decode.engine=torch``, the same ``decode.quantize``: torchao's int8) is timed once per row for
    reference, at batch 1 on a quarter of the sentences.
 2. ``--classifier RUN`` (a finished encoder-only run of one network, agnews say): the batch-1 latency
@@ -157,7 +160,8 @@ def race(run: Run, texts: list[str], rounds: int, n: dict[int, int], device: str
     batch size in ``n`` (batch size -> sentences decoded), and the ratios auto / raw."""
     from machine import alternate
 
-    out: dict = {"sentences_per_s": {}, "ratios": {}, "cpu_ratios": {}, "engine": {}, "sentences": n}
+    out: dict = {"sentences_per_s": {}, "ratios": {}, "cpu_ratios": {}, "same_ratios": {}, "same_cpu_ratios": {},
+                 "engine": {}, "sentences": n}
     with tempfile.TemporaryDirectory() as folder:
         for quantize in ("none", "int8"):
             config = runner.with_decoding(run, {"quantize": quantize, "engine": "auto"}, "bench")
@@ -194,27 +198,36 @@ def race(run: Run, texts: list[str], rounds: int, n: dict[int, int], device: str
                     ours = partial(through_predict, run, chosen, runner.with_search(config, beam, size), size)
                     ours(None)  # warm-up: the first call converts into the cache and loads the runtime
                     theirs(None)
+                    # The very translator auto loaded, called as raw is: only our wrapping differs.
+                    mine = engines.runtime(choice, run.model, run.tokenizer, config.decode).model
+                    same = partial(theirs, raw=mine)
+                    same(None)
                     name = f"{search} {precision} batch {size}"
                     if size == 1:  # interleaved sentence by sentence
                         one = runner.with_search(config, beam, 1)
+                        def alone(i, tokens=tokens, budgets=budgets, options=options, raw=raw):
+                            return raw.translate_batch([tokens[i]], max_decoding_length=budgets[i], **options)
+
                         secs = one_by_one({
                             f"auto {name}": lambda i, chosen=chosen, one=one: runner.predict(run, [chosen[i]], one),
-                            f"ctranslate2 {name}": lambda i, tokens=tokens, budgets=budgets, options=options, raw=raw:
-                                raw.translate_batch([tokens[i]], max_decoding_length=budgets[i], **options)},
-                            count, rounds)
+                            f"ctranslate2 {name}": alone, f"same {name}": partial(alone, raw=mine)}, count, rounds)
                     else:
-                        secs = alternate({f"auto {name}": ours, f"ctranslate2 {name}": theirs}, per_sentence, rounds)
+                        secs = alternate({f"auto {name}": ours, f"ctranslate2 {name}": theirs, f"same {name}": same},
+                                         per_sentence, rounds)
                     if timed_torch:  # one round; a quarter of the sentences at batch 1 (it is the slow one)
                         few = chosen[: max(count // 4, 1)] if size == 1 else chosen
                         secs[f"torch {name}"] = per_sentence(None, partial(
                             through_predict, run, few, runner.with_search(reference, beam, size), size))
                     out["sentences_per_s"] |= {k: 1.0 / v for k, v in secs.items()}
                     out["ratios"][name] = secs[f"ctranslate2 {name}"] / secs[f"auto {name}"]
-                    cpu = {who: statistics.median(CPU[f"{who} {name}"]) for who in ("auto", "ctranslate2")}
+                    out["same_ratios"][name] = secs[f"same {name}"] / secs[f"auto {name}"]
+                    cpu = {who: statistics.median(CPU[f"{who} {name}"]) for who in ("auto", "ctranslate2", "same")}
                     out["cpu_ratios"][name] = cpu["ctranslate2"] / cpu["auto"]  # raw's CPU seconds / ours
+                    out["same_cpu_ratios"][name] = cpu["same"] / cpu["auto"]
                     print(f"  {name}: " + ", ".join(f"{k.split()[0]} {1 / v:.1f} sent/s" for k, v in secs.items())
-                          + f"; auto / raw {out['ratios'][name]:.3f}x (CPU seconds {out['cpu_ratios'][name]:.3f}x)",
-                          file=sys.stderr, flush=True)
+                          + f"; auto / raw {out['ratios'][name]:.3f}x (CPU seconds {out['cpu_ratios'][name]:.3f}x), "
+                          f"/ its own translator called raw {out['same_ratios'][name]:.3f}x "
+                          f"(CPU seconds {out['same_cpu_ratios'][name]:.3f}x)", file=sys.stderr, flush=True)
     speeds = out["sentences_per_s"]
     out["int8_speedup"] = {key.replace(" int8", ""): v / speeds[key.replace("int8", "fp32")]  # what int8 buys
                            for key, v in speeds.items() if " int8 " in key and key.replace("int8", "fp32") in speeds}
@@ -275,7 +288,9 @@ def print_race(result: dict) -> None:
         auto, raw = (result["sentences_per_s"][f"{who} {name}"] for who in ("auto", "ctranslate2"))
         ours = result["sentences_per_s"].get(f"torch {name}")
         print(f"decode.engine=auto / raw CTranslate2, {name}: {ratio:.3f}x ({auto:,.1f} vs {raw:,.1f} sent/s"
-              f"{f'; torch {ours:,.1f}' if ours else ''}; CPU seconds {result['cpu_ratios'][name]:.3f}x)")
+              f"{f'; torch {ours:,.1f}' if ours else ''}; CPU seconds {result['cpu_ratios'][name]:.3f}x); "
+              f"/ its own translator called raw {result['same_ratios'][name]:.3f}x "
+              f"(CPU seconds {result['same_cpu_ratios'][name]:.3f}x)")
     for name, ratio in result.get("int8_speedup", {}).items():
         print(f"int8 / fp32 speed, {name}: {ratio:.2f}x")
     if "latency_ms" in result.get("classifier", {}):
