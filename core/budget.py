@@ -76,20 +76,24 @@ def check_table(recipes: Iterable[object], owner: str) -> list[Recipe]:
 
 
 def choose(recipes: Iterable[object], owner: str, pace: float, seconds_for: Callable[[dict], float], source: str,
-           batching: Callable[[dict], tuple[float, int]]) -> dict:
+           batching: Callable[[dict], tuple[float, int]], left: float | None = None) -> dict:
     """The recipe for ``pace`` target tokens/s, as the record a run keeps.
 
     ``seconds_for(overrides)`` is the training time a row leaves (what remains of the time limit
     after the row's own final evaluation: an ensemble's takes longer); the largest row whose minimum
     its budget reaches wins. ``source`` says where the pace came from (measured, or ``train.pace``);
     ``batching(overrides)`` gives the updates per target token of a row's config and its warm-up,
-    from which the planned updates follow. Below the smallest row the smallest recipe trains, and
+    from which the planned updates follow. ``left``, the training time before any row keeps back its
+    final evaluation, passes over the rows whose minimum even that cannot reach without asking
+    ``seconds_for`` (which may time the row's decoding). Below the smallest row the smallest recipe trains, and
     the record's ``short`` says so with the budget that would reach it. The record holds the pace,
     the budget, the overrides picked (the warm-up cut to ``WARMUP_SHARE`` of the planned updates,
     or of ``clock.FEW_UPDATES`` where fewer are planned, where it was longer) and ``why``, one line a person reads.
     """
     rows = check_table(recipes, owner) or [Recipe(0.0, {}, "the task declares no recipes by budget")]
-    for minimum, overrides, reason in reversed(rows):  # noqa: B007 -- else: the smallest row, short of its budget
+    for i, (minimum, overrides, reason) in reversed(list(enumerate(rows))):  # noqa: B007 -- else: the smallest row
+        if i and left is not None and minimum > pace * left:
+            continue  # out of reach whatever the row keeps back
         seconds = seconds_for(overrides)
         if minimum <= pace * seconds:
             break

@@ -140,12 +140,12 @@ class Clock:
         timed = per_update or self.per_update
         self.timed_at = timed * share if timed else None
 
-    def validated(self, seconds: float) -> None:
-        """A validation just took ``seconds`` at the pace now: the last one is kept at that, stored at the
-        pace the estimates were timed at so that :meth:`scale` brings it back (what the final evaluation
-        keeps is left as it was timed)."""
+    def measured(self, why: str, seconds: float) -> None:
+        """``why`` (the last validation, the final evaluation) was timed again just now at ``seconds``, at
+        the pace now with all the cores: kept at the pace the estimates were timed at, so that
+        :meth:`scale` brings it back and follows the pace from there."""
         then = self.timed_at / self.per_update if self.timed_at and self.per_update else 1.0
-        self.estimates["last validation"] = seconds * then
+        self.estimates[why] = seconds * then
 
     def busy(self) -> bool:
         """Whether the machine was busy while the pace was probed (see ``BUSY_SHARE``)."""

@@ -220,33 +220,56 @@ def test_a_run_that_used_little_of_its_limit_says_why_and_that_the_machine_was_b
     assert "short_of_limit" not in over and "took 110 s of the" in over["over_limit"]
 
 
-def test_a_validation_replaces_the_last_validations_estimate_and_leaves_the_final_evaluations():
-    """A validation's greedy decode on our decoder tells little of the final evaluation's search on a
-    runtime, which batches the split differently: it replaces only what the last validation keeps. Kept
-    at the pace the estimates were timed at, it follows the pace from there as the final evaluation does."""
+def test_an_estimate_measured_again_is_kept_at_the_pace_now_and_follows_the_pace_from_there():
+    """A validation's time, or the final evaluation timed again, replaces its estimate: kept at what it took
+    at the pace now, then scaled as the pace changes, as the probe's figures are."""
     limit = Clock(300.0, now=FakeTime(lambda step: 0.0))
     limit.keep(40.0, 2.0, per_update=1.0)
     limit.per_update = 0.5  # the updates sped up: what is kept back halves
-    limit.validated(3.0)
+    limit.measured("last validation", 3.0)
     assert limit.kept["last validation"] == pytest.approx(3.0) and limit.kept["final evaluation"] == 20.0
+    limit.measured("final evaluation", 25.0)
+    assert limit.kept["final evaluation"] == pytest.approx(25.0)
     limit.per_update = 2.0  # a busy stretch: neither grows past what it takes at the pace they were timed at
-    assert limit.kept["last validation"] == pytest.approx(6.0) and limit.kept["final evaluation"] == 40.0
-    assert Clock(None).validated(1.0) is None
+    assert limit.kept["last validation"] == pytest.approx(6.0) and limit.kept["final evaluation"] == pytest.approx(50.0)
 
 
 @pytest.mark.slow
-def test_the_final_evaluation_keeps_the_probes_figure_whatever_a_validation_takes(cli, tmp_path, monkeypatch):
-    """The probe timed the validation at a ten-thousandth of the final evaluation's time an example; the
-    real validations take longer than that, and the final evaluation is still kept at the probe's figure
-    (the pace is given, so it is not scaled by one measured)."""
-    from taskformer.app import prepare
+def test_each_validation_times_the_final_evaluation_again_and_the_run_keeps_that(cli, tmp_path, monkeypatch):
+    """The probe timed the final evaluation at 10 ms an example and its validation at a ten-thousandth
+    of that; the validations take longer than the latter, and are not scaled to the final evaluation:
+    each times the final evaluation again (here at 20 ms an example), and that is what is kept."""
+    from taskformer.app import prepare, training
     monkeypatch.setattr(prepare, "decode_seconds", lambda run, data: decodetime.DecodeTiming(1e-2, 1e-6, 0.0))
+    again = []
+    monkeypatch.setattr(training, "decode_seconds",
+                        lambda run, data, validation: again.append(validation) or decodetime.DecodeTiming(2e-2, 0, 0))
     out = tmp_path / "run"
     result = cli("run", "copy", "--out", str(out), "--time-limit", "1", "--set", "train.pace=100", "--set",
-                 "train.max_steps=4", "--set", "train.eval_every=2", *COPY)
+                 "train.max_steps=4", "--set", "train.eval_every=2", "--set", "train.threads=1", *COPY)
     assert result.exit_code == 0, result.output
     info = json.loads((out / "result.json").read_text())["info"]
-    assert info["recipe"]["final_seconds"] == info["clock"]["final_estimate"] == 0.4  # 40 examples at 10 ms
+    assert info["recipe"]["final_seconds"] == 0.4  # 40 examples at 10 ms
+    assert again == [False, False] and info["clock"]["final_estimate"] == 0.8  # timed again after each validation
+
+
+def test_the_final_evaluation_timed_beside_another_process_is_not_kept(monkeypatch):
+    """Timed again while other processes took the cores, the figure is a busy machine's, not the end's:
+    the estimate stays as it was."""
+    from taskformer.app import training
+    from taskformer.core import cores
+    readings = iter([cores.Usage(0.0, 0.0, 0.0), cores.Usage(10.0, 20.0, 5.0)])  # others: 1.5 of 2 cores
+    monkeypatch.setattr(cores, "machine_usage", lambda: next(readings))
+    monkeypatch.setattr(training, "decode_seconds", lambda *args, **kwargs: decodetime.DecodeTiming(1.0, 0, 0))
+    data = SimpleNamespace(splits={"val": [("a", "b")] * 10, "test": [("c", "d")] * 10})
+    limit = Clock(300.0, now=FakeTime(lambda step: 0.0))
+    limit.keep(5.0)
+    threads = cores.Threads(2, usage=lambda: None, most=torch.get_num_threads())
+    training.retime_final(None, data, limit, threads)
+    assert limit.kept["final evaluation"] == 5.0
+    readings = iter([cores.Usage(0.0, 0.0, 0.0), cores.Usage(10.0, 6.0, 5.0)])  # others: 0.1 of 2 cores
+    training.retime_final(None, data, limit, threads)
+    assert limit.kept["final evaluation"] == 20.0
 
 
 @pytest.mark.slow

@@ -32,8 +32,8 @@ class DecodeTiming(NamedTuple):
 
 
 @torch.no_grad()
-def decode_seconds(run: Run, data: TaskData) -> DecodeTiming:
-    """Time the final evaluation and a validation on a sample of val (:func:`timing_sample`), each
+def decode_seconds(run: Run, data: TaskData, validation: bool = True) -> DecodeTiming:
+    """Time the final evaluation and (``validation``) a validation on a sample of val (:func:`timing_sample`), each
     output written to its reference's length (see :func:`seconds_per_example`). The final evaluation
     is timed on the engine that will decode it (``decode.engine``: a runtime is timed twice, the
     first time converting the weights, into a temporary folder and not the user's cache, after an
@@ -50,10 +50,10 @@ def decode_seconds(run: Run, data: TaskData) -> DecodeTiming:
         warm(decode_config)
         return seconds_per_example(run, sample, decode_config)
 
-    validation = timed(validation_config(config))
+    validating = timed(validation_config(config)) if validation else 0.0
     if engine_choice(run.task, run.model, config).engine == "torch":
-        same = config.decode.strategy == config.decode.eval_strategy
-        return DecodeTiming(validation if same else timed(config), validation, 0.0)
+        same = validation and config.decode.strategy == config.decode.eval_strategy
+        return DecodeTiming(validating if same else timed(config), validating, 0.0)
     with uncached():
         warm(config)  # the runtime's one-time costs in this process (on a GPU its context), which the end does not pay
         for weight in run.model.parameters():  # new weights, as the end's: the next decode converts them again
@@ -61,7 +61,7 @@ def decode_seconds(run: Run, data: TaskData) -> DecodeTiming:
         first = seconds_per_example(run, sample, config)
         final = seconds_per_example(run, sample, config)
     # a runtime drops each row as it ends: what it will write is each reference's length, not its group's longest
-    return DecodeTiming(final * own_lengths(run, sample), validation, max(first - final, 0.0) * sum(map(len, sample)))
+    return DecodeTiming(final * own_lengths(run, sample), validating, max(first - final, 0.0) * sum(map(len, sample)))
 
 
 def own_lengths(run: Run, sample: list[list[tuple]]) -> float:

@@ -279,7 +279,7 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
             return reserve_for(sum(seconds) * had)
 
         plan = budget.choose(task.recipes, table_owner(task), pace, lambda o: (clock.left() or 0.0) - idle(o), source,
-                             batching(layers, train_enc, probed, pace, timer))  # left(): a time limit's, never None
+                             batching(layers, train_enc, probed, pace, timer), clock.left())  # a time limit's: never None
         # the decode was timed at the machine's pace then: the clock scales it as the updates speed up or slow down
         final_then, validation_then, had = final(plan["overrides"])
         clock.keep(final_then, validation_then, 1 / plan["updates_per_second"] if source == "measured" else None, had)

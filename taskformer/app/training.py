@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from taskformer.app import datacache, trackers
-from taskformer.app.decodetime import length_share, validation_config
+from taskformer.app.decodetime import decode_seconds, final_seconds, length_share, validation_config
 from taskformer.app.hooks import build_model, engine_choice, evaluate_split, load_data
 from taskformer.app.outdir import new_run_dir
 from taskformer.app.prepare import Prepared, TrainRequest, check_batches, distilled, keep_planned, prepare
@@ -45,7 +45,7 @@ from taskformer.app.trackers import TrackedLog
 from taskformer.core import checkpoint as ckpt
 from taskformer.core import config as C
 from taskformer.core import cores, inference, precision, progress
-from taskformer.core.clock import Clock
+from taskformer.core.clock import BUSY_SHARE, Clock
 from taskformer.core.config import RunConfig
 from taskformer.core.data import Encoded, TaskData
 from taskformer.core.engine import Trainer, patience_reason
@@ -210,25 +210,29 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
 
     Under a time limit the clock keeps back the final evaluation's time as the probe timed it (its own
     search and engine, on outputs of the references' length), scaled as the pace of the updates
-    changes, and after every validation the last validation's time as that one took, scaled to
-    outputs of the references' length (a model early in training writes on to the length limit). A
-    validation's greedy decode on our decoder is not scaled to the final evaluation: the two batch
-    the split differently (our decoder one source length at a time, a runtime any lengths), so their
-    ratio on the probe's groups does not hold on the whole split."""
+    changes. After every validation the last validation is kept at the time that one took, scaled to
+    outputs of the references' length (a model early in training writes on to the length limit), and
+    the final evaluation is timed again as the probe timed it, on the model as trained so far, where
+    the machine's cores are this run's (a figure timed beside another process would not be one of the
+    end's). A validation's own time is not scaled to the final evaluation: our decoder batches the
+    split one source length at a time and a runtime any lengths, so their ratio on the probe's groups
+    does not hold on the whole split."""
     run, data, config = begun.run, begun.data, begun.run.config
     device, task, train_enc, val_enc = run.device, run.task, begun.train, begun.val
     assert train_enc is not None and val_enc is not None  # encoded as it began
     eval_config, clock = validation_config(config), begun.clock
+    # under a time limit the threads follow a busy machine: without one, a seeded run's numbers stay those of any other
+    threads = cores.follower(device, shard[1]) if clock.limit else None
 
     def evaluate() -> dict:
         begun_at = clock.now()
         metrics, outputs = evaluate_split(run, data.splits["val"], eval_config, "validating", val_enc)
         if clock.limit:
-            clock.validated((clock.now() - begun_at) * length_share(run, outputs))
+            clock.measured("last validation", (clock.now() - begun_at) * length_share(run, outputs))
+            if (clock.for_training() or 0.0) > 0:  # training goes on: the end is still to come
+                retime_final(run, data, clock, threads)
         return metrics
 
-    # under a time limit the threads follow a busy machine: without one, a seeded run's numbers stay those of any other
-    threads = cores.follower(device, shard[1]) if clock.limit else None
     trainer = Trainer(run.model, config.train, train_enc, evaluate, (task.metric, task.higher_is_better), run.dir,
                       device, on_event=on_event, shard=shard, stamp=begun.stamp, events=TrackedLog(run.dir, task),
                       threads=threads)
@@ -245,6 +249,20 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
     if trainer.stop_reason:
         raise Interrupted(run.dir, trainer.stop_reason)
     return state
+
+
+def retime_final(run: Run, data: TaskData, clock: Clock, threads: cores.Threads | None) -> None:
+    """Time the final evaluation again on ``run``'s model as trained so far, as the probe timed it, and keep
+    that; not where the run holds back threads for other processes, nor where they took more than a
+    busy machine's share of the cores meanwhile: the figure would be a busy machine's, not the end's."""
+    if threads is not None and torch.get_num_threads() < threads.most:
+        return
+    before = cores.machine_usage()
+    timing = decode_seconds(run, data, validation=False)
+    after = cores.machine_usage()
+    if threads is None or before is None or after is None or \
+            after.others(before) < (1 - BUSY_SHARE) * threads.cores:
+        clock.measured("final evaluation", final_seconds(data, timing)[0])
 
 
 def stopped_because(cfg: TrainConfig, state: dict) -> str:
