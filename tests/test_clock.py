@@ -475,3 +475,24 @@ def test_the_estimate_counts_the_lengths_a_trained_model_writes():
     classifier = SimpleNamespace(**{**vars(run), "task": SimpleNamespace(variant="encoder-only")})
     assert decodetime.own_lengths(classifier, [group]) == decodetime.length_share(classifier, long_outputs) == 1.0
 
+
+
+def test_the_final_evaluation_is_timed_on_groups_of_the_split_it_decodes_most_of(monkeypatch):
+    """A small val's groups of one source length are a few rows each, where a large test's are whole
+    batches, decoded at a fraction of the time an example: the final evaluation is timed on groups of
+    the larger split, a validation on val's."""
+    val = [(" ".join(["w"] * n), "x") for n in range(2, 10)]  # eight rows, each of a length of its own
+    test = [("a b c", "x")] * 40
+    data = SimpleNamespace(splits={"val": val, "test": test})
+    timed = []
+    monkeypatch.setattr(decodetime, "seconds_per_example", lambda run, groups, config: timed.append(
+        (config.decode.strategy, [len(group) for group in groups])) or 1.0)
+    monkeypatch.setattr(decodetime, "engine_choice", lambda *args: SimpleNamespace(engine="torch"))
+    run = timed_run()
+    run.model = torch.nn.Identity()
+    run.config = SimpleNamespace(decode=DecodeConfig(strategy="beam", eval_strategy="greedy", batch_size=8,
+                                                     workers=2))
+    monkeypatch.setattr(decodetime, "validation_config", lambda config: SimpleNamespace(
+        decode=DecodeConfig(strategy="greedy", batch_size=8)))
+    decodetime.decode_seconds(run, data)
+    assert timed[1] == ("greedy", [1, 1]) and timed[-1] == ("beam", [8])  # val's lone rows; test's whole batch
