@@ -135,15 +135,21 @@ class Clock:
         """Keep back a final evaluation and a last validation estimated at these seconds, timed while an
         update took ``per_update`` seconds (None: the pace now, or no scaling where none is known) and
         the process had ``share`` of its cores: all are kept at what they take with all of them (a busy
-        start's figures would otherwise refuse the run, or stop it after its first updates)."""
+        start's figures would otherwise refuse the run, or stop it after its first updates). Figures timed
+        on a busy machine are not scaled by the pace until one is measured again (:meth:`measured`): a
+        busy machine slows training's updates several times more than its share of the cores (threads
+        wait for each other), and decoding about as much as that share, so the pace's speed-up when it
+        frees up would shrink them to a fraction of what the end takes."""
         self.estimates = {"last validation": last_validation * share, "final evaluation": final * share}
         timed = per_update or self.per_update
-        self.timed_at = timed * share if timed else None
+        self.timed_at = timed if timed and share >= 1 else None
 
     def measured(self, why: str, seconds: float) -> None:
         """``why`` (the last validation, the final evaluation) was timed again just now at ``seconds``, at
         the pace now with all the cores: kept at the pace the estimates were timed at, so that
-        :meth:`scale` brings it back and follows the pace from there."""
+        :meth:`scale` brings it back and follows the pace from there (the first measure after a busy
+        start's figures sets the pace they all follow)."""
+        self.timed_at = self.timed_at or self.per_update
         then = self.timed_at / self.per_update if self.timed_at and self.per_update else 1.0
         self.estimates[why] = seconds * then
 

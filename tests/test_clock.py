@@ -253,6 +253,26 @@ def test_each_validation_times_the_final_evaluation_again_and_the_run_keeps_that
     assert again == [False, False] and info["clock"]["final_estimate"] == 0.8  # timed again after each validation
 
 
+@pytest.mark.slow
+def test_the_final_evaluation_is_timed_again_where_the_cool_down_begins(cli, tmp_path, monkeypatch):
+    """A short run may reach its end before its first validation: the final evaluation is also timed again
+    where the cool-down begins, the last stretch, on the machine the end will find."""
+    from taskformer.app import prepare, training
+    monkeypatch.setattr(prepare, "decode_seconds", lambda run, data: decodetime.DecodeTiming(1e-2, 1e-6, 0.0))
+    again = []
+    monkeypatch.setattr(training, "decode_seconds", lambda run, data, validation: again.append(
+        run.model.eval()) or decodetime.DecodeTiming(2e-2, 0, 0))
+    out = tmp_path / "run"
+    result = cli("run", "copy", "--out", str(out), "--time-limit", "1", "--set", "train.pace=100", "--set",
+                 "train.max_steps=6", "--set", "train.eval_every=100", "--set", "train.cooldown=0.5", "--set",
+                 "train.threads=1", *COPY)
+    assert result.exit_code == 0, result.output
+    events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    cooldown = [e for e in events if e["event"] == "cooldown"]
+    assert cooldown and len(again) == 2  # where the cool-down began, and after the one validation, at the end
+    assert json.loads((out / "result.json").read_text())["info"]["clock"]["final_estimate"] == 0.8
+
+
 def test_the_final_evaluation_timed_beside_another_process_is_not_kept(monkeypatch):
     """Timed again while other processes took the cores, the figure is a busy machine's, not the end's:
     the estimate stays as it was."""
@@ -265,10 +285,10 @@ def test_the_final_evaluation_timed_beside_another_process_is_not_kept(monkeypat
     limit = Clock(300.0, now=FakeTime(lambda step: 0.0))
     limit.keep(5.0)
     threads = cores.Threads(2, usage=lambda: None, most=torch.get_num_threads())
-    training.retime_final(None, data, limit, threads)
+    training.retime_final(SimpleNamespace(model=torch.nn.Identity()), data, limit, threads)
     assert limit.kept["final evaluation"] == 5.0
     readings = iter([cores.Usage(0.0, 0.0, 0.0), cores.Usage(10.0, 6.0, 5.0)])  # others: 0.1 of 2 cores
-    training.retime_final(None, data, limit, threads)
+    training.retime_final(SimpleNamespace(model=torch.nn.Identity()), data, limit, threads)
     assert limit.kept["final evaluation"] == 20.0
 
 
@@ -351,17 +371,21 @@ def test_a_slow_stretch_does_not_multiply_what_is_kept_back():
 
 def test_a_busy_start_keeps_back_what_the_final_evaluation_takes_with_all_the_cores(tmp_path):
     """The probe ran while other processes held three quarters of the cores: the final evaluation it
-    timed (eight times what it takes idle) and the pace of its updates are kept at what they take with
-    all of them. The run trains through its busy start instead of stopping after its first update, and
-    once the machine frees up it keeps back what the evaluation takes then and uses its limit."""
+    timed (four times what it takes idle) is kept at what it takes with all of them. The run trains
+    through its busy start instead of stopping after its first update, and the pace's speed-up once the
+    machine frees up (eight times: a busy machine slows training's updates far more than its share) does
+    not shrink the figure further, until it is measured again: then it follows the pace from there."""
     time = FakeTime(lambda step: 2.0 if time.t < LIMIT / 3 else 0.25)  # busy, then idle
     t, limit, _ = trainer(tmp_path / "run", time)
-    limit.keep(8 * FINAL, per_update=2.0, share=0.25)
-    assert limit.kept["final evaluation"] == 2 * FINAL  # not 8: nor does a busy update grow it back
+    limit.keep(4 * FINAL, per_update=2.0, share=0.25)
+    assert limit.kept["final evaluation"] == FINAL
     state = t.fit(limit)
-    assert limit.kept["final evaluation"] == pytest.approx(FINAL)  # the idle pace is twice the busy one's share
+    assert limit.kept["final evaluation"] == FINAL  # not an eighth of it
     assert LIMIT - clock.reserve_for(FINAL) - 0.25 <= state["elapsed"] <= LIMIT - clock.reserve_for(FINAL) + 0.25
     assert state["stopped"].startswith("time limit")
+    limit.measured("final evaluation", 2 * FINAL)  # timed again at 0.25 s an update
+    limit.per_update = 0.125
+    assert limit.kept["final evaluation"] == pytest.approx(FINAL)
     busy = Clock(LIMIT, started=0.0, now=lambda: 0.0)
     busy.keep(8 * FINAL, per_update=2.0)  # the same figures taken as an idle machine's leave no time to train
     assert busy.for_training() <= 0

@@ -212,7 +212,8 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
     search and engine, on outputs of the references' length), scaled as the pace of the updates
     changes. After every validation the last validation is kept at the time that one took, scaled to
     outputs of the references' length (a model early in training writes on to the length limit), and
-    the final evaluation is timed again as the probe timed it, on the model as trained so far, where
+    after every validation and where the cool-down begins (a short run may see no validation before
+    its end) the final evaluation is timed again as the probe timed it, on the model as trained so far, where
     the machine's cores are this run's (a figure timed beside another process would not be one of the
     end's). A validation's own time is not scaled to the final evaluation: our decoder batches the
     split one source length at a time and a runtime any lengths, so their ratio on the probe's groups
@@ -233,8 +234,13 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
                 retime_final(run, data, clock, threads)
         return metrics
 
+    def heard(event: dict) -> None:
+        on_event(event)
+        if event["event"] == "cooldown" and clock.limit:  # the last stretch: timed on the machine the end will find
+            retime_final(run, data, clock, threads)
+
     trainer = Trainer(run.model, config.train, train_enc, evaluate, (task.metric, task.higher_is_better), run.dir,
-                      device, on_event=on_event, shard=shard, stamp=begun.stamp, events=TrackedLog(run.dir, task),
+                      device, on_event=heard, shard=shard, stamp=begun.stamp, events=TrackedLog(run.dir, task),
                       threads=threads)
     latest = last_checkpoint(run.dir) if begun.resume else None
     if latest and begun.stamp:
@@ -257,9 +263,10 @@ def retime_final(run: Run, data: TaskData, clock: Clock, threads: cores.Threads 
     busy machine's share of the cores meanwhile: the figure would be a busy machine's, not the end's."""
     if threads is not None and torch.get_num_threads() < threads.most:
         return
-    before = cores.machine_usage()
+    training, before = run.model.training, cores.machine_usage()
     timing = decode_seconds(run, data, validation=False)
     after = cores.machine_usage()
+    run.model.train(training)  # asked in the middle of training too, where the cool-down begins
     if threads is None or before is None or after is None or \
             after.others(before) < (1 - BUSY_SHARE) * threads.cores:
         clock.measured("final evaluation", final_seconds(data, timing)[0])
