@@ -13,14 +13,14 @@ Two rules make a run use its minutes whatever the machine does around it:
   training time the learning rate keeps the share :func:`decay_share` of its scheduled value: the
   seconds left over the decay's length, asked after every update. However fast or slow the updates
   were before, the rate reaches zero as the time for training runs out, and not before.
-- **Estimates follow the machine.** The final evaluation is timed before training (the last
-  validation again at each validation) while the machine trains at some pace; if it later trains faster or slower (a busy
-  start, then an idle machine), the estimate is scaled by the same factor: decoding and training
-  share the cores (:meth:`Clock.observe`).
+- **Estimates follow the machine.** The final evaluation is timed before training, and again after
+  each validation and where the cool-down begins (:meth:`Clock.measured`), while the machine trains at
+  some pace; if it later trains faster (a busy stretch, then an idle machine), the estimate is scaled
+  by the same factor: decoding and training share the cores (:meth:`Clock.observe`).
 - **A busy start is not the budget.** Figures timed while other processes held the cores (the share
   of its cores this process had, :func:`cpu_share`, is under ``BUSY_SHARE``) are kept at what they
   would take with all of them: a run is refused only if even those leave no time to train, and what
-  is kept back follows the pace of the updates from there.
+  is kept back follows the pace of the updates once it is measured again on the free machine.
 
 The time source is injectable (``now``): tests drive slow and fast stretches without waiting.
 """

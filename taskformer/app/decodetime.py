@@ -33,9 +33,9 @@ class DecodeTiming(NamedTuple):
 
 @torch.no_grad()
 def decode_seconds(run: Run, data: TaskData, validation: bool = True) -> DecodeTiming:
-    """Time the final evaluation on a sample of the larger of val and test and (``validation``) a validation
-    on one of val (:func:`timing_sample`), each
-    output written to its reference's length (see :func:`seconds_per_example`). The final evaluation
+    """Time the final evaluation on a sample of the larger of val and test and (``validation``) a
+    validation on one of val (:func:`timing_sample`), each output written to its reference's length
+    (see :func:`seconds_per_example`). The final evaluation
     is timed on the engine that will decode it (``decode.engine``: a runtime is timed twice, the
     first time converting the weights, into a temporary folder and not the user's cache, after an
     untimed decode that pays what a process pays once). Each search is timed after an untimed decode:
@@ -45,7 +45,8 @@ def decode_seconds(run: Run, data: TaskData, validation: bool = True) -> DecodeT
     # the final evaluation's groups from the split it decodes most of: a small val's groups are a few rows
     # each, where a large test's are whole batches (agnews: 250 rows against 7,600), decoded at a fraction
     # of the time an example
-    sample, final_sample = timing_sample(run, data), timing_sample(run, data, larger)
+    final_sample = timing_sample(run, data, larger)
+    sample = final_sample if larger == "val" or not validation else timing_sample(run, data)
 
     def warm(decode_config: RunConfig, groups: list[list[tuple]]) -> None:
         """An untimed decode: a first decode's one-time costs, and on a GPU each new shape's choice of kernels."""

@@ -42,10 +42,7 @@ from taskformer.core.errors import TaskformerError
 from taskformer.core.model import Ensemble, SequenceModel, Transformer
 from taskformer.core.runtimes import CTranslate2Search, OnnxNetwork, context_fits
 
-# Of a cache entry: a new format is a new key. An entry before 4 may hold a model converted from weights
-# that an earlier quantized conversion in its process had rescaled, filed under their digest from before,
-# or an ONNX export at opset 20.
-FORMAT = 4
+FORMAT = 4  # of a cache entry: a new format is a new key, so a change of what a conversion writes reuses no older entry
 KEEP = 8  # cache entries kept, newest first
 ENTRY = "entry.json"  # an entry's record: what it holds and each file's SHA-256, written last
 INSTALL = "pip install taskformer[export]"
