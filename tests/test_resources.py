@@ -138,7 +138,7 @@ def faults():
     x = torch.ones(2**24)  # 64 MB, above any threshold glibc would serve from its heap by itself
     del x
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-print(*[faults() for _ in range(6)])
+print(*[faults() for _ in range(10)])
 """
 
 
@@ -146,12 +146,13 @@ print(*[faults() for _ in range(6)])
                     reason="glibc's malloc only")
 def test_a_training_process_reuses_freed_memory_instead_of_faulting_it_in_again():
     def fresh_allocations(mode):
-        """Which of five 64 MB allocations after the first had all their 16,384 pages mapped afresh."""
+        """Which of nine 64 MB allocations after the first had all their 16,384 pages mapped afresh."""
         done = subprocess.run([sys.executable, "-c", BIG_TENSOR_FAULTS, mode], capture_output=True,
                               text=True, timeout=120, check=True)
         return [int(n) > 8000 for n in done.stdout.split()[1:]]
-    assert fresh_allocations("default") == [True] * 5  # unmapped on free, mapped again every time
-    # Kept: reused. In some runs (the process's memory layout varies from run to run) an early allocation
-    # does not fit the freed block and the heap grows once or twice more; after that every one reuses.
+    assert fresh_allocations("default") == [True] * 9  # unmapped on free, mapped again every time
+    # Kept: reused. In some runs (the process's memory layout varies from run to run) the first few
+    # allocations do not fit the freed block and the heap grows a few times more; after that every one
+    # reuses it, so the last four all do.
     kept = fresh_allocations("keep")
-    assert sum(kept) <= 2 and not any(kept[-2:]), kept
+    assert not any(kept[-4:]), kept
