@@ -32,6 +32,16 @@ def listening(on_event: Callable[[dict], None]):
 
 
 @contextmanager
+def quiet():
+    """No progress events while the block runs: the many small stages of a larger one that says itself."""
+    token = _listener.set(None)
+    try:
+        yield
+    finally:
+        _listener.reset(token)
+
+
+@contextmanager
 def stage(name: str, total: int | None = None, every: int = 1):
     """A named stage of ``total`` items (``None``: unknown); yields ``advance(n=1)``.
 

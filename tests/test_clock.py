@@ -312,8 +312,9 @@ def test_a_plan_too_small_to_learn_says_so_before_training_and_in_the_report(cli
 @pytest.mark.slow
 def test_the_final_evaluation_is_timed_on_the_engine_that_decodes_it_outside_the_cache(cli, tmp_path, monkeypatch):
     """``decode.engine=auto`` decodes the copy task's final evaluation with CTranslate2, so the probe
-    times CTranslate2 (converting its throwaway model twice: first untimed, paying what a process pays
-    once, then timed, as the end converts the trained weights), and leaves nothing in the engine cache."""
+    times CTranslate2 (converting its throwaway model three times: first untimed, paying what a process
+    pays once, then timed for a validation and for the final evaluation, as a validation converts its
+    weights and the end the trained ones), and leaves nothing in the engine cache."""
     from taskformer.app import engines
     cache, converted, convert = tmp_path / "cache", [], engines.convert
     monkeypatch.setenv("TASKFORMER_CACHE", str(cache))
@@ -321,7 +322,7 @@ def test_the_final_evaluation_is_timed_on_the_engine_that_decodes_it_outside_the
     result = cli("run", "copy", "--dry-run", "--time-limit", "1", "--set", "train.pace=10000",
                  "--set", "data.train_size=200", "--set", "data.val_size=20", "--set", "data.test_size=20")
     assert result.exit_code == 0, result.output
-    assert converted == ["ctranslate2", "ctranslate2"] and "final evaluation: about" in result.stdout
+    assert converted == ["ctranslate2"] * 3 and "final evaluation: about" in result.stdout
     assert not list((cache / "engines").glob("*")) and os.environ["TASKFORMER_CACHE"] == str(cache)
 
 
@@ -516,7 +517,64 @@ def test_the_final_evaluation_is_timed_on_groups_of_the_split_it_decodes_most_of
     run.model = torch.nn.Identity()
     run.config = SimpleNamespace(decode=DecodeConfig(strategy="beam", eval_strategy="greedy", batch_size=8,
                                                      workers=2))
-    monkeypatch.setattr(decodetime, "validation_config", lambda config: SimpleNamespace(
-        decode=DecodeConfig(strategy="greedy", batch_size=8)))
+    monkeypatch.setattr(decodetime, "validation_config", lambda config, engine="torch": SimpleNamespace(
+        decode=DecodeConfig(strategy="greedy", batch_size=8, engine=engine)))
     decodetime.decode_seconds(run, data)
     assert timed[1] == ("greedy", [1, 1]) and timed[-1] == ("beam", [8])  # val's lone rows; test's whole batch
+
+
+@pytest.mark.parametrize("runtime, expected", [(0.2, "ctranslate2"), (2.0, "torch")], ids=["faster", "slower"])
+def test_validations_decode_on_the_runtime_where_the_probe_timed_it_faster(monkeypatch, runtime, expected):
+    """A validation is timed on our decoder and on the final evaluation's runtime, its conversion of new
+    weights included (each validation's weights are new): the faster is where the run validates."""
+    data = SimpleNamespace(splits={"val": [("a b c", "x")] * 40, "test": [("a b", "x")] * 40})
+    converting = []
+
+    def per_example(run, groups, config):  # the runtime's first decode of new weights converts them: 1 s more
+        if config.decode.engine == "torch":
+            return 1.0
+        first = bool(converting) and converting[-1] != [p._version for p in run.model.parameters()]
+        converting.append([p._version for p in run.model.parameters()])
+        return runtime + (1.0 / 8 if first else 0.0)  # a conversion of 1 s over the group's 8 rows
+    monkeypatch.setattr(decodetime, "seconds_per_example", per_example)
+    monkeypatch.setattr(decodetime, "engine_choice", lambda task, model, config: SimpleNamespace(
+        engine="torch" if config.decode.engine == "torch" else "ctranslate2"))
+    run = timed_run()
+    run.model = torch.nn.Linear(1, 1, bias=False)
+    run.config = Config(DecodeConfig(strategy="beam", eval_strategy="greedy", engine="auto", batch_size=8))
+    timing = decodetime.decode_seconds(run, data)
+    assert timing.validation_engine == expected
+    if expected == "torch":
+        assert timing.validation == 1.0
+    else:  # the runtime's seconds an example, and its conversion spread over val's 40 rows
+        assert timing.validation == pytest.approx(0.2 + 1.0 / 40) and timing.validation_torch == 1.0
+    assert decodetime.validation_config(run.config, timing.validation_engine).decode.engine == expected
+
+
+@pytest.mark.slow
+def test_a_run_validates_where_its_plan_says_outside_the_cache_and_says_so(cli, tmp_path, monkeypatch):
+    """The plan's validation engine decodes every validation (each converting that validation's
+    weights into a temporary folder, not the user's engine cache); the console, result.json and the
+    report say where the validations ran and what the probe timed."""
+    from taskformer.app import engines, prepare, training
+    cache, converted, convert = tmp_path / "cache", [], engines.convert
+    monkeypatch.setenv("TASKFORMER_CACHE", str(cache))
+    monkeypatch.setattr(engines, "convert", lambda choice, *rest: (
+        converted.append(os.environ["TASKFORMER_CACHE"]), convert(choice, *rest)))
+    monkeypatch.setattr(prepare, "decode_seconds", lambda run, data: decodetime.DecodeTiming(
+        1e-2, 1e-3, 0.0, "ctranslate2", 1e-2))
+    monkeypatch.setattr(training, "decode_seconds", lambda run, data, validation: decodetime.DecodeTiming(1e-2, 0, 0))
+    out = tmp_path / "run"
+    result = cli("run", "copy", "--out", str(out), "--time-limit", "1", "--set", "train.pace=100", "--set",
+                 "train.max_steps=4", "--set", "train.eval_every=2", "--set", "train.threads=1", *COPY)
+    assert result.exit_code == 0, result.output
+    events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    validations = [e for e in events if e["event"] == "eval" and e.get("split") == "val"]
+    assert len(validations) == 2 and converted[:2] == ["off", "off"]  # each validation's, uncached
+    assert converted[2:] and all(c == str(cache) for c in converted[2:])  # the final evaluation's, cached
+    recipe = json.loads((out / "result.json").read_text())["info"]["recipe"]
+    assert recipe["validation_engine"] == "ctranslate2"
+    said = "validations decode on ctranslate2, its conversion of the weights included: about 0.0 s each against 0.2 s"
+    assert said in recipe["validating"] and said in result.output
+    assert "validations" in (out / "report.txt").read_text()
+

@@ -37,6 +37,7 @@ def taskformer_report_sections(run):
             ("decode engine", info.get("engine")), ("threads", info.get("threads")),
             ("distilled from", distilled_from(info.get("distill"))),
             ("recipe", info["recipe"].get("why") if isinstance(info.get("recipe"), dict) else None),
+            ("validations", info["recipe"].get("validating") if isinstance(info.get("recipe"), dict) else None),
             *(("budget warning", info["recipe"].get(key)) for key in ("busy", "short", "few")
               if isinstance(info.get("recipe"), dict)),
             ("training and validation", f"{info.get('train_seconds', 0):,.1f} s"),

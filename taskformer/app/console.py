@@ -74,6 +74,8 @@ class ProgressDisplay:
                       f"{e['tokens_per_s']:,.0f} tok/s")
         elif kind == "recipe":
             self._say(f"recipe: {e['why']}")
+            if e.get("validating"):
+                self._say(f"validating: {e['validating']}")
             for warning in (e.get("busy"), e.get("short"), e.get("few")):
                 if warning:
                     self._say(f"warning: {warning}")

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 
 from taskformer.app.hooks import engine_choice, evaluate_split
-from taskformer.core import decoding, variants
+from taskformer.core import decoding, progress, variants
 from taskformer.core.config import RunConfig
 from taskformer.core.data import TaskData
 from taskformer.plugins.run import Run
@@ -27,8 +27,10 @@ class DecodeTiming(NamedTuple):
     """What the end of a run's training costs, timed before it trains."""
 
     final: float  # seconds per example of the final evaluation: its search, on the engine that will decode it
-    validation: float  # seconds per example of a validation: decode.eval_strategy, on our decoder
+    validation: float  # seconds per example of a validation: decode.eval_strategy, on validation_engine
     fixed: float  # seconds the final evaluation spends once: converting the weights for a runtime
+    validation_engine: str = "torch"  # where validations decode: the faster of our decoder and the final's runtime
+    validation_torch: float = 0.0  # seconds per example of a validation on our decoder, where a runtime was faster
 
 
 @torch.no_grad()
@@ -39,7 +41,13 @@ def decode_seconds(run: Run, data: TaskData, validation: bool = True) -> DecodeT
     is timed on the engine that will decode it (``decode.engine``: a runtime is timed twice, the
     first time converting the weights, into a temporary folder and not the user's cache, after an
     untimed decode that pays what a process pays once). Each search is timed after an untimed decode:
-    of a few rows on a CPU, of the same groups on a GPU, whose first call of each shape picks kernels."""
+    of a few rows on a CPU, of the same groups on a GPU, whose first call of each shape picks kernels.
+
+    A validation is timed on our decoder and, where the final evaluation's runtime runs its search
+    too, on the runtime, its conversion included (the weights change between validations): the
+    faster is where the run's validations decode. The runtime batches sources of any length, where
+    our decoder batches one length at a time; on a small model the conversion can cost more than
+    that gains."""
     run.model.eval()
     config, larger = run.config, max(("val", "test"), key=lambda split: len(data.splits[split]))
     # the final evaluation's groups from the split it decodes most of: a small val's groups are a few rows
@@ -56,19 +64,32 @@ def decode_seconds(run: Run, data: TaskData, validation: bool = True) -> DecodeT
         warm(decode_config, groups)
         return seconds_per_example(run, groups, decode_config)
 
-    validating = timed(validation_config(config), sample) if validation else 0.0
+    def on_runtime(decode_config: RunConfig, groups: list[list[tuple]]) -> tuple[float, float]:
+        """Seconds per example on the runtime, and the seconds its conversion of new weights takes."""
+        with uncached():
+            warm(decode_config, groups)  # the runtime's one-time costs in this process (on a GPU its context)
+            for weight in run.model.parameters():  # new weights, as the end's: the next decode converts them again
+                weight.mul_(1.0)
+            first = seconds_per_example(run, groups, decode_config)
+            again = seconds_per_example(run, groups, decode_config)
+        # a runtime drops each row as it ends: what it will write is each reference's length, not its group's longest
+        return again * own_lengths(run, groups), max(first - again, 0.0) * sum(map(len, groups))
+
+    validating, engine, on_torch = 0.0, "torch", 0.0
+    if validation:
+        validating = timed(validation_config(config), sample)
+        runtime = validation_config(config, config.decode.engine)
+        if engine_choice(run.task, run.model, runtime).engine != "torch":
+            per_example, converting = on_runtime(runtime, sample)
+            if per_example + converting / len(data.splits["val"]) < validating:
+                validating, engine, on_torch = (per_example + converting / len(data.splits["val"]),
+                                                engine_choice(run.task, run.model, runtime).engine, validating)
     if engine_choice(run.task, run.model, config).engine == "torch":
         same = validation and larger == "val" and config.decode.strategy == config.decode.eval_strategy
-        return DecodeTiming(validating if same else timed(config, final_sample), validating, 0.0)
-    with uncached():
-        warm(config, final_sample)  # the runtime's one-time costs in this process (on a GPU its context), not the end's
-        for weight in run.model.parameters():  # new weights, as the end's: the next decode converts them again
-            weight.mul_(1.0)
-        first = seconds_per_example(run, final_sample, config)
-        final = seconds_per_example(run, final_sample, config)
-    # a runtime drops each row as it ends: what it will write is each reference's length, not its group's longest
-    return DecodeTiming(final * own_lengths(run, final_sample), validating,
-                        max(first - final, 0.0) * sum(map(len, final_sample)))
+        final = validating if same and engine == "torch" else timed(config, final_sample)
+        return DecodeTiming(final, validating, 0.0, engine, on_torch)
+    final, fixed = on_runtime(config, final_sample)
+    return DecodeTiming(final, validating, fixed, engine, on_torch)
 
 
 def own_lengths(run: Run, sample: list[list[tuple]]) -> float:
@@ -81,21 +102,21 @@ def own_lengths(run: Run, sample: list[list[tuple]]) -> float:
     return sum(map(sum, groups)) / max(sum(max(g) * len(g) for g in groups if g), 1)
 
 
-def length_share(run: Run, outputs: list) -> float:
+def length_share(run: Run, outputs: list, engine: str = "torch") -> float:
     """The steps a decode of ``outputs`` would take writing its references over those it took, between 1/4
     and 4; 1 for a network that writes nothing. Our decoder batches the sources of one length (up to
     ``decode.batch_size``) and a batch runs until its longest output ends, so each batch counts its rows
-    times its longest output, as the probe's timing writes each group to its longest reference. A
-    validation early in training writes on to the length limit, and one such row holds up its whole
-    batch: counted by the mean length, its time, scaled to the final evaluation, kept back about twice
-    what that takes."""
+    times its longest output, as the probe's timing writes each group to its longest reference; a
+    runtime (``engine``) drops each row as it ends, so each row counts its own. A validation early in
+    training writes on to the length limit, and one such row holds up its whole batch: counted by the
+    mean length, its time, scaled to the final evaluation, kept back about twice what that takes."""
     if not variants.of(run.task.variant).decoder or not outputs:
         return 1.0
     sources = written(run, [row[0] for row in outputs])
     wrote, references = written(run, [row[1] for row in outputs]), written(run, [row[2] for row in outputs])
     batches: dict[int, list[int]] = {}
     for i, length in enumerate(sources):
-        batches.setdefault(length, []).append(i)
+        batches.setdefault(length if engine == "torch" else i, []).append(i)
     size, steps = max(run.config.decode.batch_size, 1), [0, 0]  # the references', then what was written
     for rows in batches.values():
         for start in range(0, len(rows), size):
@@ -110,10 +131,10 @@ def written(run: Run, texts: list) -> list[int]:
     return [len(e.ids) + 1 for e in run.tokenizer.encode_batch([str(text) for text in texts])]
 
 
-def validation_config(config: RunConfig) -> RunConfig:
-    """``config`` as validations decode: the cheaper search, on our decoder (a runtime would convert
-    the weights anew after every update)."""
-    return replace(config, decode=replace(config.decode, strategy=config.decode.eval_strategy, engine="torch"))
+def validation_config(config: RunConfig, engine: str = "torch") -> RunConfig:
+    """``config`` as validations decode: the cheaper search, on our decoder unless the probe found
+    ``engine`` (a runtime, converting the weights anew for each validation) faster."""
+    return replace(config, decode=replace(config.decode, strategy=config.decode.eval_strategy, engine=engine))
 
 
 def timing_sample(run: Run, data: TaskData, split: str = "val") -> list[list[tuple]]:
@@ -145,8 +166,8 @@ def seconds_per_example(run: Run, sample: list[list[tuple]], config: RunConfig) 
             longest = max(written(run, [row[1] for row in group]))
             decode = (replace(decode, max_len_a=0.0, max_len_b=longest) if kind.shifted
                       else replace(decode, max_new_tokens=longest))
-        with torch.no_grad():  # a worker's grad mode is its own
-            evaluate_split(run, group, replace(config, decode=decode), "timing the final evaluation")
+        with torch.no_grad(), progress.quiet():  # a worker's grad mode is its own; the caller says what is timed
+            evaluate_split(run, group, replace(config, decode=decode), "timing")
 
     begun = time.perf_counter()
     for _ in decoding.parallel_map(evaluate, sample, decoding.decode_workers(config.decode.workers, run.device,

@@ -71,7 +71,8 @@ def describe(plan: dict) -> str:
         *(f"data notes: {key}: {value}" for key, value in plan["notes"].items()),
         f"budget: {'; '.join(budget)}; {planned}",
         *([f"recipe: {recipe['why']}",
-           f"final evaluation: about {recipe['final_seconds']:,.0f} s (measured), kept out of the training time"]
+           f"final evaluation: about {recipe['final_seconds']:,.0f} s (measured), kept out of the training time",
+           *([f"validating: {recipe['validating']}"] if recipe.get("validating") else [])]
           if recipe else []),
         *(f"warning: {recipe[key]}" for key in ("busy", "short", "few") if recipe and recipe.get(key)),
         "dry run: config, data, memory and --out checked; nothing trained, no run directory written",

@@ -259,20 +259,25 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
 
         decoded = {probed.model.members: timing}  # by the members: an ensemble's timing, once each
 
-        def final(overrides: dict) -> tuple[float, float, float]:
-            """The row's final evaluation and last validation as timed, and what they are scaled by to be
-            an idle machine's (:func:`busy_share`). An ensemble of other members than the probe's is timed
-            on a throwaway of its own: the members decode together, with the engine it decodes on (one
-            network may run on a runtime that an ensemble cannot), so neither is the probe's figure times
-            the members."""
+        def timing_of(overrides: dict) -> tuple[DecodeTiming, float]:
+            """The row's decode timing, and the share of the cores it was timed with. An ensemble of other
+            members than the probe's is timed on a throwaway of its own: the members decode together, with
+            the engine it decodes on (one network may run on a runtime that an ensemble cannot), so
+            neither is the probe's figure times the members."""
             own = timer(overrides)
             if own is not None:
-                return (*final_seconds(run.data, own.timing), busy_share(own.share))
+                return own.timing, own.share
             cfg = layers.build(overrides)
             if cfg.model.members not in decoded:
                 with progress.stage(f"timing the decoding of {count(cfg.model.members, 'member')}"):
                     decoded[cfg.model.members] = decode_seconds(throwaway(run, cfg), run.data)
-            return (*final_seconds(run.data, decoded[cfg.model.members]), busy_share(share))
+            return decoded[cfg.model.members], share
+
+        def final(overrides: dict) -> tuple[float, float, float]:
+            """The row's final evaluation and last validation as timed, and what they are scaled by to be
+            an idle machine's (:func:`busy_share`)."""
+            timing, had = timing_of(overrides)
+            return (*final_seconds(run.data, timing), busy_share(had))
 
         def idle(overrides: dict) -> float:  # what the row keeps back, as the timings would take with all the cores
             *seconds, had = final(overrides)
@@ -299,6 +304,13 @@ def plan_time(run: Prepared, layers: Layers, shard: tuple[int, int]) -> dict:
             plan["few"] = (f"about {plan['planned_updates']:,} updates are too few to learn the task; at "
                            f"{pace / had:,.0f} tok/s, --time-limit {clock.minimum(training):g} would buy {FEW_UPDATES} "
                            "(a machine that frees up later trains more: the decay follows the time, not this count)")
+        chosen, _ = timing_of(plan["overrides"])
+        if chosen.validation_engine != "torch":
+            val = len(run.data.splits["val"])
+            plan["validation_engine"] = chosen.validation_engine
+            plan["validating"] = (f"validations decode on {chosen.validation_engine}, its conversion of the weights "
+                                  f"included: about {chosen.validation * val:,.1f} s each against "
+                                  f"{chosen.validation_torch * val:,.1f} s on our decoder (timed)")
         plan.update(final_seconds=round(clock.estimates["final evaluation"], 1),
                     validation_seconds=round(clock.estimates["last validation"], 1),
                     reserve_seconds=round(clock.reserve(), 1), per_update=clock.timed_at, cpu_share=round(share, 3))

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import datetime as dt
 import signal
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import torch
 
-from taskformer.app import datacache, trackers
-from taskformer.app.decodetime import decode_seconds, final_seconds, length_share, validation_config
+from taskformer.app import datacache, engines, trackers
+from taskformer.app.decodetime import decode_seconds, final_seconds, length_share, uncached, validation_config
 from taskformer.app.hooks import build_model, engine_choice, evaluate_split, load_data
 from taskformer.app.outdir import new_run_dir
 from taskformer.app.prepare import Prepared, TrainRequest, check_batches, distilled, keep_planned, prepare
@@ -217,19 +217,25 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
     the machine's cores are this run's (a figure timed beside another process would not be one of the
     end's). A validation's own time is not scaled to the final evaluation: our decoder batches the
     split one source length at a time and a runtime any lengths, so their ratio on the probe's groups
-    does not hold on the whole split."""
+    does not hold on the whole split. Validations decode where the probe timed them faster (the
+    plan's ``validation_engine``: our decoder, or the final evaluation's runtime converting each
+    validation's weights into a temporary folder)."""
     run, data, config = begun.run, begun.data, begun.run.config
     device, task, train_enc, val_enc = run.device, run.task, begun.train, begun.val
     assert train_enc is not None and val_enc is not None  # encoded as it began
-    eval_config, clock = validation_config(config), begun.clock
+    engine = (begun.recipe or {}).get("validation_engine", "torch")  # the faster, as the probe timed it
+    eval_config, clock = validation_config(config, engine), begun.clock
     # under a time limit the threads follow a busy machine: without one, a seeded run's numbers stay those of any other
     threads = cores.follower(device, shard[1]) if clock.limit else None
 
     def evaluate() -> dict:
         begun_at = clock.now()
-        metrics, outputs = evaluate_split(run, data.splits["val"], eval_config, "validating", val_enc)
+        if engine != "torch":  # the updates since the last validation changed the weights unseen
+            engines.forget(run.model)
+        with uncached() if engine != "torch" else nullcontext():  # each validation's weights: not for the cache
+            metrics, outputs = evaluate_split(run, data.splits["val"], eval_config, "validating", val_enc)
         if clock.limit:
-            clock.measured("last validation", (clock.now() - begun_at) * length_share(run, outputs))
+            clock.measured("last validation", (clock.now() - begun_at) * length_share(run, outputs, engine))
             if (clock.for_training() or 0.0) > 0:  # training goes on: the end is still to come
                 retime_final(run, data, clock, threads)
         return metrics
@@ -264,7 +270,8 @@ def retime_final(run: Run, data: TaskData, clock: Clock, threads: cores.Threads 
     if threads is not None and torch.get_num_threads() < threads.most:
         return
     training, before = run.model.training, cores.machine_usage()
-    timing = decode_seconds(run, data, validation=False)
+    with progress.stage("timing the final evaluation"):
+        timing = decode_seconds(run, data, validation=False)
     after = cores.machine_usage()
     run.model.train(training)  # asked in the middle of training too, where the cool-down begins
     if threads is None or before is None or after is None or \
