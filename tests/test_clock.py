@@ -578,3 +578,33 @@ def test_a_run_validates_where_its_plan_says_outside_the_cache_and_says_so(cli, 
     assert said in recipe["validating"] and said in result.output
     assert "validations" in (out / "report.txt").read_text()
 
+
+
+@pytest.mark.slow
+def test_the_last_validation_kept_counts_the_averaged_weights_validation_too(cli, tmp_path, monkeypatch):
+    """With ``train.average_last`` a validation decodes twice, the weights' and their average's: the last
+    validation that may follow the last update is kept at both, not at the second alone."""
+    from taskformer.app import prepare, training
+    monkeypatch.setattr(prepare, "decode_seconds", lambda run, data: decodetime.DecodeTiming(1e-2, 1e-6, 0.0))
+    monkeypatch.setattr(training, "decode_seconds", lambda run, data, validation: decodetime.DecodeTiming(1e-2, 0, 0))
+    monkeypatch.setattr(training, "length_share", lambda *args: 1.0)
+    kept, measured = [], Clock.measured
+    monkeypatch.setattr(Clock, "measured", lambda self, why, seconds: (
+        kept.append(seconds) if why == "last validation" else None, measured(self, why, seconds)))
+    fake, evaluate_split = [0.0], training.evaluate_split
+
+    def five_seconds(*args, **kwargs):  # each validation's decode takes 5 s of a clock that moves only then
+        fake[0] += 5.0
+        return evaluate_split(*args, **kwargs)
+    monkeypatch.setattr(training, "evaluate_split", five_seconds)
+    begin = Clock.__post_init__
+    monkeypatch.setattr(Clock, "__post_init__", lambda self: (setattr(self, "now", lambda: fake[0]), begin(self))[1])
+    out = tmp_path / "run"
+    result = cli("run", "copy", "--out", str(out), "--time-limit", "1", "--set", "train.pace=100", "--set",
+                 "train.max_steps=4", "--set", "train.eval_every=2", "--set", "train.average_last=2",
+                 "--set", "train.threads=1", *COPY)
+    assert result.exit_code == 0, result.output
+    events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [e.get("averaged") for e in events if e["event"] == "eval"] == [None, None, [2, 4]]
+    # step 2: one validation; step 4: the weights', then their average's, kept as the two together
+    assert kept == [5.0, 5.0, 10.0]

@@ -228,6 +228,8 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
     # under a time limit the threads follow a busy machine: without one, a seeded run's numbers stay those of any other
     threads = cores.follower(device, shard[1]) if clock.limit else None
 
+    spent = [-1, 0.0]  # the step validated, and the seconds its validations took (with train.average_last, two)
+
     def evaluate() -> dict:
         begun_at = clock.now()
         if engine != "torch":  # the updates since the last validation changed the weights unseen
@@ -235,7 +237,9 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
         with uncached() if engine != "torch" else nullcontext():  # each validation's weights: not for the cache
             metrics, outputs = evaluate_split(run, data.splits["val"], eval_config, "validating", val_enc)
         if clock.limit:
-            clock.measured("last validation", (clock.now() - begun_at) * length_share(run, outputs, engine))
+            took = (clock.now() - begun_at) * length_share(run, outputs, engine)
+            spent[:] = [trainer.state.step, took + (spent[1] if spent[0] == trainer.state.step else 0.0)]
+            clock.measured("last validation", spent[1])  # the averaged weights' validation follows the weights
             if (clock.for_training() or 0.0) > 0:  # training goes on: the end is still to come
                 retime_final(run, data, clock, threads)
         return metrics
