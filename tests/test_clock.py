@@ -608,3 +608,18 @@ def test_the_last_validation_kept_counts_the_averaged_weights_validation_too(cli
     assert [e.get("averaged") for e in events if e["event"] == "eval"] == [None, None, [2, 4]]
     # step 2: one validation; step 4: the weights', then their average's, kept as the two together
     assert kept == [5.0, 5.0, 10.0]
+
+
+@pytest.mark.parametrize("device, share", [("cpu", (2 + 4 + 8) / (3 * 8)), ("cuda", 1.0)])
+def test_a_runtime_is_timed_at_each_references_length_on_a_cpu_and_the_longest_on_a_gpu(monkeypatch, device, share):
+    """A runtime drops each row as it ends: on a CPU its time follows the tokens it writes, each row its
+    reference's length; a GPU's follows the steps, the batch's longest output, whatever rows are left."""
+    group = [("a", "x"), ("a", "x y z"), ("a", "x y z w v u t")]  # 2, 4 and 8 tokens with the end
+    data = SimpleNamespace(splits={"val": group, "test": group})
+    monkeypatch.setattr(decodetime, "seconds_per_example", lambda run, groups, config: 1.0)
+    monkeypatch.setattr(decodetime, "engine_choice", lambda task, model, config: SimpleNamespace(engine="ctranslate2"))
+    run = timed_run()
+    run.device, run.model = torch.device(device), torch.nn.Linear(1, 1, bias=False)
+    run.config = Config(DecodeConfig(strategy="beam", eval_strategy="greedy", engine="auto", batch_size=8))
+    assert decodetime.decode_seconds(run, data, validation=False).final == pytest.approx(share)
+

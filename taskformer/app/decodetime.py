@@ -72,8 +72,10 @@ def decode_seconds(run: Run, data: TaskData, validation: bool = True) -> DecodeT
                 weight.mul_(1.0)
             first = seconds_per_example(run, groups, decode_config)
             again = seconds_per_example(run, groups, decode_config)
-        # a runtime drops each row as it ends: what it will write is each reference's length, not its group's longest
-        return again * own_lengths(run, groups), max(first - again, 0.0) * sum(map(len, groups))
+        # a runtime drops each row as it ends: on a CPU, whose time follows the tokens written, what it will write
+        # is each reference's length, not its group's longest; a GPU's time follows the steps of a batch's longest
+        share = own_lengths(run, groups) if run.device.type == "cpu" else 1.0
+        return again * share, max(first - again, 0.0) * sum(map(len, groups))
 
     validating, engine, on_torch = 0.0, "torch", 0.0
     if validation:
