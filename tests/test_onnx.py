@@ -150,6 +150,21 @@ def test_eval_and_the_api_decode_with_onnxruntime(cli, runs):
         model.predict(NEWS, engine="ctranslate2")
 
 
+def test_a_classifier_on_onnxruntime_runs_no_torch_operator(runs):
+    """Once its runtime is loaded, ONNX Runtime's predict runs no torch operator: none of torch's
+    OpenMP threads wakes (and spins) beside the runtime's, as in a process that decodes with torch."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = taskformer.load(runs["agnews"])
+    model.predict(NEWS[:1])  # converts into the cache, or loads the entry
+    with profile(activities=[ProfilerActivity.CPU]) as onnx:
+        predictions = model.predict(NEWS)
+    with profile(activities=[ProfilerActivity.CPU]) as ours:
+        model.predict(NEWS, engine="torch")
+    assert len(predictions) == len(NEWS) and [e.key for e in onnx.key_averages()] == []
+    assert any(e.key.startswith("aten::") for e in ours.key_averages())  # the profiler sees torch's operators
+
+
 def test_a_tie_between_classes_goes_to_the_first_class():
     """Labels are read from probabilities in numpy (ONNX Runtime's come as numpy): a tie picks the
     first of the tied classes, as torch's max does."""
