@@ -389,9 +389,10 @@ def print_race(result: dict) -> None:
         c = result["classifier"]
         print(f"classifier batch-1 latency: ONNX Runtime {c['latency_ms']['onnxruntime']:.2f} ms, torch "
               f"{c['latency_ms']['torch']:.2f} ms ({c['torch_precision']}; {c['speedup']:.2f}x), torch fp32 "
-              f"{c['latency_ms']['torch fp32']:.2f} ms ({c['speedup_fp32']:.2f}x); labels equal to torch "
-              f"fp32's on {c['labels_equal']} of {c['test_sentences']} test sentences ({100 * c['labels_agree']:.2f}%), "
-              f"to torch {c['torch_precision']}'s on {c['labels_equal_run_precision']}")
+              f"{c['latency_ms']['torch fp32']:.2f} ms ({c['speedup_fp32']:.2f}x), each engine in a process of its own "
+              f"(CPU ms a call, every thread: {', '.join(f'{k} {v:.2f}' for k, v in c['cpu_ms'].items())}); labels "
+              f"equal to torch fp32's on {c['labels_equal']} of {c['test_sentences']} test sentences "
+              f"({100 * c['labels_agree']:.2f}%), to torch {c['torch_precision']}'s on {c['labels_equal_run_precision']}")
 
 
 def main() -> None:
