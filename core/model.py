@@ -263,11 +263,14 @@ class ClassificationHead(nn.Module):
         self.mlp = nn.Sequential(Dropout(cfg.dropout), nn.Linear(cfg.d_model, cfg.d_model), nn.Tanh(),
                                  Dropout(cfg.dropout), nn.Linear(cfg.d_model, cfg.num_classes))
 
-    def forward(self, h: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
-        keep = src_mask.view(h.size(0), -1, 1)  # (B, S, 1) True for real tokens
+    def forward(self, h: torch.Tensor, src_mask: torch.Tensor | None) -> torch.Tensor:
+        """Class logits; ``src_mask`` None: every position is a real token (a batch without padding)."""
         if self.pooling == "first":
-            pooled = h[:, 0]
-        elif self.pooling == "max":
+            return self.mlp(h[:, 0])
+        if src_mask is None:
+            return self.mlp(h.amax(1) if self.pooling == "max" else h.mean(1))
+        keep = src_mask.view(h.size(0), -1, 1)  # (B, S, 1) True for real tokens
+        if self.pooling == "max":
             pooled = h.masked_fill(~keep, float("-inf")).amax(1)
         else:
             pooled = (h * keep).sum(1) / keep.sum(1).clamp(min=1)
@@ -388,11 +391,13 @@ class Transformer(nn.Module):
         x = table(tokens) if segments is None else table(tokens) + segments(segment_ids(tokens))
         return self.drop(self.positions(x * math.sqrt(self.cfg.d_model), start))
 
-    def encode(self, src: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+    def encode(self, src: torch.Tensor, padded: bool = True) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Encode ``src`` (B, S). Returns the memory (B, S, D) and the key mask (B, 1, 1, S), True = real token.
 
-        A decoder-only model has no memory (``None``): its prompt is the decoder's own prefix."""
-        mask = (src != PAD).view(src.size(0), 1, 1, -1)
+        A decoder-only model has no memory (``None``): its prompt is the decoder's own prefix. With
+        ``padded=False`` the caller vouches that no row has padding (a batch of one length): no mask
+        is made or applied, and the mask returned is None (ONNX Runtime's graph, ``core/onnx_export``)."""
+        mask = (src != PAD).view(src.size(0), 1, 1, -1) if padded else None
         if self.encoder is None:
             return None, mask
         x = self._embed(src, self.embed, segments=self.segments)

@@ -152,7 +152,8 @@ class CTranslate2Search:
 
 class OnnxNetwork:
     """An exported encoder-only or tagging network under ONNX Runtime, called as our model is:
-    ``network(src)`` gives the logits, so that labels and tags are read from them as ours are.
+    ``network(src)`` gives the logits of rows of one length (no padding: :meth:`fits`), so that
+    labels and tags are read from them as ours are.
 
     A classifier's probabilities come from :meth:`probabilities` in numpy: at batch 1 the torch
     operations around the call (a tensor made of the output, softmax, max, the lists) cost about a
@@ -166,8 +167,9 @@ class OnnxNetwork:
         self.session = session(path, device, max(torch.get_num_threads() // max(workers, 1), 1))
 
     def fits(self, src: list[list[int]], config: DecodeConfig) -> bool:
-        """Any batch our model reads: the export's length is dynamic up to ``model.max_len``."""
-        return True
+        """A batch of rows of one length (any length up to ``model.max_len``): the graph is exported for
+        rows without padding (``onnx_export.one_length``), as ``decode_texts`` batches sources."""
+        return len(set(map(len, src))) == 1
 
     def logits(self, src: torch.Tensor | np.ndarray) -> np.ndarray:
         # The output named: with None, ONNX Runtime's wrapper reads every output's metadata anew each call.
