@@ -391,19 +391,21 @@ class Transformer(nn.Module):
         x = table(tokens) if segments is None else table(tokens) + segments(segment_ids(tokens))
         return self.drop(self.positions(x * math.sqrt(self.cfg.d_model), start))
 
-    def encode(self, src: torch.Tensor, padded: bool = True) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def encode(self, src: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Encode ``src`` (B, S). Returns the memory (B, S, D) and the key mask (B, 1, 1, S), True = real token.
 
-        A decoder-only model has no memory (``None``): its prompt is the decoder's own prefix. With
-        ``padded=False`` the caller vouches that no row has padding (a batch of one length): no mask
-        is made or applied, and the mask returned is None (ONNX Runtime's graph, ``core/onnx_export``)."""
-        mask = (src != PAD).view(src.size(0), 1, 1, -1) if padded else None
-        if self.encoder is None:
-            return None, mask
+        A decoder-only model has no memory (``None``): its prompt is the decoder's own prefix."""
+        mask = (src != PAD).view(src.size(0), 1, 1, -1)
+        return (None if self.encoder is None else self.memory(src, mask)), mask
+
+    def memory(self, src: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The encoder's states (B, S, D) of ``src`` under the key ``mask``; None where the caller
+        vouches that no row has padding (a batch of one length: ONNX Runtime's graph, core/onnx_export)."""
+        assert self.encoder is not None, "a decoder-only model has no encoder"
         x = self._embed(src, self.embed, segments=self.segments)
         for block in self.encoder:
             x = block(x, mask=mask)
-        return self.enc_norm(x), mask
+        return self.enc_norm(x)
 
     def decode(self, tgt: torch.Tensor, memory: torch.Tensor | None, memory_mask: torch.Tensor | None,
                cache: list[dict] | None = None, start: int | torch.Tensor = 0) -> torch.Tensor:

@@ -177,8 +177,7 @@ def one_length(net: Transformer) -> torch.nn.Module:
             self.net = net
 
         def forward(self, src: torch.Tensor) -> torch.Tensor:
-            memory, _ = self.net.encode(src, padded=False)
-            return self.net.head(memory, None)
+            return self.net.head(self.net.memory(src, None), None)
 
     return OneLength()
 

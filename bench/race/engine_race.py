@@ -342,7 +342,9 @@ def classifier(run_dir: Path, sentences: int, limit: int = 0, rounds: int = 1) -
         def ask(engine: str, request: tuple):
             conns[engine].send(request)
             answer = conns[engine].recv()
-            settle(processes[engine].pid)
+            pid = processes[engine].pid
+            assert pid is not None  # started above
+            settle(pid)
             return answer
 
         out |= {"test_sentences": len(texts), "torch_precision": ready["torch"]["precision"],
