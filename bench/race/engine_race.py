@@ -358,6 +358,7 @@ def classifier(run_dir: Path, sentences: int, limit: int = 0, rounds: int = 1) -
             ask(engine, ("time", probe))
         times: dict[str, list[float]] = {e: [] for e in ENGINES}
         cpu: dict[str, list[float]] = {e: [] for e in ENGINES}
+        out["load"] = {"before": os.getloadavg()[0]}  # the 1-minute load average: the others' work shows
         for r in range(rounds):
             for block, start in enumerate(range(0, len(probe), 20)):
                 turn = (block + r) % len(ENGINES)
@@ -365,6 +366,7 @@ def classifier(run_dir: Path, sentences: int, limit: int = 0, rounds: int = 1) -
                     wall, used = ask(engine, ("time", probe[start : start + 20]))
                     times[engine] += wall
                     cpu[engine] += used
+        out["load"]["after"] = os.getloadavg()[0]
     finally:
         for engine, process in processes.items():
             if process.is_alive():
@@ -394,7 +396,8 @@ def print_race(result: dict) -> None:
               f"{c['latency_ms']['torch fp32']:.2f} ms ({c['speedup_fp32']:.2f}x), each engine in a process of its own "
               f"(CPU ms a call, every thread: {', '.join(f'{k} {v:.2f}' for k, v in c['cpu_ms'].items())}); labels "
               f"equal to torch fp32's on {c['labels_equal']} of {c['test_sentences']} test sentences "
-              f"({100 * c['labels_agree']:.2f}%), to torch {c['torch_precision']}'s on {c['labels_equal_run_precision']}")
+              f"({100 * c['labels_agree']:.2f}%), to torch {c['torch_precision']}'s on {c['labels_equal_run_precision']}; "
+              f"load average {c['load']['before']:.1f} to {c['load']['after']:.1f}")
 
 
 def main() -> None:
