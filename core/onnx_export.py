@@ -158,41 +158,49 @@ def check_exportable(model: Transformer | Ensemble) -> Transformer:
     return model
 
 
-def one_length(net: Transformer) -> torch.nn.Module:
-    """``net`` for batches whose rows all have one length, as ``decode.engine`` hands them to ONNX
-    Runtime (``decode_texts`` batches sources of one length): no row has padding, so the graph makes
-    and applies no padding mask, and the built-in head pools over every position (ReduceMean where
-    the padded graph multiplies by the mask, sums and divides by its count). A plugin's own head may
-    read the mask: that network is exported as it is."""
+PROBABILITIES = "probabilities"  # the engine's graph of a classifier: its softmax, beside the logits
+
+
+def for_engine(net: Transformer) -> torch.nn.Module:
+    """``net`` as ``decode.engine`` runs it on ONNX Runtime, which gets batches whose rows all have one
+    length (``decode_texts`` batches sources so): no row has padding, so the graph makes and applies
+    no padding mask, and the built-in head pools over every position (ReduceMean where the padded
+    graph multiplies by the mask, sums and divides by its count); a plugin's own head may read the
+    mask, and gets it. A classifier's graph gives its probabilities too (:data:`PROBABILITIES`, the
+    softmax of the logits): in the session they cost a node, in numpy after it five calls that
+    took a tenth of a batch-1 ``predict``."""
     import torch
 
     from taskformer.core.model import DEFAULT_HEADS
 
-    if type(net.head) is not DEFAULT_HEADS[net.cfg.variant]:
-        return net
-
-    class OneLength(torch.nn.Module):
+    class ForEngine(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.net = net
 
-        def forward(self, src: torch.Tensor) -> torch.Tensor:
-            return self.net.head(self.net.memory(src, None), None)
+        def forward(self, src: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+            if type(self.net.head) is DEFAULT_HEADS[self.net.cfg.variant]:
+                logits = self.net.head(self.net.memory(src, None), None)
+            else:
+                logits = self.net(src)
+            return logits if self.net.cfg.kind.per_word else (logits, logits.float().softmax(-1))
 
-    return OneLength()
+    return ForEngine()
 
 
-def build(model: Transformer | Ensemble, path: Path, tolerance: float = TOLERANCE, padded: bool = True) -> float:
+def build(model: Transformer | Ensemble, path: Path, tolerance: float = TOLERANCE, engine: bool = False) -> float:
     """Write ``model`` as one ONNX file at ``path`` and check it against our logits; returns the largest
     difference found. Raises :class:`ExportError`, with ``path`` removed, where it is above ``tolerance``.
-    ``padded=False``: a graph for batches of one length (:func:`one_length`), checked on such batches."""
+    ``engine``: the graph ``decode.engine`` runs (:func:`for_engine`), checked on batches of one length."""
     import numpy as np
     import onnx
     import torch
 
     _requirements()
     net = check_exportable(model).eval().cpu()
-    traced = net if padded else one_length(net)
+    traced = for_engine(net) if engine else net
+    padded = not engine
+    outputs = ["logits", PROBABILITIES] if engine and not net.cfg.kind.per_word else ["logits"]
     length = min(12, net.cfg.max_len)
     batch, positions = torch.export.Dim("batch", min=1), torch.export.Dim("length", min=2, max=net.cfg.max_len)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -204,7 +212,7 @@ def build(model: Transformer | Ensemble, path: Path, tolerance: float = TOLERANC
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # the exporter's notes on ops it registered, for its own developers
             program = torch.onnx.export(traced, (probe(net, 3, length, padded=padded),), dynamo=True, opset_version=OPSET,
-                                        input_names=["src"], output_names=["logits"], verbose=False,
+                                        input_names=["src"], output_names=outputs, verbose=False,
                                         dynamic_shapes={"src": {0: batch, 1: positions}}, external_data=False)
             assert program is not None  # the dynamo exporter always returns its program
             graph = program.model_proto

@@ -88,7 +88,8 @@ def test_export_writes_a_model_whose_logits_are_ours_for_any_batch_and_length(cl
 @pytest.mark.parametrize("pooling", ["mean", "max", "first"])
 def test_the_engines_graph_for_rows_of_one_length_gives_our_logits_without_a_padding_mask(pooling, tmp_path):
     """``decode.engine`` hands ONNX Runtime batches of one length: its graph makes no padding mask, and
-    its logits are ours on such batches, for each pooling; a batch of several lengths is not its to run."""
+    its logits, and a classifier's probabilities, are ours on such batches, for each pooling; a batch
+    of several lengths is not its to run."""
     import onnx
     import onnxruntime
 
@@ -98,16 +99,20 @@ def test_the_engines_graph_for_rows_of_one_length_gives_our_logits_without_a_pad
     cfg = ModelConfig(variant="encoder-only", vocab_size=40, d_model=32, n_heads=2, d_ff=64, enc_layers=2,
                       dec_layers=0, max_len=24, num_classes=3, pooling=pooling)
     network = Transformer(cfg).eval()
-    assert onnx_export.build(network, tmp_path / "model.onnx", padded=False) <= onnx_export.TOLERANCE
-    nodes = onnx.load(str(tmp_path / "model.onnx")).graph.node
+    assert onnx_export.build(network, tmp_path / "model.onnx", engine=True) <= onnx_export.TOLERANCE
+    graph = onnx.load(str(tmp_path / "model.onnx")).graph
+    nodes = graph.node
+    assert [o.name for o in graph.output] == ["logits", "probabilities"]
     assert [len(n.input) for n in nodes if n.op_type == "Attention"] == [3, 3]  # query, key, value: no mask
     assert not {"Equal", "Not", "Expand"} & {n.op_type for n in nodes}
     session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
     for batch, length in [(1, 2), (3, 17), (2, cfg.max_len)]:
         src = onnx_export.probe(network, batch, length, padded=False, seed=batch)
         with torch.no_grad():
-            ours = network(src).numpy()
-        assert abs(session.run(None, {"src": src.numpy()})[0] - ours).max() < 1e-4, (batch, length)
+            ours = network(src)
+        logits, probabilities = session.run(None, {"src": src.numpy()})
+        assert abs(logits - ours.numpy()).max() < 1e-4, (batch, length)
+        assert abs(probabilities - ours.softmax(-1).numpy()).max() < 1e-6, (batch, length)
     runtime = OnnxNetwork(tmp_path / "model.onnx", cfg, "cpu")
     assert runtime.fits([[1, 5, 6], [1, 7, 8]], DecodeConfig()) and not runtime.fits([[1, 5, 6], [1, 7]], DecodeConfig())
 
