@@ -263,11 +263,14 @@ class ClassificationHead(nn.Module):
         self.mlp = nn.Sequential(Dropout(cfg.dropout), nn.Linear(cfg.d_model, cfg.d_model), nn.Tanh(),
                                  Dropout(cfg.dropout), nn.Linear(cfg.d_model, cfg.num_classes))
 
-    def forward(self, h: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
-        keep = src_mask.view(h.size(0), -1, 1)  # (B, S, 1) True for real tokens
+    def forward(self, h: torch.Tensor, src_mask: torch.Tensor | None) -> torch.Tensor:
+        """Class logits; ``src_mask`` None: every position is a real token (a batch without padding)."""
         if self.pooling == "first":
-            pooled = h[:, 0]
-        elif self.pooling == "max":
+            return self.mlp(h[:, 0])
+        if src_mask is None:
+            return self.mlp(h.amax(1) if self.pooling == "max" else h.mean(1))
+        keep = src_mask.view(h.size(0), -1, 1)  # (B, S, 1) True for real tokens
+        if self.pooling == "max":
             pooled = h.masked_fill(~keep, float("-inf")).amax(1)
         else:
             pooled = (h * keep).sum(1) / keep.sum(1).clamp(min=1)
@@ -393,12 +396,16 @@ class Transformer(nn.Module):
 
         A decoder-only model has no memory (``None``): its prompt is the decoder's own prefix."""
         mask = (src != PAD).view(src.size(0), 1, 1, -1)
-        if self.encoder is None:
-            return None, mask
+        return (None if self.encoder is None else self.memory(src, mask)), mask
+
+    def memory(self, src: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The encoder's states (B, S, D) of ``src`` under the key ``mask``; None where the caller
+        vouches that no row has padding (a batch of one length: ONNX Runtime's graph, core/onnx_export)."""
+        assert self.encoder is not None, "a decoder-only model has no encoder"
         x = self._embed(src, self.embed, segments=self.segments)
         for block in self.encoder:
             x = block(x, mask=mask)
-        return self.enc_norm(x), mask
+        return self.enc_norm(x)
 
     def decode(self, tgt: torch.Tensor, memory: torch.Tensor | None, memory_mask: torch.Tensor | None,
                cache: list[dict] | None = None, start: int | torch.Tensor = 0) -> torch.Tensor:

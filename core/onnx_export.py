@@ -158,15 +158,49 @@ def check_exportable(model: Transformer | Ensemble) -> Transformer:
     return model
 
 
-def build(model: Transformer | Ensemble, path: Path, tolerance: float = TOLERANCE) -> float:
+PROBABILITIES = "probabilities"  # the engine's graph of a classifier: its softmax, beside the logits
+
+
+def for_engine(net: Transformer) -> torch.nn.Module:
+    """``net`` as ``decode.engine`` runs it on ONNX Runtime, which gets batches whose rows all have one
+    length (``decode_texts`` batches sources so): no row has padding, so the graph makes and applies
+    no padding mask, and the built-in head pools over every position (ReduceMean where the padded
+    graph multiplies by the mask, sums and divides by its count); a plugin's own head may read the
+    mask, and gets it. A classifier's graph gives its probabilities too (:data:`PROBABILITIES`, the
+    softmax of the logits): in the session they cost a node, in numpy after it five calls that
+    took a tenth of a batch-1 ``predict``."""
+    import torch
+
+    from taskformer.core.model import DEFAULT_HEADS
+
+    class ForEngine(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = net
+
+        def forward(self, src: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+            if type(self.net.head) is DEFAULT_HEADS[self.net.cfg.variant]:
+                logits = self.net.head(self.net.memory(src, None), None)
+            else:
+                logits = self.net(src)
+            return logits if self.net.cfg.kind.per_word else (logits, logits.float().softmax(-1))
+
+    return ForEngine()
+
+
+def build(model: Transformer | Ensemble, path: Path, tolerance: float = TOLERANCE, engine: bool = False) -> float:
     """Write ``model`` as one ONNX file at ``path`` and check it against our logits; returns the largest
-    difference found. Raises :class:`ExportError`, with ``path`` removed, where it is above ``tolerance``."""
+    difference found. Raises :class:`ExportError`, with ``path`` removed, where it is above ``tolerance``.
+    ``engine``: the graph ``decode.engine`` runs (:func:`for_engine`), checked on batches of one length."""
     import numpy as np
     import onnx
     import torch
 
     _requirements()
     net = check_exportable(model).eval().cpu()
+    traced = for_engine(net) if engine else net
+    padded = not engine
+    outputs = ["logits", PROBABILITIES] if engine and not net.cfg.kind.per_word else ["logits"]
     length = min(12, net.cfg.max_len)
     batch, positions = torch.export.Dim("batch", min=1), torch.export.Dim("length", min=2, max=net.cfg.max_len)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -177,8 +211,8 @@ def build(model: Transformer | Ensemble, path: Path, tolerance: float = TOLERANC
             logger.setLevel(logging.ERROR)
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # the exporter's notes on ops it registered, for its own developers
-            program = torch.onnx.export(net, (probe(net, 3, length, padded=True),), dynamo=True, opset_version=OPSET,
-                                        input_names=["src"], output_names=["logits"], verbose=False,
+            program = torch.onnx.export(traced, (probe(net, 3, length, padded=padded),), dynamo=True, opset_version=OPSET,
+                                        input_names=["src"], output_names=outputs, verbose=False,
                                         dynamic_shapes={"src": {0: batch, 1: positions}}, external_data=False)
             assert program is not None  # the dynamo exporter always returns its program
             graph = program.model_proto
@@ -195,8 +229,8 @@ def build(model: Transformer | Ensemble, path: Path, tolerance: float = TOLERANC
     runtime = session(path)
     worst = 0.0
     with torch.no_grad():
-        for shape, padded in (((1, 2), False), ((5, min(20, net.cfg.max_len)), True), ((2, length), False)):
-            src = probe(net, *shape, padded=padded, seed=1)
+        for shape, with_padding in (((1, 2), False), ((5, min(20, net.cfg.max_len)), padded), ((2, length), False)):
+            src = probe(net, *shape, padded=with_padding, seed=1)
             ours = net(src).float().numpy()
             theirs = runtime.run(None, {"src": src.numpy()})[0]
             scale = max(1.0, float(np.abs(ours).max()))

@@ -33,6 +33,7 @@ import torch
 from taskformer.core.decode_config import DecodeConfig
 from taskformer.core.decoding import NEVER_WRITTEN, max_lengths
 from taskformer.core.model import UNK
+from taskformer.core.onnx_export import PROBABILITIES
 from taskformer.core.tokenize import SPECIALS
 from taskformer.core.variants import Variant
 
@@ -152,12 +153,13 @@ class CTranslate2Search:
 
 class OnnxNetwork:
     """An exported encoder-only or tagging network under ONNX Runtime, called as our model is:
-    ``network(src)`` gives the logits, so that labels and tags are read from them as ours are.
+    ``network(src)`` gives the logits of rows of one length (no padding: :meth:`fits`), so that
+    labels and tags are read from them as ours are.
 
-    A classifier's probabilities come from :meth:`probabilities` in numpy: at batch 1 the torch
+    A classifier's probabilities come from the graph (:meth:`probabilities`): at batch 1 the torch
     operations around the call (a tensor made of the output, softmax, max, the lists) cost about a
-    tenth of a whole ``predict``. ``workers`` batches run side by side (``decode.workers``), the
-    threads split between them as CTranslate2's are."""
+    tenth of a whole ``predict``, and numpy's softmax after it nearly as much. ``workers`` batches
+    run side by side (``decode.workers``), the threads split between them as CTranslate2's are."""
 
     def __init__(self, path: Path, cfg, device: str, workers: int = 1):
         from taskformer.core.onnx_export import session
@@ -166,8 +168,9 @@ class OnnxNetwork:
         self.session = session(path, device, max(torch.get_num_threads() // max(workers, 1), 1))
 
     def fits(self, src: list[list[int]], config: DecodeConfig) -> bool:
-        """Any batch our model reads: the export's length is dynamic up to ``model.max_len``."""
-        return True
+        """A batch of rows of one length (any length up to ``model.max_len``): the graph is exported for
+        rows without padding (``onnx_export.for_engine``), as ``decode_texts`` batches sources."""
+        return len(set(map(len, src))) == 1
 
     def logits(self, src: torch.Tensor | np.ndarray) -> np.ndarray:
         # The output named: with None, ONNX Runtime's wrapper reads every output's metadata anew each call.
@@ -178,7 +181,6 @@ class OnnxNetwork:
 
     def probabilities(self, src: list[list[int]]) -> np.ndarray:
         """Class probabilities (B, C) of id rows of one length, as :func:`taskformer.core.decoding.classify`
-        gives ours: the rows go to the session as one array, with no torch tensor between."""
-        logits = self.logits(np.array(src, dtype=np.int64))
-        exp = np.exp(logits - logits.max(-1, keepdims=True))
-        return exp / exp.sum(-1, keepdims=True)
+        gives ours: the rows go to the session as one array, with no torch tensor between, and the
+        graph's softmax (``onnx_export.for_engine``) gives them."""
+        return self.session.run([PROBABILITIES], {"src": np.array(src, dtype=np.int64)})[0]

@@ -85,6 +85,38 @@ def test_export_writes_a_model_whose_logits_are_ours_for_any_batch_and_length(cl
             assert theirs.shape == ours.shape and abs(theirs - ours).max() < 1e-4, (name, batch, length)
 
 
+@pytest.mark.parametrize("pooling", ["mean", "max", "first"])
+def test_the_engines_graph_for_rows_of_one_length_gives_our_logits_without_a_padding_mask(pooling, tmp_path):
+    """``decode.engine`` hands ONNX Runtime batches of one length: its graph makes no padding mask, and
+    its logits, and a classifier's probabilities, are ours on such batches, for each pooling; a batch
+    of several lengths is not its to run."""
+    import onnx
+    import onnxruntime
+
+    from taskformer.core.decode_config import DecodeConfig
+    from taskformer.core.runtimes import OnnxNetwork
+
+    cfg = ModelConfig(variant="encoder-only", vocab_size=40, d_model=32, n_heads=2, d_ff=64, enc_layers=2,
+                      dec_layers=0, max_len=24, num_classes=3, pooling=pooling)
+    network = Transformer(cfg).eval()
+    assert onnx_export.build(network, tmp_path / "model.onnx", engine=True) <= onnx_export.TOLERANCE
+    graph = onnx.load(str(tmp_path / "model.onnx")).graph
+    nodes = graph.node
+    assert [o.name for o in graph.output] == ["logits", "probabilities"]
+    assert [len(n.input) for n in nodes if n.op_type == "Attention"] == [3, 3]  # query, key, value: no mask
+    assert not {"Equal", "Not", "Expand"} & {n.op_type for n in nodes}
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    for batch, length in [(1, 2), (3, 17), (2, cfg.max_len)]:
+        src = onnx_export.probe(network, batch, length, padded=False, seed=batch)
+        with torch.no_grad():
+            ours = network(src)
+        logits, probabilities = session.run(None, {"src": src.numpy()})
+        assert abs(logits - ours.numpy()).max() < 1e-4, (batch, length)
+        assert abs(probabilities - ours.softmax(-1).numpy()).max() < 1e-6, (batch, length)
+    runtime = OnnxNetwork(tmp_path / "model.onnx", cfg, "cpu")
+    assert runtime.fits([[1, 5, 6], [1, 7, 8]], DecodeConfig()) and not runtime.fits([[1, 5, 6], [1, 7]], DecodeConfig())
+
+
 def test_an_export_whose_logits_differ_is_refused_and_nothing_is_written(tmp_path):
     class Drifting(torch.nn.Module):
         """A head that computes otherwise when traced: what an exporter's bug would look like."""
@@ -148,6 +180,21 @@ def test_eval_and_the_api_decode_with_onnxruntime(cli, runs):
     assert [p.label for p in model.predict(NEWS)] == [p.label for p in model.predict(NEWS, engine="torch")]
     with pytest.raises(taskformer.TaskformerError, match="decode.engine=ctranslate2: it decodes encoder-decoder"):
         model.predict(NEWS, engine="ctranslate2")
+
+
+def test_a_classifier_on_onnxruntime_runs_no_torch_operator(runs):
+    """Once its runtime is loaded, ONNX Runtime's predict runs no torch operator: none of torch's
+    OpenMP threads wakes (and spins) beside the runtime's, as in a process that decodes with torch."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = taskformer.load(runs["agnews"])
+    model.predict(NEWS[:1])  # converts into the cache, or loads the entry
+    with profile(activities=[ProfilerActivity.CPU]) as onnx:
+        predictions = model.predict(NEWS)
+    with profile(activities=[ProfilerActivity.CPU]) as ours:
+        model.predict(NEWS, engine="torch")
+    assert len(predictions) == len(NEWS) and [e.key for e in onnx.key_averages()] == []
+    assert any(e.key.startswith("aten::") for e in ours.key_averages())  # the profiler sees torch's operators
 
 
 def test_a_tie_between_classes_goes_to_the_first_class():

@@ -20,7 +20,8 @@ default is an ensemble of 20) (``--quick``: a few updates each). Then, each in a
   loop batching 32 (the server's ``--max-batch``), all sentences in one call and 32 at a time as the
   clients send them (expected 3 minutes);
 - ``classifier``: bench/race/engine_race.py ``--classifier`` on the agnews run: batch-1 latency with ONNX
-  Runtime and torch, labels compared on all of agnews test (expected 1 to 2 minutes);
+  Runtime and torch, each in a process of its own (as a user runs one engine), the processes taking
+  turns in blocks of 20 sentences; labels compared on all of agnews test (expected 1 minute);
 - ``agreement``: bench/study/engine_agreement.py on the de-en run's test: greedy, beam 5 with the run's
   length penalty and with none, torch against CTranslate2 in fp32 (expected 1 to 2 minutes).
 

@@ -25,11 +25,12 @@
    (``decode.engine=torch``, the same ``decode.quantize``: torchao's int8) is timed once per row for
    reference, at batch 1 on a quarter of the sentences.
 2. ``--classifier RUN`` (a finished encoder-only run of one network, agnews say): the batch-1 latency
-   (median of one ``predict`` call per sentence, ``--rounds`` times over the sentences, the engines
-   alternating in blocks of 20) with ``decode.engine=onnxruntime``, ``torch`` (the run's own
-   precision, as a user gets it) and torch in fp32 (ONNX Runtime's precision), and the share of the
-   run's test sentences whose labels agree with torch's in fp32 (all of them unless
-   ``--classifier-limit``), with torch's in the run's own precision counted apart.
+   (median of one ``predict`` call per sentence, ``--rounds`` times over the sentences) with
+   ``decode.engine=onnxruntime``, ``torch`` (the run's own precision, as a user gets it) and torch in
+   fp32 (ONNX Runtime's precision), each in a process of its own as a user runs one engine, the
+   processes taking turns in blocks of 20 sentences, each settled before the next one's block (see
+   :func:`classifier`); and the share of the run's test sentences whose labels agree with torch's in
+   fp32 (all of them unless ``--classifier-limit``), with torch's in the run's own precision counted apart.
 
 ``--device cuda`` runs the search race on the GPU (CTranslate2 built with CUDA; bench/race/gpu_decode.py
 calls it). The machine should be quiet: the figures are timings.
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -234,52 +236,146 @@ def race(run: Run, texts: list[str], rounds: int, n: dict[int, int], device: str
     return out
 
 
+ENGINES = ("onnxruntime", "torch", "torch fp32")  # the classifier's contenders (torch fp32: ONNX Runtime's precision)
+
+
+def engine_process(conn, run_dir: Path, engine: str) -> None:
+    """One contender of :func:`classifier`, in a process of its own as a user runs one engine: the run
+    loaded with ``decode.engine`` set (``torch fp32``: ``train.bf16=false`` too), then requests from
+    ``conn``: ``("labels", texts)`` -> their labels in one ``predict`` call; ``("time", texts)`` -> the
+    seconds and CPU seconds of one ``predict`` per text; None ends it."""
+    run = runner.load(run_dir)
+    auto = hooks.engine_choice(run.task, run.model, run.config)  # what the run's own setting decodes with
+    if engine == "onnxruntime" and auto.engine != "onnxruntime":
+        conn.send({"engine": auto.as_dict()})
+        return
+    runner.set_decoding(run, [f"decode.engine={engine.split()[0]}"], "--set")
+    if engine == "torch fp32":
+        run.config = replace(run.config, train=replace(run.config.train, bf16="false"))
+    choice = hooks.engine_choice(run.task, run.model, run.config)
+    bf16, _ = bf16_choice(run.config.train.bf16, run.device)
+    threads = torch.get_num_threads()
+    runner.predict(run, ["warm up"], run.config)  # ONNX Runtime's converts into the cache, or loads the entry
+    if choice.engine == "onnxruntime":
+        session = engines.runtime(choice, run.model, run.tokenizer, run.config.decode).session
+        threads = session.get_session_options().intra_op_num_threads
+    conn.send({"engine": auto.as_dict(), "precision": "bf16" if bf16 else "fp32", "threads": threads})
+    while (request := conn.recv()) is not None:
+        what, texts = request
+        if what == "labels":
+            conn.send([p.label for p in runner.predict(run, texts, run.config)[0]])
+            continue
+        wall, cpu = [], []
+        for text in texts:
+            started, cpu_started = time.perf_counter(), time.process_time()
+            runner.predict(run, [text], run.config)
+            wall.append(time.perf_counter() - started)
+            cpu.append(time.process_time() - cpu_started)
+        conn.send((wall, cpu))
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU seconds a process has used (every thread), where /proc tells; None elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def settle(pid: int, limit: float = 1.0) -> float:
+    """Wait until process ``pid`` uses no CPU for 30 ms (its threads still spinning after its last
+    call stop), at most ``limit`` seconds (a fixed 0.1 s where /proc is not there); the seconds waited."""
+    started = time.perf_counter()
+    last = cpu_seconds(pid)
+    if last is None:
+        time.sleep(0.1)
+        return 0.1
+    while time.perf_counter() - started < limit:
+        time.sleep(0.03)
+        now = cpu_seconds(pid)
+        if now == last:
+            break
+        last = now
+    return time.perf_counter() - started
+
+
 def classifier(run_dir: Path, sentences: int, limit: int = 0, rounds: int = 1) -> dict:
     """Batch-1 latency of a classifier run with ONNX Runtime and with torch, and label agreement on its
-    test outputs. Each engine is the run's setting (``--set decode.engine=...``, as ``taskformer
-    predict`` and the server take it), not a per-call option, which would rebuild the config every call.
+    test outputs.
+
+    Each engine runs in a process of its own (:func:`engine_process`), as a user runs one, with the
+    engine as the run's setting (``--set decode.engine=...``, as ``taskformer predict`` and the server
+    take it). The processes take turns in blocks of 20 sentences, the order turning with each block,
+    ``rounds`` times over the sentences (machine noise hits all alike), after one untimed pass, and
+    the median of one ``predict`` per sentence is each one's latency. Before a block the process that ran the last one
+    is left to settle (:func:`settle`): torch's OpenMP threads spin for some milliseconds after its
+    calls, as in any torch process, and on two cores they would take the next engine's core, which a
+    user's process of that engine never meets. In one process the two engines' threads met (ONNX
+    Runtime's predict was a fifth slower beside torch's blocks than alone); torch's own calls keep
+    their spinning, which they have in a user's process too.
 
     Like is compared with like: ONNX Runtime runs the exported network in fp32, so the labels are
     compared with torch in fp32 (``train.bf16=false``); torch in the run's own precision (bf16 where
-    ``train.bf16=auto`` finds it native) is timed, as a user gets it, and its labels counted too; torch
-    in fp32 is timed as well (``speedup_fp32``). Both engines run in this process's threads (torch's
+    ``train.bf16=auto`` finds it native) is timed, as a user gets it, and its labels counted too;
+    torch in fp32 is timed as well (``speedup_fp32``). Each process has the run's threads (torch's
     intra-op threads; ONNX Runtime's split between ``decode.workers``, recorded)."""
-    runs = {engine: runner.load(run_dir) for engine in ("onnxruntime", "torch", "torch fp32")}
-    auto = hooks.engine_choice(runs["torch"].task, runs["torch"].model, runs["torch"].config)
-    out: dict = {"run_dir": str(run_dir), "engine": auto.as_dict()}
-    if auto.engine != "onnxruntime":  # an ensemble (agnews' default: model.members=20), say
-        print(f"classifier {run_dir}: auto decodes with {auto}: no race", file=sys.stderr)
-        return out
-    for engine, run in runs.items():
-        runner.set_decoding(run, [f"decode.engine={engine.split()[0]}"], "--set")
-    fp32 = runs["torch fp32"]
-    fp32.config = replace(fp32.config, train=replace(fp32.config.train, bf16="false"))
-    bf16, _ = bf16_choice(runs["torch"].config.train.bf16, runs["torch"].device)
+    import multiprocessing
+
     rows = [json.loads(line) for line in (run_dir / "outputs-test.jsonl").read_text().splitlines()][: limit or None]
     texts = [tuple(r["source"]) if isinstance(r["source"], list) else r["source"] for r in rows]
-    out |= {"test_sentences": len(texts), "latency_ms": {}, "torch_precision": "bf16" if bf16 else "fp32"}
-    labels = {e: [p.label for p in runner.predict(run, texts, run.config)[0]] for e, run in runs.items()}
-    out["labels_equal"] = sum(a == b for a, b in zip(labels["onnxruntime"], labels["torch fp32"]))
-    out["labels_agree"] = out["labels_equal"] / len(texts)
-    out["labels_equal_run_precision"] = sum(a == b for a, b in zip(labels["onnxruntime"], labels["torch"]))
-    probe = [t for t in texts if t][:sentences]
-    times: dict[str, list[float]] = {e: [] for e in runs}
-    # Alternating in blocks of 20 sentences: machine noise hits all alike, and no runtime's threads,
-    # still spinning after its call, take the cores from another's next one.
-    for _ in range(rounds):
-        for block in range(0, len(probe), 20):
-            for engine, run in runs.items():
-                for text in probe[block : block + 20]:
-                    started = time.perf_counter()
-                    runner.predict(run, [text], run.config)
-                    times[engine].append(time.perf_counter() - started)
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no thread pool of the parent's
+    conns, processes, ready = {}, {}, {}
+    try:
+        for engine in ENGINES:  # started one after another: each loads alone; ONNX Runtime's first
+            conns[engine], theirs = context.Pipe()
+            processes[engine] = context.Process(target=engine_process, args=(theirs, run_dir, engine), daemon=True)
+            processes[engine].start()
+            ready[engine] = conns[engine].recv()
+            auto = ready["onnxruntime"]["engine"]
+            if auto["engine"] != "onnxruntime":  # an ensemble (agnews' default: model.members=20), say
+                print(f"classifier {run_dir}: auto decodes with {auto['engine']} ({auto['reason']}): no race",
+                      file=sys.stderr)
+                return {"run_dir": str(run_dir), "engine": auto}
+        out: dict = {"run_dir": str(run_dir), "engine": auto, "processes": "one per engine"}
+
+        def ask(engine: str, request: tuple):
+            conns[engine].send(request)
+            answer = conns[engine].recv()
+            pid = processes[engine].pid
+            assert pid is not None  # started above
+            settle(pid)
+            return answer
+
+        out |= {"test_sentences": len(texts), "torch_precision": ready["torch"]["precision"],
+                "threads": {"torch": ready["torch"]["threads"], "onnxruntime": ready["onnxruntime"]["threads"]}}
+        labels = {engine: ask(engine, ("labels", texts)) for engine in ENGINES}
+        out["labels_equal"] = sum(a == b for a, b in zip(labels["onnxruntime"], labels["torch fp32"]))
+        out["labels_agree"] = out["labels_equal"] / len(texts)
+        out["labels_equal_run_precision"] = sum(a == b for a, b in zip(labels["onnxruntime"], labels["torch"]))
+        probe = [t for t in texts if t][:sentences]
+        for engine in ENGINES:  # untimed: torch's first call at each length prepares its kernels for it
+            ask(engine, ("time", probe))
+        times: dict[str, list[float]] = {e: [] for e in ENGINES}
+        cpu: dict[str, list[float]] = {e: [] for e in ENGINES}
+        out["load"] = {"before": os.getloadavg()[0]}  # the 1-minute load average: the others' work shows
+        for r in range(rounds):
+            for block, start in enumerate(range(0, len(probe), 20)):
+                turn = (block + r) % len(ENGINES)
+                for engine in ENGINES[turn:] + ENGINES[:turn]:
+                    wall, used = ask(engine, ("time", probe[start : start + 20]))
+                    times[engine] += wall
+                    cpu[engine] += used
+        out["load"]["after"] = os.getloadavg()[0]
+    finally:
+        for engine, process in processes.items():
+            if process.is_alive():
+                conns[engine].send(None)
+                process.join(10)
     out["latency_ms"] = {e: 1000 * statistics.median(t) for e, t in times.items()}
+    out["cpu_ms"] = {e: 1000 * statistics.median(t) for e, t in cpu.items()}  # every thread of its process
     out["speedup"] = out["latency_ms"]["torch"] / out["latency_ms"]["onnxruntime"]
     out["speedup_fp32"] = out["latency_ms"]["torch fp32"] / out["latency_ms"]["onnxruntime"]
-    onnx = runs["onnxruntime"]
-    session = engines.runtime(auto, onnx.model, onnx.tokenizer, onnx.config.decode).session
-    out["threads"] = {"torch": torch.get_num_threads(),
-                      "onnxruntime": session.get_session_options().intra_op_num_threads}
     return out
 
 
@@ -297,9 +393,11 @@ def print_race(result: dict) -> None:
         c = result["classifier"]
         print(f"classifier batch-1 latency: ONNX Runtime {c['latency_ms']['onnxruntime']:.2f} ms, torch "
               f"{c['latency_ms']['torch']:.2f} ms ({c['torch_precision']}; {c['speedup']:.2f}x), torch fp32 "
-              f"{c['latency_ms']['torch fp32']:.2f} ms ({c['speedup_fp32']:.2f}x); labels equal to torch "
-              f"fp32's on {c['labels_equal']} of {c['test_sentences']} test sentences ({100 * c['labels_agree']:.2f}%), "
-              f"to torch {c['torch_precision']}'s on {c['labels_equal_run_precision']}")
+              f"{c['latency_ms']['torch fp32']:.2f} ms ({c['speedup_fp32']:.2f}x), each engine in a process of its own "
+              f"(CPU ms a call, every thread: {', '.join(f'{k} {v:.2f}' for k, v in c['cpu_ms'].items())}); labels "
+              f"equal to torch fp32's on {c['labels_equal']} of {c['test_sentences']} test sentences "
+              f"({100 * c['labels_agree']:.2f}%), to torch {c['torch_precision']}'s on {c['labels_equal_run_precision']}; "
+              f"load average {c['load']['before']:.1f} to {c['load']['after']:.1f}")
 
 
 def main() -> None:

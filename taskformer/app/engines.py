@@ -42,7 +42,7 @@ from taskformer.core.errors import TaskformerError
 from taskformer.core.model import Ensemble, SequenceModel, Transformer
 from taskformer.core.runtimes import CTranslate2Search, OnnxNetwork, context_fits
 
-FORMAT = 4  # of a cache entry: a new format is a new key, so a change of what a conversion writes reuses no older entry
+FORMAT = 6  # of a cache entry: a new format is a new key, so a change of what a conversion writes reuses no older entry
 KEEP = 8  # cache entries kept, newest first
 ENTRY = "entry.json"  # an entry's record: what it holds and each file's SHA-256, written last
 INSTALL = "pip install taskformer[export]"
@@ -260,13 +260,13 @@ def convert(choice: Choice, model: Transformer, tokenizer: Tokenizer, folder: Pa
     else:
         from taskformer.core import onnx_export
 
-        folder.mkdir()
+        folder.mkdir()  # the graph for batches of one length, as decode_texts hands them (onnx_export.for_engine)
         if choice.compute_type == "int8":
-            onnx_export.build(model, folder / "fp32.onnx")
+            onnx_export.build(model, folder / "fp32.onnx", engine=True)
             onnx_export.quantized(folder / "fp32.onnx", folder / onnx_export.MODEL)
             (folder / "fp32.onnx").unlink()
         else:
-            onnx_export.build(model, folder / onnx_export.MODEL)
+            onnx_export.build(model, folder / onnx_export.MODEL, engine=True)
     files = {p.name: _file_sha256(p) for p in sorted(folder.iterdir())}
     (folder / ENTRY).write_text(json.dumps({"format": FORMAT, **choice.as_dict(), "weights": weights_digest(model),
                                             "files": files}, indent=1))

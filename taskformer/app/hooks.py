@@ -308,6 +308,6 @@ def engine_choice(task: Task, model: Transformer | Ensemble, config: RunConfig) 
 
 def label_network(task: Task, model: Transformer | Ensemble, tokenizer: Tokenizer, config: RunConfig):
     """What computes a classifier's or tagger's logits under ``config``: ONNX Runtime's network where
-    ``decode.engine`` picks it (called as our model is: ``network(src)``), else ``model``."""
+    ``decode.engine`` picks it (called as our model is: ``network(src)``, on rows of one length), else ``model``."""
     choice = engine_choice(task, model, config)
     return model if choice.engine != "onnxruntime" else engines.runtime(choice, model, tokenizer, config.decode)
