@@ -34,8 +34,14 @@ clients keep 32 in flight. So the most clients' throughput is also given against
 has as many in flight as the clients: the sentences in the clients' order, 32 a call, each call split
 between the workers (`clients_loop_sentences_per_s`).
 Raw CTranslate2 is told what bench/race/engine_race.py tells it (the run's search, budget and threads).
+With `--rounds N` each row's `--seconds` come in N parts, each followed by raw's part of as long (one
+sentence at a time after one client's; the loop of 32 and the call of all sentences after the most
+clients'), the parts of each side pooled: on a shared machine whose speed drifts, both sides meet the
+same drift. Each row also gives the CPU per sentence of the server's process (all its threads) and of
+the clients, against raw's (`*_cpu_ms`), the figure a busy machine moves least, and the server's own
+time per request (`server_mean_ms`, from `/metrics`: the latency less the client's side).
 
-    python bench/race/serve.py runs/copy/bench --engines auto,torch --clients 1,32 --seconds 30 --soak 0
+    python bench/race/serve.py runs/copy/bench --engines auto,torch --clients 1,32 --seconds 30 --soak 0 --rounds 4
 
 The clients are aiohttp's, all in this process, and share the machine with the server; each row
 says how much of a core they took (`client_cpu`). They are lean on purpose: httpx's client, used
