@@ -354,7 +354,7 @@ def engines_race(run_dir: Path, sentences: list[str], clients: list[int], second
     client with one sentence at a time, the most clients with raw's loop of 32 and its one call of all
     the sentences), so that the machine speeding up or slowing down falls on both sides alike."""
     figures: dict = {"rows": {}, "engine": {}, "rounds": rounds}
-    raw = RawCTranslate2(run_dir, sentences, 32)
+    raw_side = RawCTranslate2(run_dir, sentences, 32)
     for engine in engines:
         server = Server(run_dir, "--set", f"decode.engine={engine}", *shlex.split(serve_options))
         try:
@@ -371,7 +371,7 @@ def engines_race(run_dir: Path, sentences: list[str], clients: list[int], second
                     part["server_cpu_ms"] = 1000 * (process_cpu(server.process.pid) - cpu) / max(part["requests"], 1)
                     parts[c].append(part)
                     for kind in ("one",) if c == 1 else ("loop", "all"):
-                        raw.part(kind, seconds / rounds)
+                        raw_side.part(kind, seconds / rounds)
             for c in parts:
                 row = figures["rows"][f"{engine} {c}"] = pooled(parts[c], latencies[c])
                 print(f"serve decode.engine={engine} ({figures['engine'][engine]['engine']}), {c} clients: "
@@ -381,7 +381,7 @@ def engines_race(run_dir: Path, sentences: list[str], clients: list[int], second
                       f"{1000 * row['client_cpu'] / row['sentences_per_s']:.2f} ms", flush=True)
         finally:
             server.stop()
-    figures["ctranslate2"] = raw = raw.figures()
+    figures["ctranslate2"] = raw = raw_side.figures()
     print(f"raw CTranslate2: one sentence {raw['batch1_median_ms']:.1f} ms (median; CPU {raw['batch1_cpu_ms']:.2f} ms), "
           f"batches of {raw['batch']}: {raw['batched_sentences_per_s']:.1f} sent/s (all sentences in one call); "
           f"{raw['clients_loop_sentences_per_s']:.1f} sent/s ({raw['batch']} at a time, in the clients' order; CPU "
