@@ -179,3 +179,23 @@ def test_a_path_no_route_has_gets_the_json_404(live, path):
     refusal = json.loads(body)
     assert refusal["error"] and refusal["field"] == ("path" if path == "/nowhere" else "name"), refusal
     still_up(live.client)
+
+
+def test_a_request_head_that_never_ends_is_refused_and_the_server_stays_up(live):
+    """Headers past the bound (uvicorn's h11 protocol bounds them itself; its httptools one, used where
+    httptools is installed, buffers any size unless the server bounds it) end that connection with a
+    400 or a reset, whatever else the client sends; the server goes on answering."""
+    from taskformer.app.server import MAX_HEAD
+
+    host, port = live.url.removeprefix("http://").split(":")
+    refused = b""
+    with socket.create_connection((host, int(port)), timeout=120) as raw:
+        try:
+            raw.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Endless: ")
+            for _ in range(2 * MAX_HEAD // 65536 + 1):  # in reads of their own, as a slow flood comes
+                raw.sendall(b"a" * 65536)
+            refused = raw.recv(65536)
+        except ConnectionError:  # closed while the client was still sending: its rest was never read
+            pass
+    assert refused == b"" or refused.startswith(b"HTTP/1.1 400"), refused[:200]
+    still_up(live.client)

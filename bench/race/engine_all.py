@@ -147,7 +147,8 @@ def main() -> None:
     commands = {
         "race": [python, str(HERE / "engine_race.py"), "--run", str(args.deen), *quick],
         "serve": [python, str(HERE / "serve.py"), str(args.deen), "--engines", "auto,torch", "--clients", "1,32",
-                  "--seconds", "3" if args.quick else "30", "--soak", "0", "--sentences", "20" if args.quick else "1000"],
+                  "--seconds", "3" if args.quick else "30", "--rounds", "1" if args.quick else "4", "--soak", "0",
+                  "--sentences", "20" if args.quick else "1000"],
         "classifier": [python, str(HERE / "engine_race.py"), "--no-search", "--classifier", str(args.agnews),
                        *(["--quick", "--classifier-limit", "50"] if args.quick else [])],
         "agreement": [python, str(HERE.parent / "study" / "engine_agreement.py"), str(args.deen),

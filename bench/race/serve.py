@@ -34,8 +34,14 @@ clients keep 32 in flight. So the most clients' throughput is also given against
 has as many in flight as the clients: the sentences in the clients' order, 32 a call, each call split
 between the workers (`clients_loop_sentences_per_s`).
 Raw CTranslate2 is told what bench/race/engine_race.py tells it (the run's search, budget and threads).
+With `--rounds N` each row's `--seconds` come in N parts, each followed by raw's part of as long (one
+sentence at a time after one client's; the loop of 32 and the call of all sentences after the most
+clients'), the parts of each side pooled: on a shared machine whose speed drifts, both sides meet the
+same drift. Each row also gives the CPU per sentence of the server's process (all its threads) and of
+the clients, against raw's (`*_cpu_ms`), the figure a busy machine moves least, and the server's own
+time per request (`server_mean_ms`, from `/metrics`: the latency less the client's side).
 
-    python bench/race/serve.py runs/copy/bench --engines auto,torch --clients 1,32 --seconds 30 --soak 0
+    python bench/race/serve.py runs/copy/bench --engines auto,torch --clients 1,32 --seconds 30 --soak 0 --rounds 4
 
 The clients are aiohttp's, all in this process, and share the machine with the server; each row
 says how much of a core they took (`client_cpu`). They are lean on purpose: httpx's client, used
@@ -156,13 +162,15 @@ async def bad_request(kind: str, url: str, name: str, http: aiohttp.ClientSessio
         return response.status
 
 
-def batch_totals(url: str, name: str) -> tuple[float, float]:
-    """The server's sentences decoded and batches so far (``taskformer_batch_sentences`` on ``/metrics``)."""
+def totals(url: str, name: str) -> tuple[float, ...]:
+    """The server's sentences decoded and batches so far (``taskformer_batch_sentences`` on ``/metrics``), and
+    its seconds answering predict requests and their count (``taskformer_request_seconds``)."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=60) as answer:
         text = answer.read().decode()
-    found = [re.search(rf'^taskformer_batch_sentences_{part}{{model="{re.escape(name)}"}} (\S+)$', text, flags=re.M)
-             for part in ("sum", "count")]
-    return (float(found[0].group(1)), float(found[1].group(1))) if found[0] and found[1] else (0.0, 0.0)
+    series = [rf'taskformer_batch_sentences_{part}{{model="{re.escape(name)}"}}' for part in ("sum", "count")]
+    series += [rf'taskformer_request_seconds_{part}{{route="/v1/models/{{name}}/predict"}}' for part in ("sum", "count")]
+    found = [re.search(rf"^{one} (\S+)$", text, flags=re.M) for one in series]
+    return tuple(float(f.group(1)) if f else 0.0 for f in found)
 
 
 async def load(url: str, name: str, sentences: list[str], clients: int, seconds: float, bad_share: float = 0.0,
@@ -203,18 +211,19 @@ async def load(url: str, name: str, sentences: list[str], clients: int, seconds:
                 failures += 1
             i += clients
 
-    batched = batch_totals(url, name)
-    before, started, cpu = len(latencies), time.perf_counter(), time.process_time()
+    before = totals(url, name)
+    first, started, cpu = len(latencies), time.perf_counter(), time.process_time()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients),
                                      timeout=aiohttp.ClientTimeout(total=300)) as http:
         await asyncio.gather(*(client(k, http) for k in range(clients)))
-    elapsed, mine = time.perf_counter() - started, latencies[before:]  # this load's own requests
-    sentences_batched, batches = (now - then for now, then in zip(batch_totals(url, name), batched))
+    elapsed, mine = time.perf_counter() - started, latencies[first:]  # this load's own requests
+    sentences_batched, batches, answering, answered = (now - then for now, then in zip(totals(url, name), before))
     q = statistics.quantiles(mine, n=100) if len(mine) > 1 else [float("nan")] * 99
     return {"clients": clients, "requests": len(mine), "failed": failures,
             "sentences_per_s": len(mine) / elapsed, "p50_ms": 1000 * q[49], "p95_ms": 1000 * q[94],
             "p99_ms": 1000 * q[98], "client_cpu": (time.process_time() - cpu) / elapsed,
             "mean_batch": sentences_batched / batches if batches else float("nan"),
+            "server_mean_ms": 1000 * answering / answered if answered else float("nan"),
             **({"bad_requests": bad, "bad_answered_5xx": server_errors} if bad_share else {})}
 
 
@@ -253,70 +262,130 @@ def hostile(run_dir: Path, sentences: list[str], clients: int, seconds: float, s
             "server_up_at_end": up, "log_lines": len(log.splitlines()), "log_tracebacks": log.count("Traceback")}
 
 
-def raw_ctranslate2(run_dir: Path, sentences: list[str], batch: int) -> dict:
-    """Raw CTranslate2 on the run's weights (exported here), told what bench/race/engine_race.py tells it: the
-    median seconds of one sentence at a time, and sentences/s of all of them in batches of ``batch``
-    (CTranslate2 sorts them by length and batches them itself), with the run's search."""
-    import tempfile
+def process_cpu(pid: int) -> float:
+    """CPU seconds of every thread of process ``pid`` so far (user and system)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    import torch
-    from engine_race import raw_inputs, raw_translator
 
-    from taskformer.app import runner
-    from taskformer.core.decoding import decode_workers
+class RawCTranslate2:
+    """Raw CTranslate2 on the run's weights (exported here), told what bench/race/engine_race.py tells it
+    (the run's search, budgets and threads), measured in parts of a given length so that its parts can
+    alternate with the server's: one sentence at a time, 32 at a time in the clients' order, and all
+    sentences in one call (CTranslate2 sorts them by length and batches them itself)."""
 
-    run = runner.load(run_dir)
-    d = run.config.decode
-    tokens, budgets, options = raw_inputs(run, sentences)
-    options["beam_size"] = d.beam if d.strategy == "beam" else 1
-    compute = "int8" if d.quantize == "int8" else "float32"
-    with tempfile.TemporaryDirectory() as folder:
-        translator = raw_translator(run, Path(folder) / "ct2", compute, "cpu",
-                                    decode_workers(d.workers, torch.device("cpu"), 1 << 20))
-    translator.translate_batch(tokens[:8], max_decoding_length=max(budgets[:8]), **options)  # warm-up
-    one = []
-    for t, b in zip(tokens, budgets):
-        started = time.perf_counter()
-        translator.translate_batch([t], max_decoding_length=b, **options)
-        one.append(time.perf_counter() - started)
-    started = time.perf_counter()
-    translator.translate_batch(tokens, max_batch_size=batch, max_decoding_length=max(budgets), **options)
-    batched = len(tokens) / (time.perf_counter() - started)
-    # As many sentences in flight as `batch` clients keep: the sentences in the clients' order, `batch` a
-    # call, each call split between the workers (a call of one batch would keep one worker busy).
-    workers = decode_workers(d.workers, torch.device("cpu"), 1 << 20)
-    started = time.perf_counter()
-    for i in range(0, len(tokens), batch):
-        translator.translate_batch(tokens[i : i + batch], max_batch_size=-(-batch // workers),
-                                   max_decoding_length=max(budgets[i : i + batch]), **options)
-    return {"batch1_median_ms": 1000 * statistics.median(one), "batched_sentences_per_s": batched,
-            "clients_loop_sentences_per_s": len(tokens) / (time.perf_counter() - started), "batch": batch,
-            "compute_type": compute, "beam": options["beam_size"]}
+    def __init__(self, run_dir: Path, sentences: list[str], batch: int):
+        import tempfile
+
+        import torch
+        from engine_race import raw_inputs, raw_translator
+
+        from taskformer.app import runner
+        from taskformer.core.decoding import decode_workers
+
+        run = runner.load(run_dir)
+        d = run.config.decode
+        self.tokens, self.budgets, self.options = raw_inputs(run, sentences)
+        self.options["beam_size"] = d.beam if d.strategy == "beam" else 1
+        self.compute = "int8" if d.quantize == "int8" else "float32"
+        self.batch, self.workers = batch, decode_workers(d.workers, torch.device("cpu"), 1 << 20)
+        with tempfile.TemporaryDirectory() as folder:
+            self.translator = raw_translator(run, Path(folder) / "ct2", self.compute, "cpu", self.workers)
+        self.translate(0, 8)  # warm-up
+        self.one_times: list[float] = []  # seconds of each sentence decoded alone
+        self.totals = {"one": [0, 0.0, 0.0], "loop": [0, 0.0, 0.0], "all": [0, 0.0, 0.0]}  # sentences, s, CPU s
+        self.next = {"one": 0, "loop": 0}  # where each kind of part goes on in the sentences
+
+    def translate(self, start: int, size: int, split: int = 0) -> int:
+        rows = range(start, start + size)
+        tokens = [self.tokens[i % len(self.tokens)] for i in rows]
+        self.translator.translate_batch(tokens, max_batch_size=split, **self.options,
+                                        max_decoding_length=max(self.budgets[i % len(self.budgets)] for i in rows))
+        return size
+
+    def part(self, kind: str, seconds: float) -> None:
+        """``seconds`` of ``kind``: ``one`` sentence a call, a ``loop`` of ``batch`` a call (each call split
+        between the workers, as many in flight as ``batch`` clients keep), or ``all`` the sentences in one call."""
+        total = self.totals[kind]
+        started, cpu = time.perf_counter(), time.process_time()
+        if kind == "all":
+            total[0] += self.translate(0, len(self.tokens), self.batch)
+        while kind != "all" and time.perf_counter() - started < seconds:
+            at = self.next[kind]
+            if kind == "one":
+                began = time.perf_counter()
+                size = self.translate(at, 1)
+                self.one_times.append(time.perf_counter() - began)
+            else:
+                size = self.translate(at, self.batch, -(-self.batch // self.workers))
+            self.next[kind] = (at + size) % len(self.tokens)
+            total[0] += size
+        total[1] += time.perf_counter() - started
+        total[2] += time.process_time() - cpu
+
+    def figures(self) -> dict:
+        speed = {kind: n / s for kind, (n, s, _) in self.totals.items()}
+        cpu = {kind: 1000 * c / n for kind, (n, _, c) in self.totals.items()}
+        return {"batch1_median_ms": 1000 * statistics.median(self.one_times), "batched_sentences_per_s": speed["all"],
+                "clients_loop_sentences_per_s": speed["loop"], "batch": self.batch, "compute_type": self.compute,
+                "beam": self.options["beam_size"], "batch1_cpu_ms": cpu["one"], "clients_loop_cpu_ms": cpu["loop"],
+                "batched_cpu_ms": cpu["all"]}
+
+
+def pooled(parts: list[dict], latencies: list[float]) -> dict:
+    """One row of ``parts`` of :func:`load` (their latencies pooled in ``latencies``)."""
+    seconds = [p["requests"] / p["sentences_per_s"] for p in parts]
+    q = statistics.quantiles(latencies, n=100)
+    batches = sum(p["requests"] / p["mean_batch"] for p in parts if p["mean_batch"] > 0)
+    return {"clients": parts[0]["clients"], "requests": sum(p["requests"] for p in parts),
+            "failed": sum(p["failed"] for p in parts), "sentences_per_s": sum(p["requests"] for p in parts) / sum(seconds),
+            "p50_ms": 1000 * q[49], "p95_ms": 1000 * q[94], "p99_ms": 1000 * q[98],
+            "client_cpu": sum(p["client_cpu"] * s for p, s in zip(parts, seconds)) / sum(seconds),
+            "mean_batch": sum(p["requests"] for p in parts) / batches if batches else float("nan"),
+            "server_cpu_ms": sum(p["server_cpu_ms"] * p["requests"] for p in parts) / sum(p["requests"] for p in parts),
+            "server_mean_ms": sum(p["server_mean_ms"] * p["requests"] for p in parts) / sum(p["requests"] for p in parts),
+            "parts": len(parts)}
 
 
 def engines_race(run_dir: Path, sentences: list[str], clients: list[int], seconds: float, engines: list[str],
-                 serve_options: str) -> dict:
-    """Serve with each engine at one client and the most clients, against raw CTranslate2 (:func:`raw_ctranslate2`)."""
-    figures: dict = {"rows": {}, "engine": {}}
+                 serve_options: str, rounds: int) -> dict:
+    """Serve with each engine at one client and the most clients, against raw CTranslate2
+    (:class:`RawCTranslate2`): in ``rounds`` parts each, the server's load and raw's alternating (one
+    client with one sentence at a time, the most clients with raw's loop of 32 and its one call of all
+    the sentences), so that the machine speeding up or slowing down falls on both sides alike."""
+    figures: dict = {"rows": {}, "engine": {}, "rounds": rounds}
+    raw_side = RawCTranslate2(run_dir, sentences, 32)
     for engine in engines:
         server = Server(run_dir, "--set", f"decode.engine={engine}", *shlex.split(serve_options))
         try:
             with urllib.request.urlopen(f"{server.url}/v1/models") as response:
                 figures["engine"][engine] = json.load(response)["models"][0]["engine"]
             asyncio.run(load(server.url, server.name, sentences, max(clients), min(5.0, seconds)))  # warm-up
-            for c in sorted({1, max(clients)}):
-                row = figures["rows"][f"{engine} {c}"] = asyncio.run(load(server.url, server.name, sentences, c,
-                                                                          seconds))
+            parts: dict[int, list[dict]] = {c: [] for c in sorted({1, max(clients)})}
+            latencies: dict[int, list[float]] = {c: [] for c in parts}
+            for _ in range(rounds):
+                for c in parts:
+                    cpu = process_cpu(server.process.pid)
+                    part = asyncio.run(load(server.url, server.name, sentences, c, seconds / rounds,
+                                            latencies=latencies[c]))
+                    part["server_cpu_ms"] = 1000 * (process_cpu(server.process.pid) - cpu) / max(part["requests"], 1)
+                    parts[c].append(part)
+                    for kind in ("one",) if c == 1 else ("loop", "all"):
+                        raw_side.part(kind, seconds / rounds)
+            for c in parts:
+                row = figures["rows"][f"{engine} {c}"] = pooled(parts[c], latencies[c])
                 print(f"serve decode.engine={engine} ({figures['engine'][engine]['engine']}), {c} clients: "
-                      f"{row['sentences_per_s']:.1f} sent/s, p50 {row['p50_ms']:.1f} ms, batches of "
-                      f"{row['mean_batch']:.1f} sentences on average", flush=True)
+                      f"{row['sentences_per_s']:.1f} sent/s, p50 {row['p50_ms']:.1f} ms (the server's own time "
+                      f"{row['server_mean_ms']:.1f} ms on average), batches of {row['mean_batch']:.1f} sentences "
+                      f"on average; CPU per sentence: the server {row['server_cpu_ms']:.2f} ms, the client "
+                      f"{1000 * row['client_cpu'] / row['sentences_per_s']:.2f} ms", flush=True)
         finally:
             server.stop()
-    raw = figures["ctranslate2"] = raw_ctranslate2(run_dir, sentences, 32)
-    print(f"raw CTranslate2: one sentence {raw['batch1_median_ms']:.1f} ms (median), batches of {raw['batch']}: "
-          f"{raw['batched_sentences_per_s']:.1f} sent/s (all sentences in one call); "
-          f"{raw['clients_loop_sentences_per_s']:.1f} sent/s ({raw['batch']} at a time, in the clients' order)",
-          flush=True)
+    figures["ctranslate2"] = raw = raw_side.figures()
+    print(f"raw CTranslate2: one sentence {raw['batch1_median_ms']:.1f} ms (median; CPU {raw['batch1_cpu_ms']:.2f} ms), "
+          f"batches of {raw['batch']}: {raw['batched_sentences_per_s']:.1f} sent/s (all sentences in one call); "
+          f"{raw['clients_loop_sentences_per_s']:.1f} sent/s ({raw['batch']} at a time, in the clients' order; CPU "
+          f"{raw['clients_loop_cpu_ms']:.2f} ms a sentence)", flush=True)
     for engine in engines:
         one, many = figures["rows"][f"{engine} 1"], figures["rows"][f"{engine} {max(clients)}"]
         figures[f"{engine}_p50_vs_raw_batch1"] = one["p50_ms"] / raw["batch1_median_ms"]
@@ -353,7 +422,8 @@ def main() -> None:
                         help="measure the server under hostile traffic instead: SECONDS clean, then SECONDS with "
                              "one request in ten a bad one")
     parser.add_argument("--rounds", type=int, default=1,
-                        help="with --hostile, alternate the clean and the hostile load in this many parts each")
+                        help="with --hostile, alternate the clean and the hostile load in this many parts each; with "
+                             "--engines, the server's loads and raw CTranslate2's")
     parser.add_argument("--engines", metavar="LIST", help="serve once per decode.engine in LIST (auto,torch,...) "
                         "and race raw CTranslate2 instead")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
@@ -363,7 +433,7 @@ def main() -> None:
     if args.engines:
         figures = {"cpu": os.cpu_count(), "cpu_name": cpu_name(), "sentences": len(sentences),
                    **engines_race(args.run_dir, sentences, clients, args.seconds, args.engines.split(","),
-                                  args.serve_options)}
+                                  args.serve_options, args.rounds)}
         if args.json:
             args.json.write_text(json.dumps(figures, indent=2))
         return

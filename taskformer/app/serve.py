@@ -154,7 +154,7 @@ def command(run_dirs, host, port, max_batch, max_wait_ms, max_inputs, max_chars,
     try:
         import uvicorn
 
-        from taskformer.app.server import Limits, Uvicorn, create_app
+        from taskformer.app.server import Limits, Uvicorn, create_app, http_protocol
     except ImportError as e:
         raise TaskformerError(f"taskformer serve needs the serve extra ({e.name} is missing): "
                               "pip install 'taskformer[serve]'") from None
@@ -188,7 +188,8 @@ def command(run_dirs, host, port, max_batch, max_wait_ms, max_inputs, max_chars,
     shown = f"[{host}]" if ":" in host else host
     banner = (f"serving {', '.join(runs)} on http://{shown}:{sock.getsockname()[1]}/ with {torch.get_num_threads()} "
               "decoding thread(s) (Ctrl-C or SIGTERM stops)")
-    config = uvicorn.Config(app, log_level="warning", access_log=False, log_config=LOGGING)
+    # uvloop's event loop where installed (uvicorn's "auto"), httptools' parser with the head bounded
+    config = uvicorn.Config(app, http=http_protocol(), log_level="warning", access_log=False, log_config=LOGGING)
     # uvicorn stops on SIGINT whatever the process inherited, then raises it again to the handler it
     # found: one inherited as ignored (a background job's) would end the server silently with status 0.
     signal.signal(signal.SIGINT, signal.default_int_handler)

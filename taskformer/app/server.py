@@ -71,6 +71,44 @@ class Uvicorn(uvicorn.Server):
             model.batcher.flush()
 
 
+MAX_HEAD = 1 << 20  # bytes of a request's line and headers (h11 bounds them at 16 KiB itself)
+
+
+def http_protocol():
+    """uvicorn's HTTP protocol: httptools' parser where it is installed (``uvicorn[standard]``), else h11's.
+
+    httptools parses in C, where h11 is Python (about a seventh of the event loop's CPU per request);
+    but uvicorn's httptools protocol buffers a request head of any size, so one client sending an
+    endless header could take all memory. Here a head still incomplete after :data:`MAX_HEAD` bytes
+    gets a 400 and the connection is closed, as h11 answers a head over its bound. The bytes are
+    counted per read, a read that also holds the end of the request before counting whole: the bound
+    may be met up to one read (a few hundred KiB at most) early, never by one read alone."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:
+        return "h11"
+
+    class BoundedHead(HttpToolsProtocol):
+        head, in_head = 0, True  # bytes read of the current request's head; whether it is incomplete
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.in_head and not self.transport.is_closing():
+                self.head += len(data)
+                if self.head > MAX_HEAD:
+                    self.send_400_response(f"Request line and headers larger than {MAX_HEAD} bytes.")
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self.head, self.in_head = 0, True
+
+        def on_headers_complete(self) -> None:
+            self.in_head = False
+            super().on_headers_complete()
+
+    return BoundedHead
+
+
 class ApiError(Exception):
     def __init__(self, status: int, message: str, field: str | None = None, headers: dict | None = None):
         super().__init__(message)
