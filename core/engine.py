@@ -21,7 +21,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from taskformer.core import checkpoint as ckpt
-from taskformer.core import clock, cores, inference, precision
+from taskformer.core import clock, cores, precision
 from taskformer.core.data import Batch, Encoded, Indices, collate, token_batches
 from taskformer.core.errors import TaskformerError
 from taskformer.core.loss import batch_loss, target_count, teacher_forced
@@ -345,7 +345,8 @@ class Trainer:
         if self.cfg.clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip)
         self.optimizer.step()
-        inference.forget(self.model)  # the fused step leaves the weights' version counters as they were
+        for weight in self.model.parameters():  # the fused step leaves the version counters as they were: moved
+            torch.autograd.graph.increment_version(weight)  # here, every copy or runtime kept by them sees the update
         self.optimizer.zero_grad(set_to_none=True)
         value = float(summed) / max(float(total), 1.0)
         if not math.isfinite(value):

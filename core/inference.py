@@ -184,14 +184,6 @@ def _int8_products_exact() -> bool:
         return torch.allclose(quantized(x), layer(x), rtol=1e-2)
 
 
-def forget(model: nn.Module) -> None:
-    """Drop the copies of ``model`` and its submodules: their weights changed in place where the
-    version counters do not see it (``torch.optim.AdamW(fused=True)`` leaves them as they were)."""
-    with _lock:
-        for module in model.modules():
-            _copies.pop(module, None)
-
-
 def compiled(model: Transformer | Ensemble, quantize: str = "none") -> Compiled:
     """An inference copy of ``model`` (sharing its parameters, in eval mode; or its int8 copy) whose
     one-token decoding step is compiled (:mod:`taskformer.core.compiled`); Inductor packs the weights itself."""

@@ -22,8 +22,8 @@ _listener: ContextVar[Callable[[dict], None] | None] = ContextVar("taskformer_pr
 
 
 @contextmanager
-def listening(on_event: Callable[[dict], None]):
-    """Send ``stage`` / ``advance`` / ``stage-done`` events to ``on_event`` while the block runs."""
+def listening(on_event: Callable[[dict], None] | None):
+    """Send ``stage`` / ``advance`` / ``stage-done`` events to ``on_event`` while the block runs (None: to nobody)."""
     token = _listener.set(on_event)
     try:
         yield
@@ -31,14 +31,9 @@ def listening(on_event: Callable[[dict], None]):
         _listener.reset(token)
 
 
-@contextmanager
 def quiet():
     """No progress events while the block runs: the many small stages of a larger one that says itself."""
-    token = _listener.set(None)
-    try:
-        yield
-    finally:
-        _listener.reset(token)
+    return listening(None)
 
 
 @contextmanager

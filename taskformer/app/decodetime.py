@@ -81,11 +81,12 @@ def decode_seconds(run: Run, data: TaskData, validation: bool = True) -> DecodeT
     if validation:
         validating = timed(validation_config(config), sample)
         runtime = validation_config(config, config.decode.engine)
-        if engine_choice(run.task, run.model, runtime).engine != "torch":
+        choice = engine_choice(run.task, run.model, runtime).engine
+        if choice != "torch":
             per_example, converting = on_runtime(runtime, sample)
-            if per_example + converting / len(data.splits["val"]) < validating:
-                validating, engine, on_torch = (per_example + converting / len(data.splits["val"]),
-                                                engine_choice(run.task, run.model, runtime).engine, validating)
+            there = per_example + converting / len(data.splits["val"])  # each validation converts its weights
+            if there < validating:
+                validating, engine, on_torch = there, choice, validating
     if engine_choice(run.task, run.model, config).engine == "torch":
         same = validation and larger == "val" and config.decode.strategy == config.decode.eval_strategy
         final = validating if same and engine == "torch" else timed(config, final_sample)

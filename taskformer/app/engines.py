@@ -314,14 +314,6 @@ def parameters(model: torch.nn.Module) -> tuple[torch.nn.Parameter, ...]:
     return params
 
 
-def forget(model: torch.nn.Module) -> None:
-    """Drop ``model``'s loaded runtime and digest: its weights changed where the version counters do
-    not see it (a training update: ``torch.optim.AdamW(fused=True)`` leaves them as they were)."""
-    with _lock:
-        _loaded.pop(model, None)
-        _digests.pop(model, None)
-
-
 def runtime(choice: Choice, model: Transformer | Ensemble, tokenizer: Tokenizer, decode: DecodeConfig) -> Any:
     """The loaded runtime of ``choice`` for ``model`` (its :class:`CTranslate2Search` or :class:`OnnxNetwork`),
     converted through the cache on first use and kept while the weights are unchanged; CTranslate2 gets

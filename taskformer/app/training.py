@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from taskformer.app import datacache, engines, trackers
+from taskformer.app import datacache, trackers
 from taskformer.app.decodetime import decode_seconds, final_seconds, length_share, uncached, validation_config
 from taskformer.app.hooks import build_model, engine_choice, evaluate_split, load_data
 from taskformer.app.outdir import new_run_dir
@@ -232,8 +232,6 @@ def fit(begun: Begun, on_event, shard: tuple[int, int]) -> dict:
 
     def evaluate() -> dict:
         begun_at = clock.now()
-        if engine != "torch":  # the updates since the last validation changed the weights unseen
-            engines.forget(run.model)
         with uncached() if engine != "torch" else nullcontext():  # each validation's weights: not for the cache
             metrics, outputs = evaluate_split(run, data.splits["val"], eval_config, "validating", val_enc)
         if clock.limit:
