@@ -23,7 +23,7 @@ import torch
 
 from taskformer.core import clock
 from taskformer.core.data import Encoded, collate
-from taskformer.core.engine import Trainer
+from taskformer.core.engine import Trainer, forked_random
 from taskformer.core.errors import TaskformerError
 from taskformer.core.model import Ensemble, Transformer
 from taskformer.core.train_config import TrainConfig
@@ -149,9 +149,7 @@ def measure_pace(model: Transformer | Ensemble, cfg: TrainConfig, train: Encoded
     (kernel selection, the allocator's first blocks), then updates are timed for ``PROBE_SECONDS``;
     the pace is the median of theirs, so a busy moment slows one sample, not the figure.
     """
-    gpus = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=gpus), \
-            tempfile.TemporaryDirectory() as scratch:
+    with forked_random(device), tempfile.TemporaryDirectory() as scratch:
         trainer = Trainer(model, cfg, train, lambda: {}, ("loss", False), Path(scratch), device)
         model.train()
         updates = trainer.epoch_updates(train.lengths())

@@ -43,6 +43,12 @@ def lr_factor(step: int, warmup: int, schedule: str = "inverse_sqrt", total: int
     return inverse_sqrt(step, warmup)
 
 
+def forked_random(device: torch.device):
+    """torch's random generators (the CPU's and ``device``'s GPU's) forked: what runs inside moves neither."""
+    gpus = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    return torch.random.fork_rng(devices=gpus)
+
+
 def inverse_sqrt(position: float, warmup: float) -> float:
     """The paper's schedule (eq. 3) as a fraction of its peak at ``position``, counted in updates or in
     seconds of training alike: a linear warm-up over ``warmup``, then the inverse square root of the
@@ -273,13 +279,20 @@ class Trainer:
         self.state.evaluated_at = self.state.step
         self.validating = True
         try:
-            improved = self._keep_if_best(self.evaluate())
+            improved = self._keep_if_best(self._validation())
             if self.cfg.average_last > 1:
                 improved = self._evaluate_average() or improved
         finally:
             self.validating = False
         self.state.stale = 0 if improved else self.state.stale + 1
         self.net.train()
+
+    def _validation(self) -> dict:
+        """The evaluation callback's metrics, drawn from a forked random generator: whatever decodes
+        (our decoder builds layers of its own, a runtime draws nothing), the updates after it draw the
+        dropout they would have drawn."""
+        with forked_random(self.device):
+            return self.evaluate()
 
     def _keep_if_best(self, metrics: dict, averaged: list[int] | None = None) -> bool:
         """Log an evaluation of the model's current weights, which are the mean of those of the
@@ -316,7 +329,7 @@ class Trainer:
             return False
         ckpt.load_average(self.model, list(kept.values()))
         try:
-            return self._keep_if_best(self.evaluate(), list(kept))
+            return self._keep_if_best(self._validation(), list(kept))
         finally:
             ckpt.load_weights(self.model, kept[step])
 

@@ -7,6 +7,7 @@ import re
 import shutil
 
 import pytest
+import torch
 
 from conftest import DATA
 from taskformer import Task, TaskData, hookimpl, symbols
@@ -237,7 +238,8 @@ def test_a_resumed_time_limited_run_keeps_its_recipe_and_budget(cli, sorting, tm
 def test_measuring_the_pace_leaves_the_run_as_it_would_be(cli, sorting, tmp_path):
     measured, given = tmp_path / "measured", tmp_path / "given"
     options = ["--quiet", "--time-limit", "60", "--set", "train.max_steps=4", "--set", "train.eval_every=2",
-               "--set", "model.dropout=0.1"]  # dropout: a random state moved by the probe would show
+               "--set", "model.dropout=0.1",  # dropout: a random state moved by the probe would show
+               "--set", "decode.engine=torch"]  # outputs of one decoder, whichever the probe timed faster
     assert cli("run", sorting, "--out", str(measured), *options).exit_code == 0
     recipe = saved(measured, "result.json")["info"]["recipe"]
     assert recipe["pace_source"] == "measured" and recipe["pace"] > 0
@@ -249,6 +251,40 @@ def test_measuring_the_pace_leaves_the_run_as_it_would_be(cli, sorting, tmp_path
         return [e for e in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if e["event"] == "eval"]
     assert evals(measured) == evals(given) and len(evals(given)) == 2
     assert saved(measured, "result.json")["metrics"] == saved(given, "result.json")["metrics"]
+
+
+class DrawingSorting(Sorting):
+    """budget-sort whose metric draws from torch's random generator, as a sampled (bootstrap) metric would."""
+
+    def __init__(self, draws: int):
+        super().__init__()
+        self.draws = draws
+
+    @hookimpl
+    def taskformer_metrics(self, hypotheses, references):
+        torch.rand(self.draws)
+        return super().taskformer_metrics(hypotheses, references)
+
+
+def test_a_validation_that_draws_random_numbers_leaves_the_training_as_it_would_be(cli, tmp_path):
+    """Whatever a validation draws (a metric's sampling, our decoder's own layers; a runtime draws
+    nothing), the updates after it draw the dropout they would have drawn."""
+    def evals(draws):
+        name = f"budget-sort-draws-{draws}"
+        plugins().pm.register(DrawingSorting(draws), name=name)
+        plugins().refresh()
+        try:
+            out = tmp_path / name
+            result = cli("run", "budget-sort", "--out", str(out), "--quiet", "--set", "train.max_steps=4",
+                         "--set", "train.eval_every=1", "--set", "model.dropout=0.1", "--set", "decode.engine=torch")
+        finally:
+            plugins().pm.unregister(name=name)
+            plugins().refresh()
+        assert result.exit_code == 0, result.output
+        lines = map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+        return [e["loss"] for e in lines if e["event"] == "eval"]
+    drawn, none = evals(1000), evals(0)
+    assert len(drawn) == 4 and drawn == none
 
 
 def test_a_task_that_sets_its_own_patience_keeps_it_under_a_time_limit(cli):
