@@ -16,7 +16,8 @@ Two rules make a run use its minutes whatever the machine does around it:
 - **Estimates follow the machine.** The final evaluation is timed before training, and again after
   each validation and where the cool-down begins (:meth:`Clock.measured`), while the machine trains at
   some pace; if it later trains faster (a busy stretch, then an idle machine), the estimate is scaled
-  by the same factor: decoding and training share the cores (:meth:`Clock.observe`).
+  by the same factor: decoding and training share the cores (:meth:`Clock.observe`). A slower pace
+  grows it only in the last stretch, where the end will find the machine as it is now.
 - **A busy start is not the budget.** Figures timed while other processes held the cores (the share
   of its cores this process had, :func:`cpu_share`, is under ``BUSY_SHARE``) are kept at what they
   would take with all of them: a run is refused only if even those leave no time to train, and what
@@ -159,10 +160,18 @@ class Clock:
 
     def scale(self) -> float:
         """How many times longer the estimates take now than when they were timed: the ratio of the
-        seconds an update takes now to those it took then (1 until both are known), at most 1. A faster
-        machine shrinks what is kept back; a slower one does not grow it, since a busy stretch in the
-        middle of training would then stop the run for an evaluation it may well do at full speed."""
-        return min(self.per_update / self.timed_at, 1.0) if self.per_update and self.timed_at else 1.0
+        seconds an update takes now to those it took then (1 until both are known). A faster machine
+        shrinks what is kept back. A slower one grows it only in the last stretch (:meth:`last_stretch`):
+        earlier, a busy stretch would stop the run for an evaluation it may well do at full speed, but
+        near the end the machine the evaluation will find is the one training now."""
+        ratio = self.per_update / self.timed_at if self.per_update and self.timed_at else 1.0
+        return ratio if ratio <= 1.0 or self.last_stretch() else 1.0
+
+    def last_stretch(self) -> bool:
+        """Whether the training time left is under what is kept back (at the pace it was timed at):
+        the end is as near as the evaluation it keeps back is long."""
+        left, kept = self.left(), reserve_for(sum(self.estimates.values()))
+        return left is not None and left - kept < kept
 
     @property
     def kept(self) -> dict[str, float]:

@@ -370,6 +370,22 @@ def test_a_slow_stretch_does_not_multiply_what_is_kept_back():
     assert limit.scale() == pytest.approx(0.25, rel=0.01)
 
 
+def test_a_slower_pace_in_the_last_stretch_keeps_more_back():
+    """Where the training time left is under what is kept back, the end will find the machine as it is
+    now: a pace twice as slow keeps twice the final evaluation back (the run stops earlier and ends in
+    time), where in the middle of the run it kept no more."""
+    now = FakeTime(lambda step: 0.0)
+    limit = Clock(300.0, now=now)
+    limit.keep(40.0, per_update=1.0)
+    for _ in range(100):
+        limit.observe(2.0)
+    assert not limit.last_stretch() and limit.reserve() == pytest.approx(clock.reserve_for(40.0))
+    now.t = 300.0 - 1.9 * clock.reserve_for(40.0)  # the time left under twice what is kept back
+    assert limit.last_stretch() and limit.scale() == pytest.approx(2.0, rel=0.01)
+    assert limit.reserve() == pytest.approx(clock.reserve_for(80.0), rel=0.01)
+    assert limit.for_training() < 0  # training stops now, for an evaluation twice as slow as timed
+
+
 def test_a_busy_start_keeps_back_what_the_final_evaluation_takes_with_all_the_cores(tmp_path):
     """The probe ran while other processes held three quarters of the cores: the final evaluation it
     timed (four times what it takes idle) is kept at what it takes with all of them. The run trains
