@@ -503,8 +503,6 @@ def test_the_estimate_counts_the_lengths_a_trained_model_writes():
     than its references (a model early in training, on to the length limit) is scaled to theirs, so
     neither keeps back what the trained model's final evaluation will not take."""
     run = timed_run()
-    group = [("a", "x"), ("a", "x y z"), ("a", "x y z w v u t")]  # 2, 4 and 8 tokens with the end
-    assert decodetime.own_lengths(run, [group]) == pytest.approx((2 + 4 + 8) / (3 * 8))
     long_outputs = [("a", "x " * 15, "x y z")] * 4  # 16 tokens written where the references hold 4
     assert decodetime.length_share(run, long_outputs) == pytest.approx(4 / 16)
     assert decodetime.length_share(run, [("a", "x y z", "x y z")]) == 1.0
@@ -514,7 +512,7 @@ def test_the_estimate_counts_the_lengths_a_trained_model_writes():
     apart = [("a", "x y z", "x y z"), ("a b", "x " * 7, "x y z")]  # two source lengths: two batches
     assert decodetime.length_share(run, apart) == pytest.approx((4 + 4) / (4 + 8))
     classifier = SimpleNamespace(**{**vars(run), "task": SimpleNamespace(variant="encoder-only")})
-    assert decodetime.own_lengths(classifier, [group]) == decodetime.length_share(classifier, long_outputs) == 1.0
+    assert decodetime.length_share(classifier, long_outputs) == 1.0
 
 
 
@@ -546,7 +544,7 @@ def test_validations_decode_on_the_runtime_where_the_probe_timed_it_faster(monke
     data = SimpleNamespace(splits={"val": [("a b c", "x")] * 40, "test": [("a b", "x")] * 40})
     converting = []
 
-    def per_example(run, groups, config):  # the runtime's first decode of new weights converts them: 1 s more
+    def per_example(run, groups, config, outputs=None):  # the runtime's first decode of new weights converts them
         if config.decode.engine == "torch":
             return 1.0
         first = bool(converting) and converting[-1] != [p._version for p in run.model.parameters()]
@@ -626,13 +624,24 @@ def test_the_last_validation_kept_counts_the_averaged_weights_validation_too(cli
     assert kept == [5.0, 5.0, 10.0]
 
 
-@pytest.mark.parametrize("device, share", [("cpu", (2 + 4 + 8) / (3 * 8)), ("cuda", 1.0)])
-def test_a_runtime_is_timed_at_each_references_length_on_a_cpu_and_the_longest_on_a_gpu(monkeypatch, device, share):
-    """A runtime drops each row as it ends: on a CPU its time follows the tokens it writes, each row its
-    reference's length; a GPU's follows the steps, the batch's longest output, whatever rows are left."""
+@pytest.mark.parametrize("device, model, share", [("cpu", "untrained", (2 + 4 + 8) / (3 * 8)),
+                                                   ("cpu", "trained", 1.0), ("cuda", "untrained", 1.0)])
+def test_a_runtime_is_timed_at_each_references_length_on_a_cpu_and_the_longest_on_a_gpu(monkeypatch, device, model,
+                                                                                          share):
+    """A runtime drops each row as it ends: on a CPU its time follows the tokens it writes, so the timing
+    is scaled from what it wrote (an untrained model: each group's longest reference; a trained one: each
+    row about its own) to each row's reference; a GPU's follows the steps, the batch's longest output,
+    whatever rows are left."""
     group = [("a", "x"), ("a", "x y z"), ("a", "x y z w v u t")]  # 2, 4 and 8 tokens with the end
     data = SimpleNamespace(splits={"val": group, "test": group})
-    monkeypatch.setattr(decodetime, "seconds_per_example", lambda run, groups, config: 1.0)
+
+    def per_example(run, groups, config, outputs=None):
+        for rows in groups:
+            longest = max(rows, key=lambda row: len(row[1]))[1]
+            (outputs if outputs is not None else []).extend(
+                (source, longest if model == "untrained" else reference, reference) for source, reference in rows)
+        return 1.0
+    monkeypatch.setattr(decodetime, "seconds_per_example", per_example)
     monkeypatch.setattr(decodetime, "engine_choice", lambda task, model, config: SimpleNamespace(engine="ctranslate2"))
     run = timed_run()
     run.device, run.model = torch.device(device), torch.nn.Linear(1, 1, bias=False)

@@ -71,10 +71,12 @@ def decode_seconds(run: Run, data: TaskData, validation: bool = True) -> DecodeT
             for weight in run.model.parameters():  # new weights, as the end's: the next decode converts them again
                 weight.mul_(1.0)
             first = seconds_per_example(run, groups, decode_config)
-            again = seconds_per_example(run, groups, decode_config)
+            wrote: list = []
+            again = seconds_per_example(run, groups, decode_config, wrote)
         # a runtime drops each row as it ends: on a CPU, whose time follows the tokens written, what it will write
-        # is each reference's length, not its group's longest; a GPU's time follows the steps of a batch's longest
-        share = own_lengths(run, groups) if run.device.type == "cpu" else 1.0
+        # is each reference's length, not what the timing wrote (an untrained model: its group's longest
+        # reference; a trained one: about its own); a GPU's time follows the steps of a batch's longest
+        share = length_share(run, wrote, decode_config.decode.engine) if run.device.type == "cpu" else 1.0
         return again * share, max(first - again, 0.0) * sum(map(len, groups))
 
     validating, engine, on_torch = 0.0, "torch", 0.0
@@ -93,16 +95,6 @@ def decode_seconds(run: Run, data: TaskData, validation: bool = True) -> DecodeT
         return DecodeTiming(final, validating, 0.0, engine, on_torch)
     final, fixed = on_runtime(config, final_sample)
     return DecodeTiming(final, validating, fixed, engine, on_torch)
-
-
-def own_lengths(run: Run, sample: list[list[tuple]]) -> float:
-    """The tokens of the references of ``sample``'s groups (each with its end) over those of the timing,
-    which writes each group's rows to its longest reference (:func:`seconds_per_example`); 1 for a
-    network that writes nothing."""
-    if not variants.of(run.task.variant).decoder:
-        return 1.0
-    groups = [written(run, [row[1] for row in group]) for group in sample]
-    return sum(map(sum, groups)) / max(sum(max(g) * len(g) for g in groups if g), 1)
 
 
 def length_share(run: Run, outputs: list, engine: str = "torch") -> float:
@@ -156,11 +148,12 @@ def timing_sample(run: Run, data: TaskData, split: str = "val") -> list[list[tup
     return [groups[n][:batch] for n in middles] or [list(val[:batch])]
 
 
-def seconds_per_example(run: Run, sample: list[list[tuple]], config: RunConfig) -> float:
+def seconds_per_example(run: Run, sample: list[list[tuple]], config: RunConfig, outputs: list | None = None) -> float:
     """Seconds per example of scoring and decoding the groups of ``sample`` with ``config``'s search
     and engine, side by side as the decoder's workers decode a split's batches (one group alone would
-    leave the other workers' cores idle), each group's outputs written to its longest reference (an
-    untrained model writes to the length limit, several times what a trained one writes)."""
+    leave the other workers' cores idle), each group's outputs written to at most its longest reference
+    (an untrained model writes to the length limit, several times what a trained one writes). The
+    outputs, rows of (source, output, reference), are added to ``outputs`` where given."""
     kind = variants.of(run.task.variant)
 
     def evaluate(group: list[tuple]) -> None:
@@ -170,7 +163,9 @@ def seconds_per_example(run: Run, sample: list[list[tuple]], config: RunConfig) 
             decode = (replace(decode, max_len_a=0.0, max_len_b=longest) if kind.shifted
                       else replace(decode, max_new_tokens=longest))
         with torch.no_grad(), progress.quiet():  # a worker's grad mode is its own; the caller says what is timed
-            evaluate_split(run, group, replace(config, decode=decode), "timing")
+            evaluated = evaluate_split(run, group, replace(config, decode=decode), "timing")
+        if outputs is not None:
+            outputs.extend(evaluated[1])
 
     begun = time.perf_counter()
     for _ in decoding.parallel_map(evaluate, sample, decoding.decode_workers(config.decode.workers, run.device,
