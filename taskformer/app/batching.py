@@ -90,17 +90,21 @@ class Batcher:
             await asyncio.gather(self.collector, *self.decoding, return_exceptions=True)
         self.thread.shutdown(wait=True)
 
-    async def predict(self, texts: list[str], options: Hashable) -> list:
-        """The outputs for ``texts``, in order, decoded together with whatever else is queued."""
+    def submit(self, texts: list[str], options: Hashable) -> asyncio.Future:
+        """A future of the outputs for ``texts``, in order, decoded together with whatever else is queued.
+        Cancelled while it waits (its client went away, or the task awaiting it was cancelled), the
+        request leaves the queue at once."""
         if self.queued + len(texts) > self.max_queue:
             raise QueueFull(f"{self.queued} sentences are waiting (at most {self.max_queue})")
-        item = Pending(texts, options, asyncio.get_running_loop().create_future())
+        item = Pending(texts, options, self.loop.create_future())
         self._change(item, +1)
-        try:
-            return await item.future
-        finally:
-            if item in self.queue:  # cancelled while waiting: free its place
+
+        def done(future: asyncio.Future) -> None:
+            if future.cancelled() and item in self.queue:  # free its place
                 self._change(item, -1)
+
+        item.future.add_done_callback(done)
+        return item.future
 
     def _change(self, item: Pending, sign: int) -> None:
         if sign > 0:

@@ -375,7 +375,9 @@ def add_predict_routes(app: FastAPI, served: dict[str, Served], limits: Limits) 
     async def predict(name: str, body: PredictRequest, request: Request):
         m = model(served, name)
         texts = servable(inputs_for(m, body.inputs), "inputs", limits)
-        return {"results": await answer(m, texts, options(m, body), request)}
+        # A response, not a dict: FastAPI would walk a dict through its encoder first, which its values
+        # (JSON's own types) do not need; the same bytes come out.
+        return JSONResponse({"results": await answer(m, texts, options(m, body), request)})
 
     @app.post("/v1/models/{name}/predict/stream")
     async def predict_stream(name: str, body: PredictRequest):
@@ -385,7 +387,7 @@ def add_predict_routes(app: FastAPI, served: dict[str, Served], limits: Limits) 
             raise ApiError(503, "server busy: the queue is full; retry shortly", None, {"Retry-After": "1"})
 
         async def one(i: int, text: str):
-            return i, (await m.batcher.predict([text], opts))[0]
+            return i, (await m.batcher.submit([text], opts))[0]
 
         if not m.run.model.cfg.kind.encoder:  # a language model: its text as it is written
             return EventSourceResponse(m.continuations(texts, opts[0]))
@@ -431,7 +433,7 @@ def add_translate_route(app: FastAPI, served: dict[str, Served], limits: Limits)
         servable(texts, "q", limits)
         m = translation_model(served, body.source, body.target)
         results = [r["output"] for r in await answer(m, texts, ((), False), request)]
-        return {"translatedText": results if isinstance(body.q, list) else results[0]}
+        return JSONResponse({"translatedText": results if isinstance(body.q, list) else results[0]})
 
 
 def model(served: dict[str, Served], name: str) -> Served:
@@ -449,27 +451,31 @@ def servable(texts: list[str], field: str, limits: Limits) -> list[str]:
 
 
 async def answer(m: Served, texts: list[str], opts, request: Request) -> list[dict]:
-    """The batcher's results, or ApiError; a client that goes away cancels its queued work."""
-    work = asyncio.ensure_future(m.batcher.predict(texts, opts))
-    gone = asyncio.ensure_future(until_disconnected(request))
+    """The batcher's results, or ApiError; a client that goes away cancels its queued work.
+
+    The handler awaits the batcher's future itself, and the client's leaving cancels that future: no
+    task of its own and no ``asyncio.wait`` per request (a lone request's time is mostly such Python)."""
     try:
-        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if not work.done():
-            raise ApiError(499, "client closed the request")
-        results = work.result()
-        bad = next((i for i, r in enumerate(results) if "error" in r), None)
-        if bad is not None:
-            raise ApiError(422, f"inputs[{bad}]: {results[bad]['error']}", f"inputs[{bad}]")
-        return results
+        work = m.batcher.submit(texts, opts)
     except QueueFull as e:
         raise ApiError(503, f"server busy: {e}; retry shortly", None, {"Retry-After": "1"}) from None
+    gone = asyncio.ensure_future(until_disconnected(request))
+    gone.add_done_callback(lambda _: work.cancel())
+    try:
+        results = await work
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if gone.done() and not (task and task.cancelling()):  # the client left; the server did not cancel
+            raise ApiError(499, "client closed the request") from None
+        raise
     except Exception as e:
-        if isinstance(e, ApiError):
-            raise
         raise ApiError(500, f"decoding failed: {type(e).__name__}: {e}") from None
     finally:
-        work.cancel()
         gone.cancel()
+    bad = next((i for i, r in enumerate(results) if "error" in r), None)
+    if bad is not None:
+        raise ApiError(422, f"inputs[{bad}]: {results[bad]['error']}", f"inputs[{bad}]")
+    return results
 
 
 def translation_model(served: dict[str, Served], source: str, target: str) -> Served:
