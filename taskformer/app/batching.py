@@ -105,6 +105,10 @@ class Batcher:
         item.future.add_done_callback(done)
         return item.future
 
+    def waiting(self, future: asyncio.Future) -> bool:
+        """Whether the request of ``future`` (from :meth:`submit`) is still queued."""
+        return any(item.future is future for item in self.queue)
+
     def _change(self, item: Pending, sign: int) -> None:
         if sign > 0:
             self.queue.append(item)

@@ -453,25 +453,35 @@ def servable(texts: list[str], field: str, limits: Limits) -> list[str]:
 async def answer(m: Served, texts: list[str], opts, request: Request) -> list[dict]:
     """The batcher's results, or ApiError; a client that goes away cancels its queued work.
 
-    The handler awaits the batcher's future itself, and the client's leaving cancels that future: no
-    task of its own and no ``asyncio.wait`` per request (a lone request's time is mostly such Python)."""
+    The handler awaits the batcher's future itself: no task of its own and no ``asyncio.wait`` per
+    request (a lone request's time around the decode is mostly such Python, slowed by the caches the
+    decode evicts). Only a request still queued once the batcher has taken what it takes at once is
+    watched, by a task that cancels the future when its client leaves: one being decoded is decoded
+    to the end whatever its client does, so a lone request needs no watcher."""
     try:
         work = m.batcher.submit(texts, opts)
     except QueueFull as e:
         raise ApiError(503, f"server busy: {e}; retry shortly", None, {"Retry-After": "1"}) from None
-    gone = asyncio.ensure_future(until_disconnected(request))
-    gone.add_done_callback(lambda _: work.cancel())
+    watching: list[asyncio.Task] = []
+
+    def watch() -> None:  # called soon: after the batcher's collector, woken by the submit, took its batch
+        if m.batcher.waiting(work):
+            watching.append(asyncio.ensure_future(until_disconnected(request)))
+            watching[0].add_done_callback(lambda _: work.cancel())
+
+    asyncio.get_running_loop().call_soon(watch)
     try:
         results = await work
     except asyncio.CancelledError:
         task = asyncio.current_task()
-        if gone.done() and not (task and task.cancelling()):  # the client left; the server did not cancel
+        if watching and watching[0].done() and not (task and task.cancelling()):  # the client left
             raise ApiError(499, "client closed the request") from None
         raise
     except Exception as e:
         raise ApiError(500, f"decoding failed: {type(e).__name__}: {e}") from None
     finally:
-        gone.cancel()
+        for gone in watching:
+            gone.cancel()
     bad = next((i for i, r in enumerate(results) if "error" in r), None)
     if bad is not None:
         raise ApiError(422, f"inputs[{bad}]: {results[bad]['error']}", f"inputs[{bad}]")
