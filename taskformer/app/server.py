@@ -130,6 +130,15 @@ class Metrics:
                                buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=self.registry)
         self.queue = Gauge("taskformer_queue_sentences", "Sentences waiting to be decoded", ["model"],
                            registry=self.registry)
+        self.children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}  # labelled series, looked up once
+
+    def answered(self, route: str, status: int, seconds: float) -> None:
+        """Count one request of ``route`` answered with ``status`` in ``seconds``."""
+        series = self.children.get((route, status))
+        if series is None:
+            series = self.children[route, status] = (self.requests.labels(route, str(status)), self.latency.labels(route))
+        series[0].inc()
+        series[1].observe(seconds)
 
 
 class Guard:
@@ -170,9 +179,7 @@ class Guard:
 
             await self.app(scope, replay, sending)
         finally:
-            route = getattr(scope.get("route"), "path", "other")
-            self.metrics.requests.labels(route, str(status[0])).inc()
-            self.metrics.latency.labels(route).observe(time.perf_counter() - started)
+            self.metrics.answered(getattr(scope.get("route"), "path", "other"), status[0], time.perf_counter() - started)
 
     async def body(self, scope, receive) -> bytes | None:
         """The whole request body, or None if it is larger than allowed."""
