@@ -27,7 +27,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,7 +64,8 @@ class Batcher:
         self.arrival = asyncio.Event()
         self.thread = ThreadPoolExecutor(parallel, thread_name_prefix=f"decode-{name}")
         self.collector: asyncio.Task | None = None
-        self.decoding: set[asyncio.Task] = set()  # the batches being decoded
+        self.free = asyncio.Semaphore(parallel)  # decode threads free to take a batch
+        self.decoding: set[Future] = set()  # the batches being decoded
         self.busy = 0  # sentences being decoded
         self.ended: tuple[int, float, float] | None = None  # the last batch decoded: sentences, seconds, when
         self.company = COMPANY
@@ -85,22 +86,28 @@ class Batcher:
     async def stop(self) -> None:
         if self.collector:
             self.collector.cancel()
-            for task in self.decoding:
-                task.cancel()
-            await asyncio.gather(self.collector, *self.decoding, return_exceptions=True)
+            await asyncio.gather(self.collector, return_exceptions=True)
         self.thread.shutdown(wait=True)
 
-    async def predict(self, texts: list[str], options: Hashable) -> list:
-        """The outputs for ``texts``, in order, decoded together with whatever else is queued."""
+    def submit(self, texts: list[str], options: Hashable) -> asyncio.Future:
+        """A future of the outputs for ``texts``, in order, decoded together with whatever else is queued.
+        Cancelled while it waits (its client went away, or the task awaiting it was cancelled), the
+        request leaves the queue at once."""
         if self.queued + len(texts) > self.max_queue:
             raise QueueFull(f"{self.queued} sentences are waiting (at most {self.max_queue})")
-        item = Pending(texts, options, asyncio.get_running_loop().create_future())
+        item = Pending(texts, options, self.loop.create_future())
         self._change(item, +1)
-        try:
-            return await item.future
-        finally:
-            if item in self.queue:  # cancelled while waiting: free its place
+
+        def done(future: asyncio.Future) -> None:
+            if future.cancelled() and item in self.queue:  # free its place
                 self._change(item, -1)
+
+        item.future.add_done_callback(done)
+        return item.future
+
+    def waiting(self, future: asyncio.Future) -> bool:
+        """Whether the request of ``future`` (from :meth:`submit`) is still queued."""
+        return any(item.future is future for item in self.queue)
 
     def _change(self, item: Pending, sign: int) -> None:
         if sign > 0:
@@ -112,9 +119,8 @@ class Batcher:
         self.on_queue(self.queued)
 
     async def _collect(self) -> None:
-        loop, free = asyncio.get_running_loop(), asyncio.Semaphore(self.parallel)
         while True:
-            await free.acquire()  # a batch is taken once a decode thread is free: until then it grows
+            await self.free.acquire()  # a batch is taken once a decode thread is free: until then it grows
             while not self.queue:
                 self.arrival.clear()
                 await self.arrival.wait()
@@ -129,17 +135,10 @@ class Batcher:
                 except TimeoutError:
                     break
             batch = self._take()
-            if not batch:
-                free.release()
-                continue
-            decoding = loop.create_task(self._decode(batch))
-            self.decoding.add(decoding)
-
-            def ended(done: asyncio.Task) -> None:
-                self.decoding.discard(done)
-                free.release()
-
-            decoding.add_done_callback(ended)
+            if batch:
+                self._decode(batch)
+            else:
+                self.free.release()
 
     def _wanted(self) -> tuple[int, float]:
         """The sentences the next batch waits for, and until when: ``max_batch`` for ``max_wait`` after its
@@ -152,28 +151,33 @@ class Batcher:
                 return min(self.max_batch, -(-(size + self.busy) // self.parallel)), at + self.company * seconds
         return self.max_batch, until
 
-    async def _decode(self, batch: list[Pending]) -> None:
-        """Decode one batch in a decode thread and give each request its own results."""
+    def _decode(self, batch: list[Pending]) -> None:
+        """Hand one batch to a decode thread; when it ends, :meth:`_decoded` runs on the event loop (one
+        callback from the thread: no task per batch, nor the hops of awaiting the thread's future)."""
         texts = [t for item in batch for t in item.texts]
         self.on_batch(len(texts))
         self.busy += len(texts)
         started = time.monotonic()
-        try:
-            outputs = await asyncio.get_running_loop().run_in_executor(self.thread, self.decode, texts,
-                                                                       batch[0].options)
-        except Exception as e:  # a failed decode fails its requests only
-            for item in batch:
-                if not item.future.done():
-                    item.future.set_exception(e)
-            return
-        finally:
-            self.busy -= len(texts)
-            self.ended = (len(texts), time.monotonic() - started, time.monotonic())
+        work = self.thread.submit(self.decode, texts, batch[0].options)
+        self.decoding.add(work)
+        work.add_done_callback(lambda _: self.loop.call_soon_threadsafe(self._decoded, work, batch, started))
+
+    def _decoded(self, work: Future, batch: list[Pending], started: float) -> None:
+        """Give each request of a decoded batch its own results (a failed decode fails its requests only)."""
+        size = sum(len(item.texts) for item in batch)
+        self.busy -= size
+        self.ended = (size, time.monotonic() - started, time.monotonic())
+        failed = work.exception()
         start = 0
         for item in batch:
             if not item.future.done():  # its client may have gone
-                item.future.set_result(outputs[start : start + len(item.texts)])
+                if failed is not None:
+                    item.future.set_exception(failed)
+                else:
+                    item.future.set_result(work.result()[start : start + len(item.texts)])
             start += len(item.texts)
+        self.decoding.discard(work)
+        self.free.release()
 
     def _take(self) -> list[Pending]:
         """The oldest request and the next ones with its options, up to ``max_batch`` sentences (a

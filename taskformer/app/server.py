@@ -130,6 +130,15 @@ class Metrics:
                                buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=self.registry)
         self.queue = Gauge("taskformer_queue_sentences", "Sentences waiting to be decoded", ["model"],
                            registry=self.registry)
+        self.children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}  # labelled series, looked up once
+
+    def answered(self, route: str, status: int, seconds: float) -> None:
+        """Count one request of ``route`` answered with ``status`` in ``seconds``."""
+        series = self.children.get((route, status))
+        if series is None:
+            series = self.children[route, status] = (self.requests.labels(route, str(status)), self.latency.labels(route))
+        series[0].inc()
+        series[1].observe(seconds)
 
 
 class Guard:
@@ -170,9 +179,7 @@ class Guard:
 
             await self.app(scope, replay, sending)
         finally:
-            route = getattr(scope.get("route"), "path", "other")
-            self.metrics.requests.labels(route, str(status[0])).inc()
-            self.metrics.latency.labels(route).observe(time.perf_counter() - started)
+            self.metrics.answered(getattr(scope.get("route"), "path", "other"), status[0], time.perf_counter() - started)
 
     async def body(self, scope, receive) -> bytes | None:
         """The whole request body, or None if it is larger than allowed."""
@@ -258,7 +265,10 @@ def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None 
         for model in served.values():
             await model.batcher.stop()
 
-    app = FastAPIOffline(title="taskformer serve", lifespan=lifespan, static_url=DOCS_ASSETS, favicon_url="/favicon.svg")
+    # FastAPI's own OpenTelemetry is off: the server's metrics are Prometheus' (/metrics), and FastAPI would
+    # look for a configured provider on every request (Python on the event loop, in every request's latency).
+    app = FastAPIOffline(title="taskformer serve", lifespan=lifespan, static_url=DOCS_ASSETS, favicon_url="/favicon.svg",
+                         telemetry={"tracing": False, "metrics": False, "logs": False})
     app.state.served = served
     app.add_middleware(Guard, limits=limits, api_key=api_key, metrics=metrics)
     add_error_handlers(app, served)
@@ -375,7 +385,9 @@ def add_predict_routes(app: FastAPI, served: dict[str, Served], limits: Limits) 
     async def predict(name: str, body: PredictRequest, request: Request):
         m = model(served, name)
         texts = servable(inputs_for(m, body.inputs), "inputs", limits)
-        return {"results": await answer(m, texts, options(m, body), request)}
+        # A response, not a dict: FastAPI would walk a dict through its encoder first, which its values
+        # (JSON's own types) do not need; the same bytes come out.
+        return JSONResponse({"results": await answer(m, texts, options(m, body), request)})
 
     @app.post("/v1/models/{name}/predict/stream")
     async def predict_stream(name: str, body: PredictRequest):
@@ -385,7 +397,7 @@ def add_predict_routes(app: FastAPI, served: dict[str, Served], limits: Limits) 
             raise ApiError(503, "server busy: the queue is full; retry shortly", None, {"Retry-After": "1"})
 
         async def one(i: int, text: str):
-            return i, (await m.batcher.predict([text], opts))[0]
+            return i, (await m.batcher.submit([text], opts))[0]
 
         if not m.run.model.cfg.kind.encoder:  # a language model: its text as it is written
             return EventSourceResponse(m.continuations(texts, opts[0]))
@@ -431,7 +443,7 @@ def add_translate_route(app: FastAPI, served: dict[str, Served], limits: Limits)
         servable(texts, "q", limits)
         m = translation_model(served, body.source, body.target)
         results = [r["output"] for r in await answer(m, texts, ((), False), request)]
-        return {"translatedText": results if isinstance(body.q, list) else results[0]}
+        return JSONResponse({"translatedText": results if isinstance(body.q, list) else results[0]})
 
 
 def model(served: dict[str, Served], name: str) -> Served:
@@ -449,27 +461,41 @@ def servable(texts: list[str], field: str, limits: Limits) -> list[str]:
 
 
 async def answer(m: Served, texts: list[str], opts, request: Request) -> list[dict]:
-    """The batcher's results, or ApiError; a client that goes away cancels its queued work."""
-    work = asyncio.ensure_future(m.batcher.predict(texts, opts))
-    gone = asyncio.ensure_future(until_disconnected(request))
+    """The batcher's results, or ApiError; a client that goes away cancels its queued work.
+
+    The handler awaits the batcher's future itself: no task of its own and no ``asyncio.wait`` per
+    request (a lone request's time around the decode is mostly such Python, slowed by the caches the
+    decode evicts). Only a request still queued once the batcher has taken what it takes at once is
+    watched, by a task that cancels the future when its client leaves: one being decoded is decoded
+    to the end whatever its client does, so a lone request needs no watcher."""
     try:
-        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if not work.done():
-            raise ApiError(499, "client closed the request")
-        results = work.result()
-        bad = next((i for i, r in enumerate(results) if "error" in r), None)
-        if bad is not None:
-            raise ApiError(422, f"inputs[{bad}]: {results[bad]['error']}", f"inputs[{bad}]")
-        return results
+        work = m.batcher.submit(texts, opts)
     except QueueFull as e:
         raise ApiError(503, f"server busy: {e}; retry shortly", None, {"Retry-After": "1"}) from None
+    watching: list[asyncio.Task] = []
+
+    def watch() -> None:  # called soon: after the batcher's collector, woken by the submit, took its batch
+        if m.batcher.waiting(work):
+            watching.append(asyncio.ensure_future(until_disconnected(request)))
+            watching[0].add_done_callback(lambda _: work.cancel())
+
+    asyncio.get_running_loop().call_soon(watch)
+    try:
+        results = await work
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if watching and watching[0].done() and not (task and task.cancelling()):  # the client left
+            raise ApiError(499, "client closed the request") from None
+        raise
     except Exception as e:
-        if isinstance(e, ApiError):
-            raise
         raise ApiError(500, f"decoding failed: {type(e).__name__}: {e}") from None
     finally:
-        work.cancel()
-        gone.cancel()
+        for gone in watching:
+            gone.cancel()
+    bad = next((i for i, r in enumerate(results) if "error" in r), None)
+    if bad is not None:
+        raise ApiError(422, f"inputs[{bad}]: {results[bad]['error']}", f"inputs[{bad}]")
+    return results
 
 
 def translation_model(served: dict[str, Served], source: str, target: str) -> Served:
