@@ -254,11 +254,10 @@ def test_measuring_the_pace_leaves_the_run_as_it_would_be(cli, sorting, tmp_path
 
 
 class DrawingSorting(Sorting):
-    """budget-sort whose metric draws from torch's random generator, as a sampled (bootstrap) metric would."""
+    """budget-sort whose metric draws ``draws`` numbers from torch's random generator, as a sampled
+    (bootstrap) metric would."""
 
-    def __init__(self, draws: int):
-        super().__init__()
-        self.draws = draws
+    draws = 0
 
     @hookimpl
     def taskformer_metrics(self, hypotheses, references):
@@ -266,20 +265,15 @@ class DrawingSorting(Sorting):
         return super().taskformer_metrics(hypotheses, references)
 
 
-def test_a_validation_that_draws_random_numbers_leaves_the_training_as_it_would_be(cli, tmp_path):
+def test_a_validation_that_draws_random_numbers_leaves_the_training_as_it_would_be(cli, register, tmp_path):
     """Whatever a validation draws (a metric's sampling, our decoder's own layers; a runtime draws
     nothing), the updates after it draw the dropout they would have drawn."""
+    plugin = register(DrawingSorting(), "budget-sort-draws")
+
     def evals(draws):
-        name = f"budget-sort-draws-{draws}"
-        plugins().pm.register(DrawingSorting(draws), name=name)
-        plugins().refresh()
-        try:
-            out = tmp_path / name
-            result = cli("run", "budget-sort", "--out", str(out), "--quiet", "--set", "train.max_steps=4",
-                         "--set", "train.eval_every=1", "--set", "model.dropout=0.1", "--set", "decode.engine=torch")
-        finally:
-            plugins().pm.unregister(name=name)
-            plugins().refresh()
+        plugin.draws, out = draws, tmp_path / str(draws)
+        result = cli("run", "budget-sort", "--out", str(out), "--quiet", "--set", "train.max_steps=4",
+                     "--set", "train.eval_every=1", "--set", "model.dropout=0.1", "--set", "decode.engine=torch")
         assert result.exit_code == 0, result.output
         lines = map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
         return [e["loss"] for e in lines if e["event"] == "eval"]
