@@ -127,6 +127,21 @@ def test_every_output_equals_taskformer_predict(server, runs, cli):
             (i, json.dumps(r["output"])) for i, r in enumerate(results)]
 
 
+def test_a_plain_request_is_answered_as_the_route_answers_it(server):
+    """``{"inputs": [...]}`` in JSON is answered in front of FastAPI's route; the same request spelled
+    otherwise (a charset, a default option given) goes through the route: the same bytes, each counted
+    on /metrics under the route."""
+    count = 'taskformer_request_seconds_count{route="/v1/models/{name}/predict"}'
+    counted = server.stat(count)
+    body = json.dumps({"inputs": COPY_INPUTS})
+    answers = [server.post("/v1/models/copy/predict", content=body, headers={"Content-Type": kind})
+               for kind in ("application/json", "application/json; charset=utf-8")]
+    answers.append(server.post("/v1/models/copy/predict", {"inputs": COPY_INPUTS, "return_attention": False}))
+    assert answers[0].status_code == 200, answers[0].text
+    assert answers[0].content == answers[1].content == answers[2].content
+    assert server.stat(count) == counted + 3
+
+
 def test_page_data_per_variant(server, runs):
     import taskformer
     from taskformer.tasks.couplet import tone

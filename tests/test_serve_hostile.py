@@ -185,7 +185,7 @@ def test_a_request_head_that_never_ends_is_refused_and_the_server_stays_up(live)
     """Headers past the bound (uvicorn's h11 protocol bounds them itself; its httptools one, used where
     httptools is installed, buffers any size unless the server bounds it) end that connection with a
     400 or a reset, whatever else the client sends; the server goes on answering."""
-    from taskformer.app.server import MAX_HEAD
+    from taskformer.app.uvicorn_server import MAX_HEAD
 
     host, port = live.url.removeprefix("http://").split(":")
     refused = b""

@@ -154,7 +154,8 @@ def command(run_dirs, host, port, max_batch, max_wait_ms, max_inputs, max_chars,
     try:
         import uvicorn
 
-        from taskformer.app.server import Limits, Uvicorn, create_app, http_protocol
+        from taskformer.app.server import Limits, create_app
+        from taskformer.app.uvicorn_server import Uvicorn, http_protocol
     except ImportError as e:
         raise TaskformerError(f"taskformer serve needs the serve extra ({e.name} is missing): "
                               "pip install 'taskformer[serve]'") from None

@@ -8,8 +8,6 @@ docs/serve.md describes the API, the limits and the security model.
 import asyncio
 import json
 import secrets
-import signal
-import sys
 import time
 from collections.abc import Mapping
 from contextlib import asynccontextmanager
@@ -18,7 +16,6 @@ from importlib import resources
 from typing import Annotated
 from urllib.parse import parse_qs
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -34,6 +31,7 @@ from taskformer.app.served import MAX_BEAM, Served
 
 OPEN_PATHS = ("/", "/favicon.svg", "/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")  # no model data
 DOCS_ASSETS = "/docs/assets"  # Swagger UI and ReDoc, served from the fastapi-offline package: /docs works offline
+PREDICT_ROUTE = "/v1/models/{name}/predict"
 
 
 @dataclass(frozen=True)
@@ -44,69 +42,6 @@ class Limits:
     max_chars: int = 2000  # per input
     max_body: int = 1 << 20  # bytes
     max_queue: int = 1024  # sentences waiting per model
-
-
-class Uvicorn(uvicorn.Server):
-    """uvicorn's server, which says ``banner`` on stderr once its port accepts connections, and on
-    SIGTERM or Ctrl-C stops accepting and finishes the requests in flight; queued sentences are then
-    decoded at once, whatever ``max_wait_ms`` asks. A second signal ends the process
-    at once, as that signal asks (uvicorn itself would wait for every open connection on SIGTERM, and
-    for the decode thread in any case)."""
-
-    def __init__(self, config: uvicorn.Config, banner: str, served: dict[str, Served]):
-        super().__init__(config)
-        self.banner, self.served = banner, served
-
-    async def startup(self, sockets=None) -> None:
-        await super().startup(sockets)
-        if self.started:
-            print(self.banner, file=sys.stderr, flush=True)
-
-    def handle_exit(self, sig, frame) -> None:
-        if self.should_exit:
-            signal.signal(sig, signal.SIG_DFL)
-            signal.raise_signal(sig)
-        super().handle_exit(sig, frame)
-        for model in self.served.values():
-            model.batcher.flush()
-
-
-MAX_HEAD = 1 << 20  # bytes of a request's line and headers (h11 bounds them at 16 KiB itself)
-
-
-def http_protocol():
-    """uvicorn's HTTP protocol: httptools' parser where it is installed (``uvicorn[standard]``), else h11's.
-
-    httptools parses in C, where h11 is Python (about a seventh of the event loop's CPU per request);
-    but uvicorn's httptools protocol buffers a request head of any size, so one client sending an
-    endless header could take all memory. Here a head still incomplete after :data:`MAX_HEAD` bytes
-    gets a 400 and the connection is closed, as h11 answers a head over its bound. The bytes are
-    counted per read, a read that also holds the end of the request before counting whole: the bound
-    may be met up to one read (a few hundred KiB at most) early, never by one read alone."""
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-    except ImportError:
-        return "h11"
-
-    class BoundedHead(HttpToolsProtocol):
-        head, in_head = 0, True  # bytes read of the current request's head; whether it is incomplete
-
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            if self.in_head and not self.transport.is_closing():
-                self.head += len(data)
-                if self.head > MAX_HEAD:
-                    self.send_400_response(f"Request line and headers larger than {MAX_HEAD} bytes.")
-
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self.head, self.in_head = 0, True
-
-        def on_headers_complete(self) -> None:
-            self.in_head = False
-            super().on_headers_complete()
-
-    return BoundedHead
 
 
 class ApiError(Exception):
@@ -142,20 +77,21 @@ class Metrics:
 
 
 class Guard:
-    """ASGI middleware in front of every route: body size, API key, request metrics.
+    """ASGI middleware in front of every route: body size, API key, request metrics, and the answer to
+    the commonest request (:meth:`plain_predict`).
 
     The body is read here, up to ``max_body`` bytes, before any route sees it; the key is checked
     before anything is parsed or decoded. LibreTranslate clients send the key as ``api_key`` in the
     body of ``/translate``, so that field is accepted there as well.
     """
 
-    def __init__(self, app, limits: Limits, api_key: str | None, metrics: Metrics):
-        self.app, self.limits, self.api_key, self.metrics = app, limits, api_key, metrics
+    def __init__(self, app, limits: Limits, api_key: str | None, metrics: Metrics, served: dict[str, Served]):
+        self.app, self.limits, self.api_key, self.metrics, self.served = app, limits, api_key, metrics, served
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        started, status = time.perf_counter(), [500]
+        started, status, route = time.perf_counter(), [500], None
 
         async def sending(message):
             if message["type"] == "http.response.start":
@@ -177,9 +113,42 @@ class Guard:
                 replayed = True
                 return {"type": "http.request", "body": body, "more_body": False}
 
-            await self.app(scope, replay, sending)
+            plain = self.plain_predict(scope, body)
+            if plain is None:
+                return await self.app(scope, replay, sending)
+            route = PREDICT_ROUTE
+            try:
+                answered = JSONResponse({"results": await answer(*plain, ((), False), Request(scope, replay))})
+            except ApiError as e:
+                answered = error(e.status, e.message, e.field, e.headers)
+            await answered(scope, replay, sending)
         finally:
-            self.metrics.answered(getattr(scope.get("route"), "path", "other"), status[0], time.perf_counter() - started)
+            route = route or getattr(scope.get("route"), "path", "other")
+            self.metrics.answered(route, status[0], time.perf_counter() - started)
+
+    def plain_predict(self, scope, body: bytes) -> tuple[Served, list[str]] | None:
+        """The model and texts of the commonest request, ``{"inputs": [TEXT, ...]}`` as ``application/json``
+        to a served model of single texts, within the limits; None for any other request, which FastAPI's
+        route answers or refuses.
+
+        Such a request is answered here by the route's own :func:`answer`, in the same bytes, without
+        FastAPI's routing, dependency solving and validation: run after a decode has evicted the
+        caches, that Python cost a lone request about 0.4 ms of the event loop (docs/benchmarks.md)."""
+        path = scope["path"]
+        if scope["method"] != "POST" or not path.startswith("/v1/models/") or not path.endswith("/predict"):
+            return None
+        m = self.served.get(path[len("/v1/models/"):-len("/predict")])
+        if m is None or m.run.model.cfg.pairs or dict(scope["headers"]).get(b"content-type") != b"application/json":
+            return None
+        try:
+            fields = json.loads(body)
+        except (ValueError, RecursionError):
+            return None
+        texts = fields.get("inputs") if type(fields) is dict and len(fields) == 1 else None
+        if (type(texts) is not list or not 0 < len(texts) <= min(self.limits.max_inputs, self.limits.max_queue)
+                or any(type(t) is not str or len(t) > self.limits.max_chars for t in texts)):
+            return None
+        return m, texts
 
     async def body(self, scope, receive) -> bytes | None:
         """The whole request body, or None if it is larger than allowed."""
@@ -270,7 +239,7 @@ def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None 
     app = FastAPIOffline(title="taskformer serve", lifespan=lifespan, static_url=DOCS_ASSETS, favicon_url="/favicon.svg",
                          telemetry={"tracing": False, "metrics": False, "logs": False})
     app.state.served = served
-    app.add_middleware(Guard, limits=limits, api_key=api_key, metrics=metrics)
+    app.add_middleware(Guard, limits=limits, api_key=api_key, metrics=metrics, served=served)
     add_error_handlers(app, served)
     add_listing_routes(app, served, metrics)
     add_predict_routes(app, served, limits)
