@@ -19,6 +19,8 @@ default is an ensemble of 20) (``--quick``: a few updates each). Then, each in a
   CTranslate2's batch-1 time on the same sentences, 32 clients' throughput against a CTranslate2
   loop batching 32 (the server's ``--max-batch``), all sentences in one call and 32 at a time as the
   clients send them (expected 3 minutes);
+- ``one_client``: bench/race/serve_one.py: one client's p50 again, with the standard library's lean
+  client in place of aiohttp's, whose own CPU sits inside serve's p50 (expected 1 minute);
 - ``classifier``: bench/race/engine_race.py ``--classifier`` on the agnews run: batch-1 latency with ONNX
   Runtime and torch, each in a process of its own (as a user runs one engine), the processes taking
   turns in blocks of 20 sentences; labels compared on all of agnews test (expected 1 minute);
@@ -38,7 +40,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).parent
-STEPS = ("race", "serve", "classifier", "agreement")
+STEPS = ("race", "serve", "one_client", "classifier", "agreement")
 
 
 def step(name: str, command: list[str], log: Path) -> float:
@@ -102,6 +104,11 @@ def summary(out: Path) -> list[tuple[str, str, str]]:
         if "torch_p50_vs_raw_batch1" in serve:
             rows.append(("serve with decode.engine=torch (reference)", f"p50 {serve['torch_p50_vs_raw_batch1']:.2f}x, "
                          f"throughput {serve['torch_throughput_vs_raw_batched']:.2f}x", ""))
+    one_client = load(out / "one_client.json")
+    if one_client:
+        one = one_client["sides"]["this"]["p50_vs_raw_batch1"]
+        rows.append(("serve, 1 client (http.client): p50 / raw CTranslate2 batch-1", f"{one:.2f}x",
+                     "yes" if one <= 1.2 else "no (<= 1.2)"))
     classifier = (load(out / "classifier.json") or {}).get("classifier")
     if classifier and "latency_ms" not in classifier:
         rows.append(("classifier through ONNX Runtime", f"no race: auto chose {classifier['engine']['engine']}",
@@ -137,7 +144,7 @@ def main() -> None:
         sys.exit(f"Error: --only: unknown step(s) {', '.join(sorted(unknown))} (choose from {', '.join(STEPS)})")
     args.out.mkdir(parents=True, exist_ok=True)
     python, seconds = sys.executable, {}
-    if {"race", "serve", "agreement"} & set(only):
+    if {"race", "serve", "one_client", "agreement"} & set(only):
         args.deen = args.deen or train("translate-de-en", args.data / "multi30k", 3, args.out / "deen", args.quick)
     if "classifier" in only:
         # one network: ONNX Runtime runs one, and agnews' default is an ensemble of 20
@@ -149,6 +156,8 @@ def main() -> None:
         "serve": [python, str(HERE / "serve.py"), str(args.deen), "--engines", "auto,torch", "--clients", "1,32",
                   "--seconds", "3" if args.quick else "30", "--rounds", "1" if args.quick else "4", "--soak", "0",
                   "--sentences", "20" if args.quick else "1000"],
+        "one_client": [python, str(HERE / "serve_one.py"), str(args.deen), "--rounds", "2" if args.quick else "6",
+                       "--requests", "10" if args.quick else "150", "--sentences", "20" if args.quick else "1000"],
         "classifier": [python, str(HERE / "engine_race.py"), "--no-search", "--classifier", str(args.agnews),
                        *(["--quick", "--classifier-limit", "50"] if args.quick else [])],
         "agreement": [python, str(HERE.parent / "study" / "engine_agreement.py"), str(args.deen),
