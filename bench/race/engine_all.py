@@ -20,7 +20,8 @@ default is an ensemble of 20) (``--quick``: a few updates each). Then, each in a
   loop batching 32 (the server's ``--max-batch``), all sentences in one call and 32 at a time as the
   clients send them (expected 3 minutes);
 - ``one_client``: bench/race/serve_one.py: one client's p50 again, with the standard library's lean
-  client in place of aiohttp's, whose own CPU sits inside serve's p50 (expected 1 minute);
+  client in place of aiohttp's, whose own CPU sits inside serve's p50, and the plain request against
+  FastAPI's route in the same server (expected 2 minutes);
 - ``classifier``: bench/race/engine_race.py ``--classifier`` on the agnews run: batch-1 latency with ONNX
   Runtime and torch, each in a process of its own (as a user runs one engine), the processes taking
   turns in blocks of 20 sentences; labels compared on all of agnews test (expected 1 minute);
@@ -157,7 +158,8 @@ def main() -> None:
                   "--seconds", "3" if args.quick else "30", "--rounds", "1" if args.quick else "4", "--soak", "0",
                   "--sentences", "20" if args.quick else "1000"],
         "one_client": [python, str(HERE / "serve_one.py"), str(args.deen), "--rounds", "2" if args.quick else "6",
-                       "--requests", "10" if args.quick else "150", "--sentences", "20" if args.quick else "1000"],
+                       "--requests", "10" if args.quick else "150", "--sentences", "20" if args.quick else "1000",
+                       "--route"],
         "classifier": [python, str(HERE / "engine_race.py"), "--no-search", "--classifier", str(args.agnews),
                        *(["--quick", "--classifier-limit", "50"] if args.quick else [])],
         "agreement": [python, str(HERE.parent / "study" / "engine_agreement.py"), str(args.deen),

@@ -2,6 +2,7 @@
 
     python bench/race/serve_one.py RUN --rounds 6 --requests 200
     python bench/race/serve_one.py RUN --before OTHER_ENV/bin/python     # two servers, code before and after
+    python bench/race/serve_one.py RUN --route      # the plain request against FastAPI's route, in one server
 
 bench/race/serve.py measures one client with aiohttp's client, which takes 0.6-1.1 ms of CPU a request
 inside the latency it measures (the raw side has no client at all). Here the client is the standard
@@ -11,7 +12,10 @@ server (a fresh connection per block: uvicorn closes a connection idle for 5 s) 
 many seconds of sentences with raw CTranslate2 (bench/race/serve.py's `RawCTranslate2`: the run's
 search, budget and threads), so that the machine speeding up or slowing down falls on every side
 alike. It gives each server's p50 against raw's median, the server's CPU per request (all its threads
-from /proc) and its event loop's (the main thread), and whether the servers' outputs are equal.
+from /proc) and its event loop's (the main thread), and whether the outputs are equal. With `--route`
+the same server also gets the requests with a charset in their content type, which FastAPI's route
+answers rather than the plain request's lane: in one process, the lane's saving is not lost in the
+differences between two processes' decodes.
 """
 from __future__ import annotations
 
@@ -41,11 +45,10 @@ def thread_cpu(pid: int, tid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-class Side:
-    """`taskformer serve RUN` started by ``python``, and what its requests measured."""
+class Server:
+    """`taskformer serve RUN` started by ``python``."""
 
-    def __init__(self, name: str, python: str, run_dir: Path):
-        self.name = name
+    def __init__(self, python: str, run_dir: Path):
         self.process = subprocess.Popen([python, "-m", "taskformer", "serve", str(run_dir), "--port", "0"],
                                         stderr=subprocess.PIPE, text=True)
         stderr = self.process.stderr
@@ -56,19 +59,31 @@ class Side:
             sys.exit(f"the server did not start: {line}{stderr.read()}")
         threading.Thread(target=stderr.read, daemon=True).start()  # never block on a full pipe
         self.host, self.port, self.path = found.group(1), int(found.group(2)), f"/v1/models/{named.group(1)}/predict"
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=120)
+
+
+class Side:
+    """Requests to ``server`` sent as ``content_type``, and what they measured. ``application/json`` is the
+    plain request the server answers in front of FastAPI's route; with a charset the route answers it."""
+
+    def __init__(self, name: str, server: Server, content_type: str = "application/json"):
+        self.name, self.server, self.content_type = name, server, content_type
         self.latencies: list[float] = []
         self.cpu = self.loop_cpu = 0.0
         self.outputs: dict[str, bytes] = {}
 
     def block(self, sentences: list[str], start: int, count: int, keep: bool = True) -> float:
         """``count`` requests of one sentence each, in turn from ``start``; the seconds they took."""
-        pid = self.process.pid
-        connection = http.client.HTTPConnection(self.host, self.port, timeout=120)
+        server, pid = self.server, self.server.process.pid
+        connection = http.client.HTTPConnection(server.host, server.port, timeout=120)
         cpu, loop, began = process_cpu(pid), thread_cpu(pid, pid), time.perf_counter()
         for i in range(start, start + count):
             text = sentences[i % len(sentences)]
             sent = time.perf_counter()
-            connection.request("POST", self.path, json.dumps({"inputs": [text]}), {"Content-Type": "application/json"})
+            connection.request("POST", server.path, json.dumps({"inputs": [text]}), {"Content-Type": self.content_type})
             response = connection.getresponse()
             body = response.read()
             if response.status != 200:
@@ -89,10 +104,6 @@ class Side:
         return {"requests": n, "p50_ms": p50, "p50_vs_raw_batch1": p50 / raw_ms, "server_cpu_ms": 1000 * self.cpu / n,
                 "event_loop_cpu_ms": 1000 * self.loop_cpu / n}
 
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=120)
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -102,13 +113,19 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=1000, help="distinct test sentences to cycle through")
     parser.add_argument("--before", metavar="PYTHON", help="also serve with this interpreter (another environment's "
                                                           "code), alternating with this one's")
+    parser.add_argument("--route", action="store_true", help="also send the same requests with a charset to the same "
+                                                                 "server, which FastAPI's route answers, alternating")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
     sentences = sentences_of(args.run_dir, args.sentences)
     raw = RawCTranslate2(args.run_dir, sentences, 32)
-    sides = [Side("this", sys.executable, args.run_dir)]
+    servers = [Server(sys.executable, args.run_dir)]
+    sides = [Side("this", servers[0])]
+    if args.route:
+        sides.append(Side("this, through FastAPI's route", servers[0], "application/json; charset=utf-8"))
     if args.before:
-        sides.insert(0, Side("before", args.before, args.run_dir))
+        servers.append(Server(args.before, args.run_dir))
+        sides.insert(0, Side("before", servers[-1]))
     try:
         for side in sides:
             side.block(sentences, 0, 50, keep=False)  # warm-up
@@ -117,8 +134,8 @@ def main() -> None:
                 took = side.block(sentences, r * args.requests, args.requests)
                 raw.part("one", took)
     finally:
-        for side in sides:
-            side.stop()
+        for server in servers:
+            server.stop()
     raw_ms = 1000 * statistics.median(raw.one_times)
     figures = {"cpu": os.cpu_count(), "cpu_name": cpu_name(), "rounds": args.rounds, "raw_batch1_median_ms": raw_ms,
                "sides": {side.name: side.figures(raw_ms) for side in sides}}
@@ -127,9 +144,10 @@ def main() -> None:
         print(f"serve ({name}), one client: p50 {f['p50_ms']:.2f} ms = {f['p50_vs_raw_batch1']:.3f}x raw's (goal: at "
               f"most 1.2x); the server's CPU {f['server_cpu_ms']:.2f} ms a request, its event loop's "
               f"{f['event_loop_cpu_ms']:.2f} ms")
-    if args.before:
-        first, second = (side.outputs for side in sides)
-        figures["outputs_equal"] = [sum(first[t] == second[t] for t in first), len(first)]
+    if len(sides) > 1:
+        first = sides[0].outputs
+        figures["outputs_equal"] = [sum(first[t] == side.outputs[t] for side in sides[1:] for t in first),
+                                    len(first) * (len(sides) - 1)]
         print(f"outputs equal: {figures['outputs_equal'][0]} of {figures['outputs_equal'][1]}")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
