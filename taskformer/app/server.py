@@ -49,6 +49,9 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.field, self.headers = status, message, field, headers
 
+    def response(self) -> JSONResponse:
+        return error(self.status, self.message, self.field, self.headers)
+
 
 def error(status: int, message: str, field: str | None = None, headers: Mapping[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": message, "field": field}, status, headers=headers)
@@ -99,9 +102,10 @@ class Guard:
             await send(message)
 
         try:
-            body = await self.body(scope, receive)
+            headers = dict(scope["headers"])  # read once: the plain request's lane is a hot path
+            body = await self.body(headers, receive)
             refused = (error(413, f"request body larger than {self.limits.max_body} bytes", "body") if body is None
-                       else self.unauthorized(scope, body))
+                       else self.unauthorized(scope, headers, body))
             if refused:
                 return await refused(scope, receive, sending)
             replayed = False
@@ -113,20 +117,20 @@ class Guard:
                 replayed = True
                 return {"type": "http.request", "body": body, "more_body": False}
 
-            plain = self.plain_predict(scope, body)
+            plain = self.plain_predict(scope, headers, body)
             if plain is None:
                 return await self.app(scope, replay, sending)
             route = PREDICT_ROUTE
             try:
                 answered = JSONResponse({"results": await answer(*plain, ((), False), Request(scope, replay))})
             except ApiError as e:
-                answered = error(e.status, e.message, e.field, e.headers)
+                answered = e.response()
             await answered(scope, replay, sending)
         finally:
             route = route or getattr(scope.get("route"), "path", "other")
             self.metrics.answered(route, status[0], time.perf_counter() - started)
 
-    def plain_predict(self, scope, body: bytes) -> tuple[Served, list[str]] | None:
+    def plain_predict(self, scope, headers: dict, body: bytes) -> tuple[Served, list[str]] | None:
         """The model and texts of the commonest request, ``{"inputs": [TEXT, ...]}`` as ``application/json``
         to a served model of single texts, within the limits; None for any other request, which FastAPI's
         route answers or refuses.
@@ -138,7 +142,7 @@ class Guard:
         if scope["method"] != "POST" or not path.startswith("/v1/models/") or not path.endswith("/predict"):
             return None
         m = self.served.get(path[len("/v1/models/"):-len("/predict")])
-        if m is None or m.run.model.cfg.pairs or dict(scope["headers"]).get(b"content-type") != b"application/json":
+        if m is None or m.run.model.cfg.pairs or headers.get(b"content-type") != b"application/json":
             return None
         try:
             fields = json.loads(body)
@@ -150,9 +154,9 @@ class Guard:
             return None
         return m, texts
 
-    async def body(self, scope, receive) -> bytes | None:
+    async def body(self, headers: dict, receive) -> bytes | None:
         """The whole request body, or None if it is larger than allowed."""
-        declared = dict(scope["headers"]).get(b"content-length", b"0")
+        declared = headers.get(b"content-length", b"0")
         if declared.isdigit() and int(declared) > self.limits.max_body:
             return None
         chunks, size, more = [], 0, True
@@ -167,14 +171,14 @@ class Guard:
             more = message.get("more_body", False)
         return b"".join(chunks)
 
-    def unauthorized(self, scope, body: bytes) -> JSONResponse | None:
+    def unauthorized(self, scope, headers: dict, body: bytes) -> JSONResponse | None:
         if self.api_key is None or scope["path"] in OPEN_PATHS or scope["path"].startswith(DOCS_ASSETS + "/"):
             return None
-        header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+        header = headers.get(b"authorization", b"").decode("latin-1")
         scheme, _, given = header.partition(" ")
         if scheme.lower() != "bearer" and scope["path"] == "/translate":
             try:
-                given = libretranslate_fields(dict(scope["headers"]), body).get("api_key", "")
+                given = libretranslate_fields(headers, body).get("api_key", "")
             except ApiError:  # a body that is not a request holds no key
                 given = ""
         if isinstance(given, str) and given and secrets.compare_digest(given.encode(), self.api_key.encode()):
@@ -260,7 +264,7 @@ def add_error_handlers(app: FastAPI, served: dict[str, Served]) -> None:
 
     @app.exception_handler(ApiError)
     async def refused(request, exc: ApiError):
-        return error(exc.status, exc.message, exc.field, exc.headers)
+        return exc.response()
 
     @app.exception_handler(StarletteHTTPException)
     async def starlette_refused(request, exc: StarletteHTTPException):
@@ -350,7 +354,7 @@ def add_predict_routes(app: FastAPI, served: dict[str, Served], limits: Limits) 
             raise ApiError(422, f"beam: at most {MAX_BEAM} on this server, got {settings['beam']}", "beam")
         return tuple(sorted(settings.items())), body.return_attention
 
-    @app.post("/v1/models/{name}/predict")
+    @app.post(PREDICT_ROUTE)
     async def predict(name: str, body: PredictRequest, request: Request):
         m = model(served, name)
         texts = servable(inputs_for(m, body.inputs), "inputs", limits)
