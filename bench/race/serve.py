@@ -94,8 +94,11 @@ def rss_kib(pid: int) -> int:
 
 
 class Server:
-    def __init__(self, run_dir: Path, *args: str):
-        self.process = subprocess.Popen([sys.executable, "-m", "taskformer", "serve", str(run_dir), "--port", "0",
+    """`taskformer serve RUN ARGS` on a free port, started by ``python`` (this interpreter by default;
+    another environment's, to serve its code)."""
+
+    def __init__(self, run_dir: Path, *args: str, python: str = sys.executable):
+        self.process = subprocess.Popen([python, "-m", "taskformer", "serve", str(run_dir), "--port", "0",
                                          "--max-queue", "100000", *args], stderr=subprocess.PIPE, text=True)
         stderr = self.process.stderr
         assert stderr is not None  # a pipe, as asked
@@ -262,9 +265,10 @@ def hostile(run_dir: Path, sentences: list[str], clients: int, seconds: float, s
             "server_up_at_end": up, "log_lines": len(log.splitlines()), "log_tracebacks": log.count("Traceback")}
 
 
-def process_cpu(pid: int) -> float:
-    """CPU seconds of every thread of process ``pid`` so far (user and system)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+def process_cpu(pid: int, thread: int | None = None) -> float:
+    """CPU seconds of every thread of process ``pid`` so far (user and system), or of one ``thread`` of it."""
+    stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
+    fields = stat.read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

@@ -23,46 +23,17 @@ import argparse
 import http.client
 import json
 import os
-import re
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: machine.py
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # serve.py's helpers
 
-from serve import RawCTranslate2, process_cpu, sentences_of  # noqa: E402
+from serve import RawCTranslate2, Server, process_cpu, sentences_of  # noqa: E402
 
 from machine import cpu_name  # noqa: E402
-
-
-def thread_cpu(pid: int, tid: int) -> float:
-    """CPU seconds of thread ``tid`` of process ``pid``."""
-    fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-class Server:
-    """`taskformer serve RUN` started by ``python``."""
-
-    def __init__(self, python: str, run_dir: Path):
-        self.process = subprocess.Popen([python, "-m", "taskformer", "serve", str(run_dir), "--port", "0"],
-                                        stderr=subprocess.PIPE, text=True)
-        stderr = self.process.stderr
-        assert stderr is not None  # a pipe, as asked
-        line = stderr.readline()
-        found, named = re.search(r"http://([\d.]+):(\d+)", line), re.search(r"serving (\S+) on", line)
-        if not found or not named:
-            sys.exit(f"the server did not start: {line}{stderr.read()}")
-        threading.Thread(target=stderr.read, daemon=True).start()  # never block on a full pipe
-        self.host, self.port, self.path = found.group(1), int(found.group(2)), f"/v1/models/{named.group(1)}/predict"
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=120)
 
 
 class Side:
@@ -78,12 +49,14 @@ class Side:
     def block(self, sentences: list[str], start: int, count: int, keep: bool = True) -> float:
         """``count`` requests of one sentence each, in turn from ``start``; the seconds they took."""
         server, pid = self.server, self.server.process.pid
-        connection = http.client.HTTPConnection(server.host, server.port, timeout=120)
-        cpu, loop, began = process_cpu(pid), thread_cpu(pid, pid), time.perf_counter()
+        host, port = server.url.removeprefix("http://").split(":")
+        path = f"/v1/models/{server.name}/predict"
+        connection = http.client.HTTPConnection(host, int(port), timeout=120)
+        cpu, loop, began = process_cpu(pid), process_cpu(pid, pid), time.perf_counter()
         for i in range(start, start + count):
             text = sentences[i % len(sentences)]
             sent = time.perf_counter()
-            connection.request("POST", server.path, json.dumps({"inputs": [text]}), {"Content-Type": self.content_type})
+            connection.request("POST", path, json.dumps({"inputs": [text]}), {"Content-Type": self.content_type})
             response = connection.getresponse()
             body = response.read()
             if response.status != 200:
@@ -95,7 +68,7 @@ class Side:
         connection.close()
         if keep:
             self.cpu += process_cpu(pid) - cpu
-            self.loop_cpu += thread_cpu(pid, pid) - loop
+            self.loop_cpu += process_cpu(pid, pid) - loop
         return took
 
     def figures(self, raw_ms: float) -> dict:
@@ -119,12 +92,12 @@ def main() -> None:
     args = parser.parse_args()
     sentences = sentences_of(args.run_dir, args.sentences)
     raw = RawCTranslate2(args.run_dir, sentences, 32)
-    servers = [Server(sys.executable, args.run_dir)]
+    servers = [Server(args.run_dir)]
     sides = [Side("this", servers[0])]
     if args.route:
         sides.append(Side("this, through FastAPI's route", servers[0], "application/json; charset=utf-8"))
     if args.before:
-        servers.append(Server(args.before, args.run_dir))
+        servers.append(Server(args.run_dir, python=args.before))
         sides.insert(0, Side("before", servers[-1]))
     try:
         for side in sides:
