@@ -13,6 +13,7 @@ the graph in the session :func:`session` makes, as ``decode.engine`` runs it.
 """
 from __future__ import annotations
 
+import copy
 import logging
 import warnings
 from pathlib import Path
@@ -197,7 +198,9 @@ def build(model: Transformer | Ensemble, path: Path, tolerance: float = TOLERANC
     import torch
 
     _requirements()
-    net = check_exportable(model).eval().cpu()
+    # a copy: the exporter swaps the network's weights for fake ones while it traces, and another thread
+    # (a decode worker, a timing probe) may be running the same network meanwhile
+    net = copy.deepcopy(check_exportable(model)).eval().cpu()
     traced = for_engine(net) if engine else net
     padded = not engine
     outputs = ["logits", PROBABILITIES] if engine and not net.cfg.kind.per_word else ["logits"]

@@ -117,6 +117,20 @@ def test_the_engines_graph_for_rows_of_one_length_gives_our_logits_without_a_pad
     assert runtime.fits([[1, 5, 6], [1, 7, 8]], DecodeConfig()) and not runtime.fits([[1, 5, 6], [1, 7]], DecodeConfig())
 
 
+def test_exporting_leaves_the_network_to_the_threads_decoding_with_it(tmp_path):
+    """A time-limited run times ONNX Runtime on two threads at once: one converts the network while the
+    other scores references with it. The exporter traces with fake weights swapped in, so it must
+    trace a copy: the network given is never run by the export, and keeps its mode."""
+    cfg = ModelConfig(variant="encoder-only", vocab_size=40, d_model=32, n_heads=2, d_ff=64, enc_layers=2,
+                      dec_layers=0, max_len=24, num_classes=3)
+    network = Transformer(cfg).train()
+    ran: list[bool] = []
+    network.register_forward_pre_hook(lambda module, args: ran.append(module is network))
+    assert onnx_export.build(network, tmp_path / "model.onnx", engine=True) <= onnx_export.TOLERANCE
+    assert ran and not any(ran)  # the copy ran (traced and checked), the network given never did
+    assert network.training and all(type(p) is torch.nn.Parameter for p in network.parameters())
+
+
 def test_an_export_whose_logits_differ_is_refused_and_nothing_is_written(tmp_path):
     class Drifting(torch.nn.Module):
         """A head that computes otherwise when traced: what an exporter's bug would look like."""
