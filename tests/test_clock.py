@@ -537,6 +537,36 @@ def test_the_final_evaluation_is_timed_on_groups_of_the_split_it_decodes_most_of
     assert timed[1] == ("greedy", [1, 1]) and timed[-1] == ("beam", [8])  # val's lone rows; test's whole batch
 
 
+@pytest.mark.parametrize("engine", ["torch", "ctranslate2"])
+def test_a_runtime_is_timed_one_group_at_a_time_and_our_decoder_side_by_side(monkeypatch, engine):
+    """Our decoder's workers decode a split's batches side by side, so its groups are timed so. A
+    runtime splits a lone call across its own workers and keeps a call made beside another whole on
+    one worker: two groups at once would leave a worker idle while the second decodes, and the
+    estimate would be half as long again as the final evaluation's stream of batches."""
+    data = SimpleNamespace(splits={"val": [("a b", "x y")] * 8 + [("a b c d", "x")] * 8,
+                                   "test": [("a b", "x y")] * 8 + [("a b c d", "x")] * 8})
+    alone, overlapped, calls = threading.Lock(), [], []
+
+    def evaluate(run, group, config, name):
+        if not alone.acquire(blocking=False):  # another group is being decoded now
+            overlapped.append(len(group))
+            return {}, [(row[0], row[1], row[1]) for row in group]
+        try:
+            calls.append(len(group))
+            threading.Event().wait(0.05)  # long enough for a group started beside it to arrive
+        finally:
+            alone.release()
+        return {}, [(row[0], row[1], row[1]) for row in group]
+    monkeypatch.setattr(decodetime, "evaluate_split", evaluate)
+    monkeypatch.setattr(decodetime, "engine_choice", lambda *args: SimpleNamespace(engine=engine))
+    run = timed_run()
+    run.model = torch.nn.Linear(1, 1, bias=False)
+    run.config = Config(DecodeConfig(strategy="greedy", engine=engine, batch_size=8, workers=2))
+    decodetime.decode_seconds(run, data, validation=False)
+    assert calls  # the groups were timed
+    assert bool(overlapped) == (engine == "torch"), (engine, calls, overlapped)
+
+
 @pytest.mark.parametrize("runtime, expected", [(0.2, "ctranslate2"), (2.0, "torch")], ids=["faster", "slower"])
 def test_validations_decode_on_the_runtime_where_the_probe_timed_it_faster(monkeypatch, runtime, expected):
     """A validation is timed on our decoder and on the final evaluation's runtime, its conversion of new
@@ -544,7 +574,7 @@ def test_validations_decode_on_the_runtime_where_the_probe_timed_it_faster(monke
     data = SimpleNamespace(splits={"val": [("a b c", "x")] * 40, "test": [("a b", "x")] * 40})
     converting = []
 
-    def per_example(run, groups, config, outputs=None):  # the runtime's first decode of new weights converts them
+    def per_example(run, groups, config, outputs=None, side_by_side=True):  # a first decode of new weights converts
         if config.decode.engine == "torch":
             return 1.0
         first = bool(converting) and converting[-1] != [p._version for p in run.model.parameters()]
@@ -635,7 +665,7 @@ def test_a_runtime_is_timed_at_each_references_length_on_a_cpu_and_the_longest_o
     group = [("a", "x"), ("a", "x y z"), ("a", "x y z w v u t")]  # 2, 4 and 8 tokens with the end
     data = SimpleNamespace(splits={"val": group, "test": group})
 
-    def per_example(run, groups, config, outputs=None):
+    def per_example(run, groups, config, outputs=None, side_by_side=True):
         for rows in groups:
             longest = max(rows, key=lambda row: len(row[1]))[1]
             (outputs if outputs is not None else []).extend(

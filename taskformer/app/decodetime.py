@@ -70,9 +70,9 @@ def decode_seconds(run: Run, data: TaskData, validation: bool = True) -> DecodeT
             warm(decode_config, groups)  # the runtime's one-time costs in this process (on a GPU its context)
             for weight in run.model.parameters():  # new weights, as the end's: the next decode converts them again
                 weight.mul_(1.0)
-            first = seconds_per_example(run, groups, decode_config)
+            first = seconds_per_example(run, groups, decode_config, side_by_side=False)
             wrote: list = []
-            again = seconds_per_example(run, groups, decode_config, wrote)
+            again = seconds_per_example(run, groups, decode_config, wrote, side_by_side=False)
         # a runtime drops each row as it ends: on a CPU, whose time follows the tokens written, what it will write
         # is each reference's length, not what the timing wrote (an untrained model: its group's longest
         # reference; a trained one: about its own); a GPU's time follows the steps of a batch's longest
@@ -148,12 +148,18 @@ def timing_sample(run: Run, data: TaskData, split: str = "val") -> list[list[tup
     return [groups[n][:batch] for n in middles] or [list(val[:batch])]
 
 
-def seconds_per_example(run: Run, sample: list[list[tuple]], config: RunConfig, outputs: list | None = None) -> float:
+def seconds_per_example(run: Run, sample: list[list[tuple]], config: RunConfig, outputs: list | None = None,
+                        side_by_side: bool = True) -> float:
     """Seconds per example of scoring and decoding the groups of ``sample`` with ``config``'s search
-    and engine, side by side as the decoder's workers decode a split's batches (one group alone would
-    leave the other workers' cores idle), each group's outputs written to at most its longest reference
-    (an untrained model writes to the length limit, several times what a trained one writes). The
-    outputs, rows of (source, output, reference), are added to ``outputs`` where given."""
+    and engine, each group's outputs written to at most its longest reference (an untrained model
+    writes to the length limit, several times what a trained one writes). The outputs, rows of
+    (source, output, reference), are added to ``outputs`` where given.
+
+    ``side_by_side``: the groups decode at once, as our decoder's workers decode a split's batches (one
+    group alone would leave the other workers' cores idle). A runtime is timed one group after another
+    instead: it splits a lone call's batch across its own workers, and beside another call keeps it
+    whole on one worker, so two groups at once would leave one worker idle while the second group
+    decodes (half as long again as a split's stream of batches, which keeps every worker busy)."""
     kind = variants.of(run.task.variant)
 
     def evaluate(group: list[tuple]) -> None:
@@ -168,8 +174,8 @@ def seconds_per_example(run: Run, sample: list[list[tuple]], config: RunConfig, 
             outputs.extend(evaluated[1])
 
     begun = time.perf_counter()
-    for _ in decoding.parallel_map(evaluate, sample, decoding.decode_workers(config.decode.workers, run.device,
-                                                                             len(sample))):
+    workers = decoding.decode_workers(config.decode.workers, run.device, len(sample)) if side_by_side else 1
+    for _ in decoding.parallel_map(evaluate, sample, workers):
         pass
     return (time.perf_counter() - begun) / max(sum(map(len, sample)), 1)
 
