@@ -3,7 +3,7 @@
 A time limit promises the user's minutes: the whole command (its start, training, validation and
 the final evaluation) ends by then. :class:`Clock` holds that promise in seconds: when the command
 began, the limit, the seconds left, what is kept back from training and why (the last validation,
-the final evaluation and a margin on their estimate), and the pace, measured before training and
+the final evaluation, a margin on their estimate and the report after them), and the pace, measured before training and
 over the run. The recipe choice (core/budget.py), the reserve, the learning rate's decay and the
 stop (core/engine.py) all read it, so none of them does arithmetic of its own with the time.
 
@@ -33,9 +33,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-# The estimates are kept back with this share more: they are measured on a few examples, and the
-# report and outputs are written after the final evaluation.
+# The estimates are kept back with this share more: they are measured on a few examples.
 RESERVE_MARGIN = 0.25
+# The outputs, result.json and the report (its plots and HTML) are written after the final evaluation, and
+# the interpreter then exits: work no estimate times, kept back as these seconds (docs/results.md has what
+# it took). A margin on the estimates alone covered it only while they ran long.
+REPORT_SECONDS = 3.0
 # A plan of fewer updates than this learns little (a translation model writes "A a a a"): such a
 # plan is said before training, and a limit that buys none is refused with the minimum for this many.
 FEW_UPDATES = 100
@@ -82,8 +85,8 @@ def step_share(step: int, total: int, fraction: float) -> float:
 
 
 def reserve_for(seconds: float) -> float:
-    """What is kept back for work estimated at ``seconds``: the estimate and its margin."""
-    return seconds * (1 + RESERVE_MARGIN)
+    """What is kept back for work estimated at ``seconds``: the estimate, its margin and the report after it."""
+    return seconds * (1 + RESERVE_MARGIN) + REPORT_SECONDS
 
 
 def minutes_up(seconds: float) -> float:
@@ -175,9 +178,11 @@ class Clock:
 
     @property
     def kept(self) -> dict[str, float]:
-        """The seconds kept back from training, by why: the estimates as the machine goes now, and the margin."""
+        """The seconds kept back from training, by why: the estimates as the machine goes now, their margin
+        and the report."""
         kept = {why: seconds * self.scale() for why, seconds in self.estimates.items() if seconds}
-        return {**kept, "margin": reserve_for(sum(kept.values())) - sum(kept.values())} if kept else {}
+        total = sum(kept.values())
+        return {**kept, "margin": total * RESERVE_MARGIN, "the report": REPORT_SECONDS} if kept else {}
 
     def reserve(self) -> float:
         """Seconds kept back from training, all reasons together."""

@@ -379,7 +379,7 @@ class Trainer:
             reason = f"reached train.max_steps={cfg.max_steps}"
         elif self.clock and (left := self.clock.for_training()) is not None and left <= 0:
             reason = (f"time limit: after {st.elapsed:.0f} s of training and validation, the rest of the time "
-                      f"kept for the last validation and the final evaluation (about {self.clock.reserve():.0f} s)")
+                      f"kept for the last validation, the final evaluation and the report (about {self.clock.reserve():.0f} s)")
         elif st.decay and self.share <= 0:
             fell = st.step - int(st.decay[0]) + 1
             reason = (f"the cool-down brought the learning rate to zero ({fell} update{'s' * (fell != 1)} from "

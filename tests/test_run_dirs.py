@@ -116,8 +116,8 @@ def test_the_time_limit_stops_training_and_the_report_says_what_it_covered(cli, 
     assert result.exit_code == 0, result.output
     info = json.loads((out / "result.json").read_text())["info"]
     assert info["steps"] >= 1 and info["time_limit_seconds"] == 60
-    assert info["stopped"].startswith("time limit: after") and "kept for the last validation and the final " \
-        "evaluation" in info["stopped"]
+    assert info["stopped"].startswith("time limit: after") and "kept for the last validation, the final " \
+        "evaluation and the report" in info["stopped"]
     report = (out / "report.txt").read_text()
     assert "training and validation" in report and "of the 1 min time limit" in report
     weights = load_file(out / "model.safetensors")
