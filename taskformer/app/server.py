@@ -138,10 +138,10 @@ class Guard:
         Such a request is answered here by the route's own :func:`answer`, in the same bytes, without
         FastAPI's routing, dependency solving and validation: run after a decode has evicted the
         caches, that Python cost a lone request about a quarter of a millisecond of the event loop."""
-        path = scope["path"]
-        if scope["method"] != "POST" or not path.startswith("/v1/models/") or not path.endswith("/predict"):
+        path, (before, after) = scope["path"], PREDICT_ROUTE.split("{name}")
+        if scope["method"] != "POST" or not path.startswith(before) or not path.endswith(after):
             return None
-        m = self.served.get(path[len("/v1/models/"):-len("/predict")])
+        m = self.served.get(path[len(before):-len(after)])
         if m is None or m.run.model.cfg.pairs or headers.get(b"content-type") != b"application/json":
             return None
         try:
