@@ -182,7 +182,8 @@ class Clock:
         and the report."""
         kept = {why: seconds * self.scale() for why, seconds in self.estimates.items() if seconds}
         total = sum(kept.values())
-        return {**kept, "margin": total * RESERVE_MARGIN, "the report": REPORT_SECONDS} if kept else {}
+        margin = reserve_for(total) - total - REPORT_SECONDS
+        return {**kept, "margin": margin, "the report": REPORT_SECONDS} if kept else {}
 
     def reserve(self) -> float:
         """Seconds kept back from training, all reasons together."""
