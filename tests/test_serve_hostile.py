@@ -5,6 +5,7 @@ and the server stays up (docs/serve.md, docs/robustness.md).
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.slow  # trains or serves through the command line: the 
 pytest.importorskip("httpx", reason="the serve tests need the test extra (httpx, fastapi, uvicorn)")
 pytest.importorskip("fastapi", reason="taskformer serve needs the serve extra")
 
-from test_serve import Server, wait_for  # noqa: E402
+from test_serve import HERE, Server, wait_for  # noqa: E402
 
 
 def accepts(host: str, port: int) -> bool:
@@ -55,6 +56,18 @@ def test_the_address_is_said_once_the_port_accepts_connections(finished):
     try:
         host, port = server.url.removeprefix("http://").split(":")
         assert accepts(host, int(port))  # refused while the socket was only bound
+    finally:
+        server.stop()
+
+
+def test_the_server_runs_on_asyncio_even_where_uvloop_is_installed(finished, tmp_path):
+    """uvloop, where installed, is left unused (docs/serve.md: under load it made smaller batches): here an
+    importable uvloop whose loop cannot be made would stop a server that took it."""
+    (tmp_path / "uvloop.py").write_text("def new_event_loop():\n    raise RuntimeError('uvloop was used')\n")
+    server = Server(str(finished), path=os.pathsep.join([str(tmp_path), str(HERE)]))
+    try:
+        answered = server.post("/v1/models/copy/predict", {"inputs": ["1 2 3"]})
+        assert answered.status_code == 200 and answered.json()["results"][0]["output"] is not None, answered.text
     finally:
         server.stop()
 

@@ -189,8 +189,10 @@ def command(run_dirs, host, port, max_batch, max_wait_ms, max_inputs, max_chars,
     shown = f"[{host}]" if ":" in host else host
     banner = (f"serving {', '.join(runs)} on http://{shown}:{sock.getsockname()[1]}/ with {torch.get_num_threads()} "
               "decoding thread(s) (Ctrl-C or SIGTERM stops)")
-    # uvloop's event loop where installed (uvicorn's "auto"), httptools' parser with the head bounded
-    config = uvicorn.Config(app, http=http_protocol(), log_level="warning", access_log=False, log_config=LOGGING)
+    # asyncio's event loop even where uvloop is installed: under 32 clients uvloop's made smaller batches and
+    # fewer sentences a second (docs/serve.md); httptools' parser, with the head bounded
+    config = uvicorn.Config(app, loop="asyncio", http=http_protocol(), log_level="warning", access_log=False,
+                            log_config=LOGGING)
     # uvicorn stops on SIGINT whatever the process inherited, then raises it again to the handler it
     # found: one inherited as ignored (a background job's) would end the server silently with status 0.
     signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -41,7 +41,7 @@ MAX_HEAD = 1 << 20  # bytes of a request's line and headers (h11 bounds them at 
 
 
 def http_protocol():
-    """uvicorn's HTTP protocol: httptools' parser where it is installed (``uvicorn[standard]``), else h11's.
+    """uvicorn's HTTP protocol: httptools' parser (the ``serve`` extra installs it), else h11's.
 
     httptools parses in C, where h11 is Python (about a seventh of the event loop's CPU per request);
     but uvicorn's httptools protocol buffers a request head of any size, so one client sending an
