@@ -15,8 +15,8 @@
    (exported by ``core.export``), options (each sentence's budget, the specials suppressed, the
    length penalty) and threads, the idiomatic way: one ``translate_batch`` per sentence at batch 1,
    one call with ``max_batch_size=128`` (CTranslate2 sorts and batches itself) at batch 128. Greedy
-   and beam 5, fp32 and int8 (``decode.quantize=int8``); at batch 1 the two alternate sentence by
-   sentence, at batch 128 in rounds of all the sentences. The ratio raw time /
+   and beam 5, fp32 and int8 (``decode.quantize=int8``); at batch 1 the sides take turns in blocks of 25 sentences,
+   at batch 128 in rounds of all the sentences. The ratio raw time /
    auto time is the cost of our wrapping (1.0: none); ``cpu_ratios``, the same of the CPU seconds of
    every thread of the process, which a busy machine moves less than the wall time. ``same_ratios``
    (and ``same_cpu_ratios``): the same against the very translator ``auto`` loaded, called as raw is,
@@ -62,6 +62,7 @@ from taskformer.plugins.manager import plugins
 from taskformer.plugins.run import Run
 
 BUDGET = 24  # tokens per output of the untrained network, as bench/race/speed.py's decoding rows
+BLOCK = 25  # sentences each side decodes in a turn at batch 1 (one_by_one)
 
 
 def copy_run(model, vocab: int, device: str) -> Run:
@@ -140,16 +141,21 @@ def per_sentence(name, fn) -> float:
     return (time.perf_counter() - started) / n
 
 
-def one_by_one(calls: dict, count: int, rounds: int) -> dict[str, float]:
-    """Seconds per sentence of each of ``calls`` (name -> ``fn(i)``, decoding sentence ``i`` alone),
-    interleaved sentence by sentence, the order turning with each sentence: a machine whose load
-    changes from one second to the next weighs on both alike. Their CPU seconds go to :data:`CPU`."""
+def one_by_one(calls: dict, count: int, rounds: int, block: int = BLOCK) -> dict[str, float]:
+    """Seconds per sentence of each of ``calls`` (name -> ``fn(i)``, decoding sentence ``i`` alone), taking
+    turns in blocks of ``block`` sentences, the order turning with each block: a machine whose load
+    changes from one second to the next weighs on all alike. Turns of one sentence measured the caches
+    instead: each call found them holding the other translator's weights, except where auto and its
+    own translator called raw (one translator, one copy of the weights) ran back to back, so raw's
+    translator read 12% slower than that one on the same files (1-3% in blocks; docs/benchmarks.md).
+    Their CPU seconds go to :data:`CPU`."""
     wall, cpu, names = dict.fromkeys(calls, 0.0), dict.fromkeys(calls, 0.0), list(calls)
     for r in range(rounds):
-        for i in range(count):
-            for name in names if (i + r) % 2 == 0 else names[::-1]:
+        for b, start in enumerate(range(0, count, block)):
+            for name in names if (b + r) % 2 == 0 else names[::-1]:
                 started, cpu_started = time.perf_counter(), time.process_time()
-                calls[name](i)
+                for i in range(start, min(start + block, count)):
+                    calls[name](i)
                 wall[name] += time.perf_counter() - started
                 cpu[name] += time.process_time() - cpu_started
     CPU.update({name: [cpu[name] / (count * rounds)] for name in names})
@@ -205,7 +211,7 @@ def race(run: Run, texts: list[str], rounds: int, n: dict[int, int], device: str
                     same = partial(theirs, raw=mine)
                     same(None)
                     name = f"{search} {precision} batch {size}"
-                    if size == 1:  # interleaved sentence by sentence
+                    if size == 1:  # in turns of a few sentences
                         one = runner.with_search(config, beam, 1)
                         def alone(i, tokens=tokens, budgets=budgets, options=options, raw=raw):
                             return raw.translate_batch([tokens[i]], max_decoding_length=budgets[i], **options)
