@@ -15,8 +15,8 @@
    (exported by ``core.export``), options (each sentence's budget, the specials suppressed, the
    length penalty) and threads, the idiomatic way: one ``translate_batch`` per sentence at batch 1,
    one call with ``max_batch_size=128`` (CTranslate2 sorts and batches itself) at batch 128. Greedy
-   and beam 5, fp32 and int8 (``decode.quantize=int8``); at batch 1 the sides take turns in blocks of 25 sentences,
-   at batch 128 in rounds of all the sentences. The ratio raw time /
+   and beam 5, fp32 and int8 (``decode.quantize=int8``); at batch 1 the sides take turns in blocks of ``BLOCK``
+   sentences, at batch 128 in rounds of all the sentences. The ratio raw time /
    auto time is the cost of our wrapping (1.0: none); ``cpu_ratios``, the same of the CPU seconds of
    every thread of the process, which a busy machine moves less than the wall time. ``same_ratios``
    (and ``same_cpu_ratios``): the same against the very translator ``auto`` loaded, called as raw is,
