@@ -109,11 +109,14 @@ class Server:
         self.url = found.group(0)
         self.name = named.group(1)
         self.log: list[str] = []  # the server's log, read as it comes (a full pipe would block the server)
-        threading.Thread(target=lambda: self.log.extend(stderr), daemon=True).start()
+        self.reader = threading.Thread(target=lambda: self.log.extend(stderr), daemon=True)
+        self.reader.start()
 
     def stop(self) -> None:
+        """Ends the server; its log is then whole."""
         self.process.terminate()
         self.process.wait(timeout=120)
+        self.reader.join(timeout=60)
 
 
 BAD_BODIES = {  # what each bad request sends as a JSON request body

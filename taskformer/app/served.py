@@ -30,6 +30,14 @@ if TYPE_CHECKING:
 MAX_BEAM = 16  # the widest beam a request may ask for: each hypothesis costs the search's memory
 
 
+def events(datas) -> bytes:
+    """Server-sent events, one per dict, in one write. A stream writes what is ready at each turn of the
+    event loop together: written one by one, they went on to a client that had left until the loop's
+    next turn told the server so (asyncio logs a warning from the fifth such write), and a busy loop
+    finds many waiting."""
+    return b"".join(format_sse_event(data_str=json.dumps(data, ensure_ascii=False)) for data in datas)
+
+
 class Served:
     """One run being served: its batcher and the conversion of predictions to JSON."""
 
@@ -105,13 +113,19 @@ class Served:
         work = loop.run_in_executor(None, runner.continue_prompt, self.run, text, config, on_text)
         work.add_done_callback(ended)
         try:
-            while (piece := await pieces.get()) is not None:
-                yield format_sse_event(data_str=json.dumps({"index": i, "text": piece}, ensure_ascii=False))
+            done = False
+            while not done:
+                written = [await pieces.get()]
+                while not pieces.empty():
+                    written.append(pieces.get_nowait())
+                done = written[-1] is None  # the search's end is queued after its last piece
+                if texts := [piece for piece in written if piece is not None]:
+                    yield events({"index": i, "text": piece} for piece in texts)
             try:
                 data = {"index": i, **self.result_or_error(config, text, await work, None, None)}
             except Exception as e:
                 data = {"index": i, "error": f"{type(e).__name__}: {e}"}
-            yield format_sse_event(data_str=json.dumps(data, ensure_ascii=False))
+            yield events([data])
         finally:
             gone = True
 

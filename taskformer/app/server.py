@@ -19,7 +19,7 @@ from urllib.parse import parse_qs
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from fastapi.sse import EventSourceResponse, format_sse_event
+from fastapi.sse import EventSourceResponse
 from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, StringConstraints, Tag, ValidationError
@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from taskformer.app import runner
 from taskformer.app.batching import QueueFull
-from taskformer.app.served import MAX_BEAM, Served
+from taskformer.app.served import MAX_BEAM, Served, events
 
 OPEN_PATHS = ("/", "/favicon.svg", "/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")  # no model data
 DOCS_ASSETS = "/docs/assets"  # Swagger UI and ReDoc, served from the fastapi-offline package: /docs works offline
@@ -369,27 +369,30 @@ def add_predict_routes(app: FastAPI, served: dict[str, Served], limits: Limits) 
         if m.batcher.queued + len(servable(texts, "inputs", limits)) > limits.max_queue:
             raise ApiError(503, "server busy: the queue is full; retry shortly", None, {"Retry-After": "1"})
 
-        async def one(i: int, text: str):
-            return i, (await m.batcher.submit([text], opts))[0]
+        async def one(text: str) -> dict:
+            return (await m.batcher.submit([text], opts))[0]
 
         if not m.run.model.cfg.kind.encoder:  # a language model: its text as it is written
             return EventSourceResponse(m.continuations(texts, opts[0]))
 
-        async def events():
-            tasks = [asyncio.ensure_future(one(i, t)) for i, t in enumerate(texts)]
+        def event(i: int, work: asyncio.Task) -> dict:
             try:
-                for done in asyncio.as_completed(tasks):
-                    try:
-                        i, result = await done
-                        data = {"index": i, **result}
-                    except Exception as e:
-                        data = {"error": f"{type(e).__name__}: {e}"}
-                    yield format_sse_event(data_str=json.dumps(data, ensure_ascii=False))
-            finally:
-                for task in tasks:
-                    task.cancel()
+                return {"index": i, **work.result()}
+            except Exception as e:
+                return {"index": i, "error": f"{type(e).__name__}: {e}"}
 
-        return EventSourceResponse(events())
+        async def answers():
+            index = {asyncio.ensure_future(one(text)): i for i, text in enumerate(texts)}
+            waiting = set(index)
+            try:
+                while waiting:
+                    done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                    yield events(event(index[work], work) for work in sorted(done, key=index.get))
+            finally:
+                for work in waiting:
+                    work.cancel()
+
+        return EventSourceResponse(answers())
 
 
 def add_translate_route(app: FastAPI, served: dict[str, Served], limits: Limits) -> None:
