@@ -79,6 +79,14 @@ class Metrics:
         series[1].observe(seconds)
 
 
+class PredictBody(BaseModel):
+    """What every ``/predict`` body has; :func:`add_predict_routes` makes the one checked within the limits."""
+
+    model_config = ConfigDict(extra="allow")
+    inputs: list
+    return_attention: bool = False
+
+
 class Guard:
     """ASGI middleware in front of every route: body size, API key, request metrics, and the answer to
     the commonest request (:meth:`plain_predict`).
@@ -88,8 +96,10 @@ class Guard:
     body of ``/translate``, so that field is accepted there as well.
     """
 
-    def __init__(self, app, limits: Limits, api_key: str | None, metrics: Metrics, served: dict[str, Served]):
+    def __init__(self, app, limits: Limits, api_key: str | None, metrics: Metrics, served: dict[str, Served],
+                 request: type[PredictBody]):
         self.app, self.limits, self.api_key, self.metrics, self.served = app, limits, api_key, metrics, served
+        self.request = request  # the route's body, within the limits
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -146,13 +156,14 @@ class Guard:
             return None
         try:
             fields = json.loads(body)
-        except (ValueError, RecursionError):
+            if type(fields) is not dict or list(fields) != ["inputs"]:
+                return None
+            texts = self.request.model_validate(fields).inputs
+            if not texts or not all(type(t) is str for t in texts):
+                return None
+            return m, servable(texts, "inputs", self.limits)
+        except (ValueError, RecursionError, ApiError):  # pydantic's ValidationError is a ValueError
             return None
-        texts = fields.get("inputs") if type(fields) is dict and len(fields) == 1 else None
-        if (type(texts) is not list or not 0 < len(texts) <= min(self.limits.max_inputs, self.limits.max_queue)
-                or any(type(t) is not str or len(t) > self.limits.max_chars for t in texts)):
-            return None
-        return m, texts
 
     async def body(self, headers: dict, receive) -> bytes | None:
         """The whole request body, or None if it is larger than allowed."""
@@ -243,10 +254,10 @@ def create_app(runs: dict[str, runner.Run], limits: Limits, api_key: str | None 
     app = FastAPIOffline(title="taskformer serve", lifespan=lifespan, static_url=DOCS_ASSETS, favicon_url="/favicon.svg",
                          telemetry={"tracing": False, "metrics": False, "logs": False})
     app.state.served = served
-    app.add_middleware(Guard, limits=limits, api_key=api_key, metrics=metrics, served=served)
     add_error_handlers(app, served)
     add_listing_routes(app, served, metrics)
-    add_predict_routes(app, served, limits)
+    request = add_predict_routes(app, served, limits)
+    app.add_middleware(Guard, limits=limits, api_key=api_key, metrics=metrics, served=served, request=request)
     add_translate_route(app, served, limits)
     return app
 
@@ -304,8 +315,10 @@ def add_listing_routes(app: FastAPI, served: dict[str, Served], metrics: Metrics
         return {"models": [m.describe() for m in served.values()]}
 
 
-def add_predict_routes(app: FastAPI, served: dict[str, Served], limits: Limits) -> None:
-    """``/v1/models/{name}/predict`` and its stream of server-sent events, with their request body."""
+def add_predict_routes(app: FastAPI, served: dict[str, Served], limits: Limits) -> type[PredictBody]:
+    """``/v1/models/{name}/predict`` and its stream of server-sent events, with their request body. The
+    body's model is returned too: :class:`Guard`'s lane for plain requests checks a body with it, so each
+    limit is said once."""
     Text = Annotated[str, StringConstraints(max_length=limits.max_chars)]
 
     class Pair(BaseModel):  # an input of a task of sentence pairs, in the keys of Hugging Face's pipelines
@@ -318,12 +331,10 @@ def add_predict_routes(app: FastAPI, served: dict[str, Served], limits: Limits) 
     Input = Annotated[Annotated[Text, Tag("one text")] | Annotated[Pair, Tag("text pair")],
                       Discriminator(lambda given: "text pair" if isinstance(given, (dict, Pair)) else "one text")]
 
-    class PredictRequest(BaseModel):
+    class PredictRequest(PredictBody):
         """The inputs, and any decode option the model lists in ``GET /v1/models`` (checked by :func:`options`)."""
 
-        model_config = ConfigDict(extra="allow")
         inputs: list[Input] = Field(max_length=limits.max_inputs)
-        return_attention: bool = False
 
     def inputs_for(m: Served, inputs: list) -> list:
         """The request's inputs as the model reads them: texts, or for a task of pairs ``(text, text_pair)``
@@ -393,6 +404,8 @@ def add_predict_routes(app: FastAPI, served: dict[str, Served], limits: Limits) 
                     work.cancel()
 
         return EventSourceResponse(answers())
+
+    return PredictRequest
 
 
 def add_translate_route(app: FastAPI, served: dict[str, Served], limits: Limits) -> None:
