@@ -31,10 +31,9 @@ MAX_BEAM = 16  # the widest beam a request may ask for: each hypothesis costs th
 
 
 def events(datas) -> bytes:
-    """Server-sent events, one per dict, in one write. A stream writes what is ready at each turn of the
-    event loop together: written one by one, they went on to a client that had left until the loop's
-    next turn told the server so (asyncio logs a warning from the fifth such write), and a busy loop
-    finds many waiting."""
+    """Server-sent events, one per dict, in one write. A stream writes what is ready at a turn of the
+    event loop together: one write each would send a busy loop's backlog on to a client that has left,
+    until the loop's next turn tells the server so (asyncio logs a warning from the fifth such write)."""
     return b"".join(format_sse_event(data_str=json.dumps(data, ensure_ascii=False)) for data in datas)
 
 

@@ -380,11 +380,11 @@ def add_predict_routes(app: FastAPI, served: dict[str, Served], limits: Limits) 
         if m.batcher.queued + len(servable(texts, "inputs", limits)) > limits.max_queue:
             raise ApiError(503, "server busy: the queue is full; retry shortly", None, {"Retry-After": "1"})
 
-        async def one(text: str) -> dict:
-            return (await m.batcher.submit([text], opts))[0]
-
         if not m.run.model.cfg.kind.encoder:  # a language model: its text as it is written
             return EventSourceResponse(m.continuations(texts, opts[0]))
+
+        async def one(text: str) -> dict:
+            return (await m.batcher.submit([text], opts))[0]
 
         def event(i: int, work: asyncio.Task) -> dict:
             try:
